@@ -1,0 +1,187 @@
+"""Translation-equivariant (TE) attention with bounded memory.
+
+TE attention (Ashman et al., ICML 2024, Eq. 8, in the "post-MLP" form that the
+TE-TNP thesis found better): for query ``n`` and key ``m`` the per-head logits are
+
+    s[h, n, m] = rho([q_n^h . k_m^h / sqrt(Dh) for h in heads], x_n - x_m)[h]
+
+with ``rho`` an MLP from ``H + Dx`` to ``H`` values, then a softmax over keys and
+a weighted sum of values. Tokens never see absolute locations, only differences,
+so shifting every location leaves the output unchanged.
+
+Query locations are updated as in Eq. 10,
+
+    x_n <- x_n + (1 / N) sum_m (x_n - x_m) sum_h phi(alpha[:, n, m])[h]
+
+with ``phi`` an MLP on the vector of per-head attention weights and ``N`` the
+number of present keys.
+
+Memory: the MLP ``rho`` runs on every (query, key) pair, so materialising its
+hidden activation needs ``B * Nq * Nk * hidden`` numbers (13.5 GB for the
+thesis' TETNP at Nc=5000). Here keys are processed in blocks with an online
+(running max / running sum) softmax and queries in row blocks, so at most
+``max_block_elems`` hidden activations exist at once; only the ``H``-wide logits
+of one row block are kept between the two passes. Under autograd each row block
+is recomputed in the backward pass (activation checkpointing), which bounds
+training memory in the same way.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from geonp.models.layers import mlp
+
+#: Default cap on hidden activations alive at once (elements; 2**24 floats = 64 MiB).
+DEFAULT_BLOCK_ELEMS = 2**24
+_KEY_BLOCK = 512
+_NEG = -1e30  # finite "minus infinity" so fully padded key blocks never give inf - inf
+
+
+class TEAttention(nn.Module):
+    """TE multi-head attention ``queries (zq, xq) <- keys (zk, xk)``.
+
+    Args:
+        dim: token size ``Dz``.
+        num_heads, head_dim: ``H`` and ``Dh``.
+        dim_x: input-location dimension ``Dx``.
+        dim_hidden: width of the two hidden layers of ``rho`` and ``phi``.
+        update_locations: apply Eq. 10 to the query locations.
+        max_block_elems: memory cap, see the module docstring.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        head_dim: int,
+        dim_x: int,
+        dim_hidden: int,
+        update_locations: bool = True,
+        max_block_elems: int = DEFAULT_BLOCK_ELEMS,
+    ) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim, self.dim_hidden = num_heads, head_dim, dim_hidden
+        self.max_block_elems = max_block_elems
+        inner = num_heads * head_dim
+        self.to_q = nn.Linear(dim, inner, bias=False)
+        self.to_k = nn.Linear(dim, inner, bias=False)
+        self.to_v = nn.Linear(dim, inner, bias=False)
+        self.to_out = nn.Linear(inner, dim)
+        self.logit_mlp = mlp(num_heads + dim_x, dim_hidden, num_heads)  # rho
+        self.loc_mlp = mlp(num_heads, dim_hidden, num_heads) if update_locations else None  # phi
+        if self.loc_mlp is not None:
+            # Start with no location updates; training switches them on as useful.
+            nn.init.zeros_(self.loc_mlp[-1].weight)
+            nn.init.zeros_(self.loc_mlp[-1].bias)
+
+    def _split(self, z: torch.Tensor) -> torch.Tensor:
+        b, n, _ = z.shape  # [B, N, H * Dh] -> [B, H, N, Dh]
+        return z.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def forward(
+        self, zq: torch.Tensor, xq: torch.Tensor, zk: torch.Tensor, xk: torch.Tensor, mask_k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``zq [B, Nq, Dz], xq [B, Nq, Dx], zk [B, Nk, Dz], xk [B, Nk, Dx], mask_k [B, Nk]``
+        -> ``(out [B, Nq, Dz], new xq [B, Nq, Dx])``."""
+        q = self._split(self.to_q(zq)) / math.sqrt(self.head_dim)
+        k, v = self._split(self.to_k(zk)), self._split(self.to_v(zk))
+        b, h, nq, _ = q.shape
+        nk = k.shape[2]
+        n_valid = mask_k.sum(-1).clamp(min=1).to(xq.dtype)  # [B]
+        width = max(self.dim_hidden, h)
+        bk = min(nk, _KEY_BLOCK)
+        grad = torch.is_grad_enabled()
+        # Row block: under autograd a whole row block's activations are kept for
+        # backward (B * bq * Nk * width); without it only one key block's.
+        per_row = b * width * (nk if grad else bk) + b * h * nk
+        bq = max(1, min(nq, self.max_block_elems // per_row))
+        outs, dxs = [], []
+        for start in range(0, nq, bq):
+            rows = (q[:, :, start:start + bq], xq[:, start:start + bq], k, v, xk, mask_k, n_valid, bk)
+            if grad and bq < nq:
+                out, dx = checkpoint(self._attend_rows, *rows, use_reentrant=False)
+            else:
+                out, dx = self._attend_rows(*rows)
+            outs.append(out)
+            dxs.append(dx)
+        out = torch.cat(outs, dim=2).transpose(1, 2).reshape(b, nq, -1)  # [B, Nq, H * Dh]
+        new_xq = xq + torch.cat(dxs, dim=1) if self.loc_mlp is not None else xq
+        return self.to_out(out), new_xq
+
+    def _logits(
+        self, q: torch.Tensor, xq: torch.Tensor, k: torch.Tensor, xk: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # q [B, H, bq, Dh], k [B, H, bk, Dh] -> logits [B, H, bq, bk] (float32), diff [B, bq, bk, Dx]
+        dots = (q @ k.transpose(-1, -2)).permute(0, 2, 3, 1)  # [B, bq, bk, H]
+        diff = xq[:, :, None, :] - xk[:, None, :, :]  # [B, bq, bk, Dx]
+        logits = self.logit_mlp(torch.cat([dots, diff.to(dots.dtype)], dim=-1))  # [B, bq, bk, H]
+        return logits.permute(0, 3, 1, 2).float(), diff
+
+    def _attend_rows(
+        self,
+        q: torch.Tensor,
+        xq: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        xk: torch.Tensor,
+        mask_k: torch.Tensor,
+        n_valid: torch.Tensor,
+        bk: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One row block: ``q [B, H, bq, Dh], xq [B, bq, Dx]`` -> ``(out [B, H, bq, Dh], dx [B, bq, Dx])``."""
+        b, h, bq, _ = q.shape
+        nk = k.shape[2]
+        # Pass 1: logits block by block with a running max and running sum.
+        run_max = q.new_full((b, h, bq), _NEG, dtype=torch.float32)
+        run_sum = q.new_zeros((b, h, bq), dtype=torch.float32)
+        blocks = []
+        for s in range(0, nk, bk):
+            logits, _ = self._logits(q, xq, k[:, :, s:s + bk], xk[:, s:s + bk])
+            logits = logits.masked_fill(~mask_k[:, None, None, s:s + bk], float("-inf"))
+            new_max = torch.maximum(run_max, logits.amax(-1))
+            run_sum = run_sum * torch.exp(run_max - new_max) + torch.exp(logits - new_max[..., None]).sum(-1)
+            run_max = new_max
+            blocks.append(logits)
+        log_norm = run_max + torch.log(run_sum)  # [B, H, bq]
+        # Pass 2: normalised weights -> values and (Eq. 10) location updates.
+        out = q.new_zeros((b, h, bq, v.shape[-1]), dtype=torch.float32)
+        dx = xq.new_zeros(xq.shape, dtype=torch.float32)
+        for i, s in enumerate(range(0, nk, bk)):
+            alpha = torch.exp(blocks[i] - log_norm[..., None])  # [B, H, bq, bk]; 0 at padding
+            out = out + alpha @ v[:, :, s:s + bk].float()
+            if self.loc_mlp is not None:
+                diff = xq[:, :, None, :] - xk[:, None, s:s + bk, :]  # [B, bq, bk, Dx]
+                w = self.loc_mlp(alpha.permute(0, 2, 3, 1).to(q.dtype)).sum(-1).float()  # [B, bq, bk]
+                w = w * mask_k[:, None, s:s + bk]
+                dx = dx + torch.einsum("bqk,bqkd->bqd", w, diff.float())
+        dx = dx / n_valid[:, None, None].float()
+        return out.to(v.dtype), dx.to(xq.dtype)
+
+
+class TEAttentionBlock(nn.Module):
+    """Pre-norm residual TE block: attention on ``(tokens, locations)`` then an MLP.
+
+    Self-attention when called with the queries as keys; cross-attention
+    otherwise. Returns the updated tokens and the updated query locations.
+    """
+
+    def __init__(self, dim: int, num_heads: int, head_dim: int, dim_x: int, dim_hidden: int, **kwargs) -> None:
+        super().__init__()
+        self.norm_q = nn.LayerNorm(dim)
+        self.norm_kv = nn.LayerNorm(dim)
+        self.attn = TEAttention(dim, num_heads, head_dim, dim_x, dim_hidden, **kwargs)
+        self.norm_ff = nn.LayerNorm(dim)
+        self.ff = mlp(dim, dim, dim)
+
+    def forward(
+        self, z: torch.Tensor, x: torch.Tensor, kv: torch.Tensor, x_kv: torch.Tensor, mask_kv: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # z [B, Nq, Dz], x [B, Nq, Dx], kv [B, Nk, Dz], x_kv [B, Nk, Dx], mask_kv [B, Nk]
+        out, x = self.attn(self.norm_q(z), x, self.norm_kv(kv), x_kv, mask_kv)
+        z = z + out
+        return z + self.ff(self.norm_ff(z)), x

@@ -1,0 +1,190 @@
+"""Transformer neural processes: ``tnp``, ``pt-tnp``, ``te-tnp``, ``te-pt-tnp``.
+
+All four share one shape: embed context and target points as tokens, run
+``num_layers`` attention layers in which targets only ever attend to context (or
+to pseudo-tokens), decode target tokens with an MLP into a heteroscedastic
+Gaussian. They differ in two switches:
+
+* translation equivariance: the TE models embed only ``y`` (plus a
+  context/target flag) and see locations solely through differences inside TE
+  attention (:mod:`geonp.models.te_attention`); the others embed ``[x, y, flag]``.
+* pseudo-tokens (IST style, Lee et al. 2019): each layer updates ``M`` learned
+  pseudo-tokens from the context, the context from the pseudo-tokens, and the
+  targets from the pseudo-tokens, costing O(M (Nc + Nt)) instead of
+  O(Nc^2 + Nc Nt).
+
+Defaults are the TE-TNP paper's appendix F sizes (token size 128, 8 heads of
+16, 5 layers, M = 32); presets ``small`` and ``tiny`` make CPU training practical.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributions import Normal
+
+from geonp.models.attention import AttentionBlock
+from geonp.models.base import NeuralProcess
+from geonp.models.layers import mlp
+from geonp.models.likelihood import GaussianHead
+from geonp.models.registry import register
+from geonp.models.te_attention import DEFAULT_BLOCK_ELEMS, TEAttentionBlock
+
+_SIZES = {
+    "small": {"dim_model": 64, "num_heads": 4, "head_dim": 16, "num_layers": 3},
+    "tiny": {"dim_model": 32, "num_heads": 4, "head_dim": 8, "num_layers": 2},
+}
+_PT = {"small": {"num_pseudo": 16}, "tiny": {"num_pseudo": 8}}
+_TE = {"small": {"dim_kernel_hidden": 32}, "tiny": {"dim_kernel_hidden": 16}}
+
+
+def _presets(*extra: dict[str, dict]) -> dict[str, dict]:
+    return {p: {k: v for e in (_SIZES, *extra) for k, v in e[p].items()} for p in _SIZES}
+
+
+class _TransformerNP(NeuralProcess):
+    """Shared parts: token embedding, decoder, likelihood."""
+
+    def __init__(self, dim_x: int, dim_y: int, dim_model: int, embed_in: int, min_scale: float) -> None:
+        super().__init__(dim_x, dim_y)
+        self.embed = mlp(embed_in, dim_model, dim_model)
+        self.decoder = mlp(dim_model, dim_model, 2 * dim_y)
+        self.head = GaussianHead(dim_y, min_scale)
+
+    @staticmethod
+    def _flagged(v: torch.Tensor, flag: float) -> torch.Tensor:
+        return torch.cat([v, torch.full_like(v[..., :1], flag)], dim=-1)
+
+    def _xy_tokens(self, xc: torch.Tensor, yc: torch.Tensor, xt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Non-TE tokens: context ``[x, y, 1]`` and target ``[x, 0, 0]`` -> ``[B, N, Dz]``."""
+        zc = self.embed(self._flagged(torch.cat([xc, yc], -1), 1.0))
+        zt = self.embed(self._flagged(torch.cat([xt, xt.new_zeros(*xt.shape[:2], self.dim_y)], -1), 0.0))
+        return zc, zt
+
+
+@register("tnp", presets=_presets())
+class TNP(_TransformerNP):
+    """TNP-D: self-attention over context tokens, cross-attention targets <- context."""
+
+    def __init__(self, dim_x: int, dim_y: int, dim_model: int = 128, num_heads: int = 8, head_dim: int = 16,
+                 num_layers: int = 5, min_scale: float = 1e-3) -> None:
+        super().__init__(dim_x, dim_y, dim_model, dim_x + dim_y + 1, min_scale)
+        self.self_blocks = nn.ModuleList(AttentionBlock(dim_model, num_heads, head_dim) for _ in range(num_layers))
+        self.cross_blocks = nn.ModuleList(AttentionBlock(dim_model, num_heads, head_dim) for _ in range(num_layers))
+
+    def predict(self, xc, yc, xt, mask_c, mask_t) -> Normal:
+        zc, zt = self._xy_tokens(xc, yc, xt)  # [B, Nc, Dz], [B, Nt, Dz]
+        for sa, ca in zip(self.self_blocks, self.cross_blocks):
+            zc = sa(zc, zc, mask_c)
+            zt = ca(zt, zc, mask_c)
+        return self.head(self.decoder(zt))  # loc/scale [B, Nt, Dy]
+
+
+@register("pt-tnp", presets=_presets(_PT))
+class PTTNP(_TransformerNP):
+    """IST-style pseudo-token TNP: pseudo <- context, context <- pseudo, targets <- pseudo."""
+
+    def __init__(self, dim_x: int, dim_y: int, dim_model: int = 128, num_heads: int = 8, head_dim: int = 16,
+                 num_layers: int = 5, num_pseudo: int = 32, min_scale: float = 1e-3) -> None:
+        super().__init__(dim_x, dim_y, dim_model, dim_x + dim_y + 1, min_scale)
+        self.pseudo = nn.Parameter(torch.randn(num_pseudo, dim_model))  # [M, Dz]
+        blocks = lambda: nn.ModuleList(AttentionBlock(dim_model, num_heads, head_dim) for _ in range(num_layers))  # noqa: E731
+        self.to_pseudo, self.to_context, self.to_target = blocks(), blocks(), blocks()
+
+    def predict(self, xc, yc, xt, mask_c, mask_t) -> Normal:
+        b = xc.shape[0]
+        zc, zt = self._xy_tokens(xc, yc, xt)  # [B, Nc, Dz], [B, Nt, Dz]
+        u = self.pseudo.expand(b, -1, -1)  # [B, M, Dz]
+        all_u = torch.ones(u.shape[:2], dtype=torch.bool, device=u.device)
+        for to_u, to_c, to_t in zip(self.to_pseudo, self.to_context, self.to_target):
+            u = to_u(u, zc, mask_c)
+            zc = to_c(zc, u, all_u)
+            zt = to_t(zt, u, all_u)
+        return self.head(self.decoder(zt))
+
+
+class _TETransformerNP(_TransformerNP):
+    """TE models embed ``[y, 1]`` for context and ``[0, 0]`` for targets: never ``x``."""
+
+    translation_equivariant = True
+
+    def __init__(self, dim_x: int, dim_y: int, dim_model: int, min_scale: float) -> None:
+        super().__init__(dim_x, dim_y, dim_model, dim_y + 1, min_scale)
+
+    def _tokens(self, yc: torch.Tensor, xt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        zc = self.embed(self._flagged(yc, 1.0))  # [B, Nc, Dz]
+        zt = self.embed(xt.new_zeros(*xt.shape[:2], self.dim_y + 1))  # [B, Nt, Dz]
+        return zc, zt
+
+    @staticmethod
+    def _te_blocks(num_layers: int, dim_model: int, num_heads: int, head_dim: int, dim_x: int, dim_hidden: int,
+                   update_locations: bool, max_block_elems: int) -> nn.ModuleList:
+        return nn.ModuleList(
+            TEAttentionBlock(dim_model, num_heads, head_dim, dim_x, dim_hidden,
+                             update_locations=update_locations, max_block_elems=max_block_elems)
+            for _ in range(num_layers)
+        )
+
+
+@register("te-tnp", presets=_presets(_TE))
+class TETNP(_TETransformerNP):
+    """TE-TNP: TE self-attention over context, TE cross-attention targets <- context."""
+
+    def __init__(self, dim_x: int, dim_y: int, dim_model: int = 128, num_heads: int = 8, head_dim: int = 16,
+                 num_layers: int = 5, dim_kernel_hidden: int = 128, update_locations: bool = True,
+                 max_block_elems: int = DEFAULT_BLOCK_ELEMS, min_scale: float = 1e-3) -> None:
+        super().__init__(dim_x, dim_y, dim_model, min_scale)
+        args = (num_layers, dim_model, num_heads, head_dim, dim_x, dim_kernel_hidden, update_locations, max_block_elems)
+        self.self_blocks = self._te_blocks(*args)
+        self.cross_blocks = self._te_blocks(*args)
+
+    def predict(self, xc, yc, xt, mask_c, mask_t) -> Normal:
+        zc, zt = self._tokens(yc, xt)
+        for sa, ca in zip(self.self_blocks, self.cross_blocks):
+            zc, xc = sa(zc, xc, zc, xc, mask_c)  # context tokens and locations [B, Nc, *]
+            zt, xt = ca(zt, xt, zc, xc, mask_c)  # target tokens and locations [B, Nt, *]
+        return self.head(self.decoder(zt))
+
+
+@register("te-pt-tnp", presets=_presets(_PT, _TE))
+class TEPTTNP(_TETransformerNP):
+    """TE-PT-TNP (IST style) with pseudo-locations.
+
+    Pseudo-locations start as ``v_m = v0_m + sum_n psi(u_m, z_n) x_n`` (Eq. 11):
+    an attention-weighted average of the context inputs, so they move with the
+    data and the model stays translation equivariant. Each layer then runs TE
+    cross-attention pseudo <- context, context <- pseudo, targets <- pseudo, with
+    Eq. 10 location updates on the query side.
+    """
+
+    def __init__(self, dim_x: int, dim_y: int, dim_model: int = 128, num_heads: int = 8, head_dim: int = 16,
+                 num_layers: int = 5, num_pseudo: int = 32, dim_kernel_hidden: int = 128,
+                 update_locations: bool = True, max_block_elems: int = DEFAULT_BLOCK_ELEMS,
+                 min_scale: float = 1e-3) -> None:
+        super().__init__(dim_x, dim_y, dim_model, min_scale)
+        self.pseudo = nn.Parameter(torch.randn(num_pseudo, dim_model))  # u0 [M, Dz]
+        self.pseudo_offset = nn.Parameter(torch.randn(num_pseudo, dim_x))  # v0 [M, Dx]
+        self.init_q = nn.Linear(dim_model, dim_model, bias=False)  # psi's query/key maps
+        self.init_k = nn.Linear(dim_model, dim_model, bias=False)
+        args = (num_layers, dim_model, num_heads, head_dim, dim_x, dim_kernel_hidden, update_locations, max_block_elems)
+        self.to_pseudo, self.to_context, self.to_target = (self._te_blocks(*args) for _ in range(3))
+
+    def initial_pseudo_locations(self, zc: torch.Tensor, xc: torch.Tensor, mask_c: torch.Tensor) -> torch.Tensor:
+        """Eq. 11: ``zc [B, Nc, Dz], xc [B, Nc, Dx] -> v [B, M, Dx]``."""
+        q = self.init_q(self.pseudo)  # [M, Dz]
+        k = self.init_k(zc)  # [B, Nc, Dz]
+        logits = torch.einsum("md,bnd->bmn", q, k) / q.shape[-1] ** 0.5
+        psi = logits.float().masked_fill(~mask_c[:, None, :], float("-inf")).softmax(-1)  # rows sum to 1
+        return self.pseudo_offset + psi.to(xc.dtype) @ xc
+
+    def predict(self, xc, yc, xt, mask_c, mask_t) -> Normal:
+        b = xc.shape[0]
+        zc, zt = self._tokens(yc, xt)
+        u = self.pseudo.expand(b, -1, -1)  # [B, M, Dz]
+        v = self.initial_pseudo_locations(zc, xc, mask_c)  # [B, M, Dx]
+        all_u = torch.ones(u.shape[:2], dtype=torch.bool, device=u.device)
+        for to_u, to_c, to_t in zip(self.to_pseudo, self.to_context, self.to_target):
+            u, v = to_u(u, v, zc, xc, mask_c)
+            zc, xc = to_c(zc, xc, u, v, all_u)
+            zt, xt = to_t(zt, xt, u, v, all_u)
+        return self.head(self.decoder(zt))

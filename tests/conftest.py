@@ -1,0 +1,36 @@
+"""Shared fixtures: small random tasks in the geonp calling convention."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def data_dir() -> Path | None:
+    """The shared real-data folder: ``$GEONP_DATA`` or ``../shared/data``; None when absent."""
+    env = os.environ.get("GEONP_DATA")
+    path = Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    return path if path.is_dir() else None
+
+
+def random_tasks(b: int = 3, nc: int = 12, nt: int = 9, dx: int = 1, dy: int = 1, seed: int = 0):
+    """``(xc, yc, xt, mask_c)`` with task 0 padded after 7 context points (padding holds NaN)."""
+    g = torch.Generator().manual_seed(seed)
+    xc = torch.rand(b, nc, dx, generator=g) * 4 - 2
+    yc = torch.randn(b, nc, dy, generator=g)
+    xt = torch.rand(b, nt, dx, generator=g) * 6 - 3
+    mask_c = torch.ones(b, nc, dtype=torch.bool)
+    mask_c[0, 7:] = False
+    xc[0, 7:] = float("nan")
+    yc[0, 7:] = float("nan")
+    return xc, yc, xt, mask_c
+
+
+@pytest.fixture
+def tasks():
+    return random_tasks()

@@ -94,6 +94,11 @@ class _TaskGenerator:
     shift: float = 0.0
     noise_std: float = 0.2
 
+    @property
+    def dim_y(self) -> int:
+        """Output dimension ``Dy`` (always 1 for these generators)."""
+        return 1
+
     def __post_init__(self) -> None:
         if self.dim_x not in (1, 2):
             raise ValueError(f"dim_x must be 1 or 2, got {self.dim_x!r}")

@@ -1,0 +1,1 @@
+"""Benchmark and experiment pipelines; each writes a results table under pipelines/results/."""

@@ -1,0 +1,164 @@
+"""Synthetic 1-D GP regression benchmark (TE-TNP paper, Table 5 layout).
+
+Trains each model for a wall-clock budget on GP tasks (SE / Matérn-5/2 /
+periodic, Nc ~ U(1, 64), Nt = 128, xc ~ U(-2, 2), xt ~ U(-3, 3)), then reports
+the mean test log-likelihood per target point ± standard error over test tasks
+whose inputs are shifted by Δ ∈ {0, 0.2, ..., 1.0}.
+
+Test tasks at every Δ are the same base tasks with all inputs shifted by Δ.
+Because the generating GPs are stationary, a shifted task is an exact sample of
+the shifted test distribution; reusing the base tasks makes the Δ columns a
+paired comparison (differences between columns are not sampling noise).
+
+    python -m pipelines.synthetic_gp --budget-s 240 --preset small \
+        --out pipelines/results/synthetic_gp_cpu.md
+
+``--jobs N`` trains N models at once in subprocesses (useful on a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from geonp.data.synthetic import fixed_tasks, make_generator
+from geonp.metrics import mean_and_stderr, task_log_likelihood
+from geonp.models import build
+from geonp.train import TrainConfig, resolve_device, train
+from pipelines.provenance import header
+
+SHIFTS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+TEST_SEED = 2_000_003  # distinct from training (0) and validation (1_000_003) streams
+PAPER = {  # TE-TNP paper Table 5, full budget (500 epochs x 16,000 tasks), Δ = 0 and 1.0
+    "te-pt-tnp": "-0.46 / -0.46 (M32)", "te-tnp": "-0.47 / -0.47", "tnp": "-0.48 / -0.57",
+    "pt-tnp": "-0.48 / -0.63 (M32)", "cnp": "-0.69 / -1.08", "rcnp": "-0.58 / -0.58",
+}
+
+
+@torch.no_grad()
+def evaluate(model, tasks, device: torch.device) -> dict[str, list[float]]:
+    """Mean per-target log-likelihood ± s.e. over ``tasks`` at every shift in SHIFTS."""
+    model.eval()
+    out = {}
+    for shift in SHIFTS:
+        scores = []
+        for batch in tasks:
+            b = batch.shifted(shift).to(device)
+            dist = model(b.xc, b.yc, b.xt, b.mask_c, b.mask_t)
+            scores.append(task_log_likelihood(dist, b.yt, b.mask_t).cpu())
+        out[f"{shift:.1f}"] = list(mean_and_stderr(torch.cat(scores)))
+    return out
+
+
+def run_one(args: argparse.Namespace, name: str) -> dict:
+    """Train (unless ``gp``) and evaluate one model; returns its JSON record."""
+    device = resolve_device(args.device)
+    tasks = fixed_tasks(make_generator("gp"), args.test_tasks, 16, seed=TEST_SEED)
+    start = time.perf_counter()
+    if name == "gp":
+        # Per-task fits of small matrices: the CPU beats a GPU's launch overheads here.
+        device = torch.device("cpu")
+        tasks = tasks[: max(1, args.gp_tasks // 16)]
+        model, steps, train_s = build("gp", 1, 1, fit_steps=args.gp_fit_steps).to(device), 0, 0.0
+    else:
+        cfg = TrainConfig(model=name, out_dir=str(Path(args.run_dir) / name), preset=args.preset,
+                          data={"name": "gp"}, steps=args.max_steps, time_budget_s=args.budget_s,
+                          checkpoint_every=1000, val_every=1000, log_every=100, val_tasks=128,
+                          device=args.device, batch_size=args.batch_size)
+        result = train(cfg, resume=Path(cfg.out_dir, "state.safetensors").exists(), progress=False)
+        model, steps, train_s = result.model, result.step, result.wall_s
+    ll = evaluate(model, tasks, device)
+    return {"model": name, "preset": "paper" if name == "gp" else args.preset, "steps": steps,
+            "train_s": round(train_s, 1), "eval_s": round(time.perf_counter() - start - train_s, 1),
+            "num_test_tasks": sum(len(b) for b in tasks), "log_likelihood": ll}
+
+
+def write_table(args: argparse.Namespace, records: list[dict]) -> str:
+    device = resolve_device(args.device)
+    budget = (f"{args.budget_s:.0f} s of training per model (at most {args.max_steps} steps), batch "
+              f"{args.batch_size}, preset `{args.preset}`; gp: {args.gp_fit_steps} Adam steps per task")
+    lines = [header("Synthetic 1-D GP regression: test log-likelihood vs input shift Δ", device, budget), "",
+             "Mean log-likelihood per target point (nats, higher is better) ± standard error over test tasks.", "",
+             "| model | steps | train s | tasks | " + " | ".join(f"Δ={s:.1f}" for s in SHIFTS) + " | paper Δ=0 / Δ=1 |",
+             "|---" * (5 + len(SHIFTS)) + "|"]
+    for r in records:
+        cells = [f"{m:.3f} ± {se:.3f}" for m, se in (r["log_likelihood"][f"{s:.1f}"] for s in SHIFTS)]
+        lines.append(f"| {r['model']} | {r['steps']} | {r['train_s']:.0f} | {r['num_test_tasks']} | "
+                     + " | ".join(cells) + f" | {PAPER.get(r['model'], '–')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", nargs="+", default=["te-pt-tnp", "te-tnp", "tnp", "pt-tnp", "cnp", "rcnp", "gp"])
+    p.add_argument("--preset", default="small")
+    p.add_argument("--budget-s", type=float, default=240.0, help="training wall time per model")
+    p.add_argument("--max-steps", type=int, default=10**7)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--test-tasks", type=int, default=1024)
+    p.add_argument("--gp-tasks", type=int, default=128, help="test tasks for the (slow) exact GP")
+    p.add_argument("--gp-fit-steps", type=int, default=200)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--jobs", type=int, default=1, help="models trained at once (subprocesses)")
+    p.add_argument("--run-dir", default="runs/synthetic_gp")
+    p.add_argument("--out", default="pipelines/results/synthetic_gp_cpu.md")
+    p.add_argument("--json-only", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    run_dir = Path(args.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if args.json_only:  # worker mode: one model, record to JSON
+        (name,) = args.models
+        (run_dir / f"{name}.json").write_text(json.dumps(run_one(args, name), indent=2))
+        return
+    pending = list(args.models)
+    running: list[subprocess.Popen] = []
+    failed = []
+    while pending or running:
+        while pending and len(running) < args.jobs:
+            cmd = [sys.executable, "-m", "pipelines.synthetic_gp", "--json-only", "--models", pending.pop(0),
+                   *[a for a in sys.argv[1:] if a != "--json-only"]]
+            # later --models wins in argparse; strip the parent's list
+            cmd = _drop_models(cmd)
+            running.append(subprocess.Popen(cmd))
+        time.sleep(1.0)
+        for proc in list(running):
+            if proc.poll() is not None:
+                running.remove(proc)
+                if proc.returncode != 0:
+                    failed.append(proc.args[proc.args.index("--models") + 1])
+    records = [json.loads((run_dir / f"{m}.json").read_text()) for m in args.models
+               if (run_dir / f"{m}.json").exists()]
+    text = write_table(args, records)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    Path(args.out).with_suffix(".json").write_text(json.dumps(records, indent=2))
+    print(text)
+    if failed:
+        sys.exit(f"models that failed: {', '.join(failed)}")
+
+
+def _drop_models(cmd: list[str]) -> list[str]:
+    """Keep the first ``--models NAME`` of a worker command, drop the parent's ``--models ...`` list."""
+    out, seen, skipping = [], False, False
+    for a in cmd:
+        if a == "--models":
+            skipping = seen
+            seen = True
+            if skipping:
+                continue
+        elif a.startswith("--"):
+            skipping = False
+        elif skipping:
+            continue
+        out.append(a)
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -26,7 +26,7 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="run the embedded default job (offline, about a minute on 2 CPU cores)")
     demo.add_argument("-o", "--out", default="geonp-demo", help="output folder (default: %(default)s)")
-    demo.add_argument("--steps", type=int, default=300, help="training steps (default: %(default)s)")
+    demo.add_argument("--steps", type=int, default=600, help="training steps (default: %(default)s)")
     demo.add_argument("--device", default="auto", help="auto, cpu or cuda (default: %(default)s)")
     demo.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
 

@@ -23,3 +23,21 @@ def mean_and_stderr(values: torch.Tensor) -> tuple[float, float]:
     n = values.numel()
     stderr = values.std(unbiased=True).item() / n**0.5 if n > 1 else float("nan")
     return values.mean().item(), stderr
+
+
+@torch.no_grad()
+def task_scores(model, batches: list, device: torch.device | str = "cpu", shift: float = 0.0) -> torch.Tensor:
+    """Per-task mean log-likelihood of ``model`` on fixed ``batches`` (``geonp.data.Batch``).
+
+    ``shift`` translates every input location first (the TE-TNP paper's test-time
+    Δ). Runs in evaluation mode and float32; returns ``[num_tasks]`` on the CPU.
+    """
+    was_training = getattr(model, "training", False)
+    model.eval()
+    scores = []
+    for batch in batches:
+        b = batch.shifted(shift).to(device) if shift else batch.to(device)
+        dist = model(b.xc, b.yc, b.xt, b.mask_c, b.mask_t)
+        scores.append(task_log_likelihood(dist, b.yt, b.mask_t).cpu())
+    model.train(was_training)
+    return torch.cat(scores)

@@ -30,7 +30,7 @@ import yaml
 
 from geonp.checkpoint import read_checkpoint, write_checkpoint
 from geonp.data.synthetic import fixed_tasks, make_generator
-from geonp.metrics import task_log_likelihood
+from geonp.metrics import task_log_likelihood, task_scores
 from geonp.models import build, save
 from geonp.models.base import NeuralProcess
 
@@ -143,6 +143,7 @@ class _Run:
         self.cfg, self.device = cfg, device
         self.out = Path(cfg.out_dir)
         self.state_path = self.out / "state.safetensors"
+        torch.manual_seed(cfg.seed)  # before building: the initial weights follow the seed
         data_args = {k: v for k, v in cfg.data.items() if k != "name"}
         self.generator = make_generator(cfg.data["name"], **data_args)
         self.model = build(cfg.model, self.generator.dim_x, self.generator.dim_y, preset=cfg.preset, **cfg.model_args)
@@ -151,7 +152,6 @@ class _Run:
         self.model.to(device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.rng = torch.Generator().manual_seed(cfg.seed)
-        torch.manual_seed(cfg.seed)
         self.step, self.elapsed = 0, 0.0
 
     def save_state(self) -> None:
@@ -188,13 +188,9 @@ def _loss(model: NeuralProcess, batch, device: torch.device) -> torch.Tensor:
     return -task_log_likelihood(dist, batch.yt, batch.mask_t).mean()
 
 
-@torch.no_grad()
 def evaluate_nll(model: NeuralProcess, batches: list, device: torch.device) -> float:
     """Mean negative log-likelihood per target point over a fixed list of batches."""
-    model.eval()
-    total = sum(_loss(model, b, device).item() * len(b) for b in batches)
-    model.train()
-    return total / sum(len(b) for b in batches)
+    return -task_scores(model, batches, device).mean().item()
 
 
 def train(config: TrainConfig | dict | str | Path, resume: bool = False, progress: bool = True) -> TrainResult:

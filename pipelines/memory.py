@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--nt", type=int, default=1000)
     p.add_argument("--device", default="auto")
     p.add_argument("--unchunked", action="store_true", help="also measure with blocking switched off")
+    p.add_argument("--backward-models", nargs="*", default=None,
+                   help="models whose forward + backward is measured (default: all of --models)")
     p.add_argument("--out", default="pipelines/results/memory_cpu.md")
     p.add_argument("--worker", nargs=3, metavar=("MODEL", "MODE", "UNCHUNKED"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -83,8 +85,9 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(measure(name, MODES[int(mode)], device, args.nc, args.nt, unchunked == "1")))
         return
     rows = []
+    backward = args.models if args.backward_models is None else args.backward_models
     for name in args.models:
-        for m in range(len(MODES)):
+        for m in range(len(MODES) if name in backward else 1):
             for unchunked in ([0, 1] if args.unchunked else [0]):
                 cmd = [sys.executable, "-m", "pipelines.memory", "--worker", name, str(m), str(unchunked),
                        "--nc", str(args.nc), "--nt", str(args.nt), "--device", args.device]

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from geonp.data.synthetic import fixed_tasks, make_generator
-from geonp.metrics import mean_and_stderr, task_log_likelihood
+from geonp.metrics import mean_and_stderr, task_scores
 from geonp.models import build
 from geonp.train import TrainConfig, resolve_device, train
 from pipelines.provenance import header
@@ -41,19 +41,9 @@ PAPER = {  # TE-TNP paper Table 5, full budget (500 epochs x 16,000 tasks), Δ =
 }
 
 
-@torch.no_grad()
 def evaluate(model, tasks, device: torch.device) -> dict[str, list[float]]:
     """Mean per-target log-likelihood ± s.e. over ``tasks`` at every shift in SHIFTS."""
-    model.eval()
-    out = {}
-    for shift in SHIFTS:
-        scores = []
-        for batch in tasks:
-            b = batch.shifted(shift).to(device)
-            dist = model(b.xc, b.yc, b.xt, b.mask_c, b.mask_t)
-            scores.append(task_log_likelihood(dist, b.yt, b.mask_t).cpu())
-        out[f"{shift:.1f}"] = list(mean_and_stderr(torch.cat(scores)))
-    return out
+    return {f"{s:.1f}": list(mean_and_stderr(task_scores(model, tasks, device, shift=s))) for s in SHIFTS}
 
 
 def run_one(args: argparse.Namespace, name: str) -> dict:

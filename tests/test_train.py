@@ -1,0 +1,99 @@
+"""Training: the loss goes down, resume is exact, checkpoints are atomic, configs are checked."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+import yaml
+
+from geonp.data.synthetic import fixed_tasks, make_generator
+from geonp.models import load
+from geonp.train import TrainConfig, evaluate_nll, resolve_device, train
+
+
+def config(tmp_path, **kw) -> TrainConfig:
+    base = dict(model="cnp", out_dir=str(tmp_path / "run"), preset="tiny", data={"name": "gp-se", "max_context": 32},
+                steps=20, batch_size=8, checkpoint_every=10, val_every=10, log_every=5, val_tasks=16, seed=3)
+    return TrainConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("name, steps", [("cnp", 300), ("te-pt-tnp", 150)])
+def test_training_lowers_held_out_loss(tmp_path, name, steps):
+    cfg = config(tmp_path, model=name, steps=steps, val_every=steps, checkpoint_every=steps)
+    held_out = fixed_tasks(make_generator("gp-se", max_context=32), 64, 16, seed=99)
+    torch.manual_seed(cfg.seed)
+    from geonp.models import build
+
+    before = evaluate_nll(build(name, 1, 1, preset="tiny"), held_out, torch.device("cpu"))
+    result = train(cfg, progress=False)
+    after = evaluate_nll(result.model, held_out, torch.device("cpu"))
+    assert after < before - 0.1, (before, after)
+    assert (result.out_dir / "model.safetensors").exists()
+    torch.testing.assert_close(evaluate_nll(load(result.out_dir / "model.safetensors"), held_out,
+                                            torch.device("cpu")), after)
+
+
+def test_resume_continues_the_same_run_exactly(tmp_path):
+    straight = train(config(tmp_path / "a"), progress=False).model
+    train(config(tmp_path / "b", steps=10), progress=False)  # "killed" after step 10
+    resumed = train(config(tmp_path / "b"), resume=True, progress=False).model
+    for (k, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
+        assert torch.equal(a, b), k
+    rows = list(csv.DictReader(open(tmp_path / "b" / "run" / "log.csv")))
+    assert [int(r["step"]) for r in rows] == [5, 10, 15, 20]
+
+
+def test_existing_run_is_not_overwritten_and_resume_needs_a_run(tmp_path):
+    train(config(tmp_path, steps=5), progress=False)
+    with pytest.raises(ValueError, match="already holds a run"):
+        train(config(tmp_path, steps=5), progress=False)
+    with pytest.raises(ValueError, match="does not exist"):
+        train(config(tmp_path / "fresh"), resume=True, progress=False)
+
+
+def test_a_crash_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    import geonp.checkpoint as ckpt
+
+    train(config(tmp_path, steps=10), progress=False)
+    state = tmp_path / "run" / "state.safetensors"
+    good = state.read_bytes()
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt, "save_file", crash)
+    with pytest.raises(OSError):
+        train(config(tmp_path, steps=20), resume=True, progress=False)
+    assert state.read_bytes() == good
+    assert not [p for p in state.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_validation_set_is_not_the_training_stream(tmp_path):
+    with pytest.raises(ValueError, match="val_seed"):
+        config(tmp_path, seed=5, val_seed=5)
+
+
+def test_config_file_errors_name_the_problem(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"model": "cnp", "out_dir": "x", "stepz": 3}))
+    with pytest.raises(ValueError, match=r"unknown key\(s\) stepz"):
+        TrainConfig.from_yaml(path)
+    path.write_text("model: [unclosed")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        TrainConfig.from_yaml(path)
+    with pytest.raises(ValueError, match="no such file"):
+        TrainConfig.from_yaml(tmp_path / "missing.yaml")
+    with pytest.raises(ValueError, match="no trainable weights"):
+        train(config(tmp_path, model="gp"), progress=False)
+
+
+def test_device_resolution():
+    assert resolve_device("cpu").type == "cpu"
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA GPU"):
+            resolve_device("cuda")
+    with pytest.raises(ValueError, match="auto, cpu or cuda"):
+        resolve_device("tpu")

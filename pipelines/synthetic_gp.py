@@ -1,6 +1,6 @@
 """Synthetic 1-D GP regression benchmark (TE-TNP paper, Table 5 layout).
 
-Trains each model for a wall-clock budget on GP tasks (SE / Matérn-5/2 /
+Trains each model for a fixed number of steps (optionally also a wall-time limit) on GP tasks (SE / Matérn-5/2 /
 periodic, Nc ~ U(1, 64), Nt = 128, xc ~ U(-2, 2), xt ~ U(-3, 3)), then reports
 the mean test log-likelihood per target point ± standard error over test tasks
 whose inputs are shifted by Δ ∈ {0, 0.2, ..., 1.0}.

@@ -1,0 +1,29 @@
+"""The benchmark pipelines run end to end on tiny budgets and write their tables."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from pipelines import memory, synthetic_gp
+
+
+def test_synthetic_gp_pipeline_writes_table(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "t.md"
+    monkeypatch.setattr("sys.argv", ["synthetic_gp"])
+    for name in ("cnp", "gp"):  # worker mode in-process, then the report
+        synthetic_gp.main(["--json-only", "--models", name, "--max-steps", "5", "--test-tasks", "32",
+                           "--gp-tasks", "16", "--gp-fit-steps", "5", "--run-dir", str(tmp_path / "runs")])
+    record = json.loads((tmp_path / "runs" / "cnp.json").read_text())
+    assert record["steps"] == 5 and set(record["log_likelihood"]) == {f"{s:.1f}" for s in synthetic_gp.SHIFTS}
+    args = argparse.Namespace(device="cpu", budget_s=None, max_steps=5, batch_size=16, preset="small", gp_fit_steps=5)
+    text = synthetic_gp.write_table(args, [record, json.loads((tmp_path / "runs" / "gp.json").read_text())])
+    out.write_text(text)
+    assert "| cnp | 5 |" in text and "| gp | 0 |" in text and "commit:" in text
+
+
+def test_memory_pipeline_reports_each_model(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    row = memory.measure("te-pt-tnp", memory.MODES[1], memory.torch.device("cpu"), nc=50, nt=20, unchunked=False)
+    assert row["peak_bytes"] > 0 and row["seconds"] > 0

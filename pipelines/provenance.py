@@ -52,8 +52,12 @@ def device_description(device: torch.device) -> str:
 
 def header(title: str, device: torch.device, budget: str, extra: dict[str, str] | None = None) -> str:
     """Markdown preamble for a results table."""
+    argv = list(sys.argv)
+    script = Path(argv[0]).resolve()
+    if script.parent == REPO / "pipelines":  # run as python -m pipelines.NAME
+        argv[0:1] = ["-m", f"pipelines.{script.stem}"]
     rows = {
-        "command": "`" + " ".join(shlex.quote(a) for a in ["python", *sys.argv]) + "`",
+        "command": "`" + " ".join(shlex.quote(a) for a in ["python", *argv]) + "`",
         "device": device_description(device),
         "budget": budget,
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),

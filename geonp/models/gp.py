@@ -3,11 +3,15 @@
 Not a neural process: it has no weights to train. For each task it fits the
 hyper-parameters of a GP (constant mean, ARD squared-exponential kernel with an
 output scale, Gaussian noise) by maximising the exact marginal likelihood of the
-task's context set, then predicts the targets. It is the reference the TE-TNP
+task's context set plus weak log-normal priors (MAP), then predicts the targets.
+The lengthscale prior (median 1) assumes inputs in normalised units, as geonp's
+synthetic tasks and normalised cubes are. It is the reference the TE-TNP
 paper compares its models against on GP-generated data.
 """
 
 from __future__ import annotations
+
+import math
 
 import gpytorch
 import torch
@@ -17,6 +21,7 @@ from gpytorch.kernels import RBFKernel, ScaleKernel
 from gpytorch.likelihoods import GaussianLikelihood
 from gpytorch.means import ConstantMean
 from gpytorch.mlls import ExactMarginalLogLikelihood
+from gpytorch.priors import LogNormalPrior
 from linear_operator.utils.errors import NotPSDError
 from torch.distributions import Normal
 
@@ -26,6 +31,7 @@ from geonp.models.registry import register
 # Above gpytorch's default (800) it switches to conjugate gradients with random
 # probe vectors, which is approximate and non-deterministic; always use Cholesky.
 _MAX_CHOLESKY = 1_000_000
+_PRIOR_POINTS = 4.0  # pseudo-observations of unit variance in the y-scale estimate
 
 
 class _TaskGP(gpytorch.models.ExactGP):
@@ -39,7 +45,12 @@ class _TaskGP(gpytorch.models.ExactGP):
         super().__init__(x, y, likelihood)
         batch = torch.Size([y.shape[0]])
         self.mean_module = ConstantMean(batch_shape=batch)
-        self.covar_module = ScaleKernel(RBFKernel(ard_num_dims=x.shape[-1], batch_shape=batch), batch_shape=batch)
+        # Weak log-normal priors (medians 1 for lengthscale and output scale, 0.1 for the
+        # noise, on standardised y) turn the fit into MAP: with only 1-5 context points
+        # plain maximum likelihood collapses the noise and the output scale and predicts
+        # with absurd confidence (log-likelihoods of -100s seen on synthetic GP tasks).
+        kernel = RBFKernel(ard_num_dims=x.shape[-1], batch_shape=batch, lengthscale_prior=LogNormalPrior(0.0, 1.0))
+        self.covar_module = ScaleKernel(kernel, batch_shape=batch, outputscale_prior=LogNormalPrior(0.0, 1.0))
 
     def forward(self, x: torch.Tensor) -> MultivariateNormal:
         return MultivariateNormal(self.mean_module(x), self.covar_module(x))
@@ -107,13 +118,17 @@ class GPBaseline(NeuralProcess):
         x, y, xs = (t.detach().double() for t in (x, y, xs))
         n, dy = y.shape
         # Standardise y so the fixed initialisation (lengthscale 1, outputscale 1, noise 0.1)
-        # is sensible whatever the units. One point or constant y has no spread: use std 1.
+        # and the priors are sensible whatever the units. The variance estimate is shrunk
+        # towards 1 (as if _PRIOR_POINTS extra points of unit variance were seen): the raw
+        # sample std of 2-3 nearby points can be tiny, and dividing by it made the GP
+        # absurdly over-confident. Inputs geonp feeds it are normalised, so 1 is apt.
         mu = y.mean(0)
-        sd = y.std(0) if n > 1 else torch.ones_like(mu)
-        sd = torch.where(sd > 1e-12 * (1.0 + mu.abs()), sd, torch.ones_like(sd))
+        sd = (((y - mu) ** 2).sum(0) + _PRIOR_POINTS) / (n - 1 + _PRIOR_POINTS)
+        sd = sd.sqrt()
         ys = ((y - mu) / sd).T.contiguous()  # [Dy, Nc]
 
-        likelihood = GaussianLikelihood(batch_shape=torch.Size([dy]), noise_constraint=GreaterThan(1e-4))
+        likelihood = GaussianLikelihood(batch_shape=torch.Size([dy]), noise_constraint=GreaterThan(1e-4),
+                                        noise_prior=LogNormalPrior(math.log(0.1), 1.0))
         gp = _TaskGP(x.expand(dy, n, x.shape[-1]), ys, likelihood).to(torch.float64)
         gp.covar_module.base_kernel.lengthscale = 1.0
         gp.covar_module.outputscale = 1.0

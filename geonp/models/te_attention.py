@@ -39,6 +39,7 @@ from geonp.models.layers import mlp
 #: Default cap on hidden activations alive at once (elements; 2**24 floats = 64 MiB).
 DEFAULT_BLOCK_ELEMS = 2**24
 _KEY_BLOCK = 512
+_SAVED_PER_PAIR = 10  # kernel-MLP activations (in units of the hidden width) kept per pair for backward
 _NEG = -1e30  # finite "minus infinity" so fully padded key blocks never give inf - inf
 
 
@@ -96,13 +97,17 @@ class TEAttention(nn.Module):
         width = max(self.dim_hidden, h)
         bk = min(nk, _KEY_BLOCK)
         grad = torch.is_grad_enabled()
-        # Row block: under autograd a whole row block's activations are kept for
-        # backward (B * bq * Nk * width); without it only one key block's.
-        per_row = b * width * (nk if grad else bk) + b * h * nk
+        # Row block size from the memory cap. Under autograd a row block keeps about
+        # _SAVED_PER_PAIR activations of the kernel MLPs per (query, key) pair for the
+        # backward pass (both MLPs' pre- and post-ReLU layers, logits, weights); without
+        # autograd only one key block's few temporaries are alive at once.
+        per_row = b * width * (nk * _SAVED_PER_PAIR if grad else bk * 3) + b * h * nk
         bq = max(1, min(nq, self.max_block_elems // per_row))
         outs, dxs = [], []
         for start in range(0, nq, bq):
             rows = (q[:, :, start:start + bq], xq[:, start:start + bq], k, v, xk, mask_k, n_valid, bk)
+            # One block within the cap is kept for backward as usual; several blocks are
+            # recomputed in backward, else they would all stay alive until then.
             if grad and bq < nq:
                 out, dx = checkpoint(self._attend_rows, *rows, use_reentrant=False)
             else:

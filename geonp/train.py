@@ -33,6 +33,7 @@ from geonp.data.synthetic import fixed_tasks, make_generator
 from geonp.metrics import task_log_likelihood, task_scores
 from geonp.models import build, save
 from geonp.models.base import NeuralProcess
+from geonp.models.registry import same_model
 
 
 @dataclass
@@ -170,7 +171,7 @@ class _Run:
         tensors, meta = read_checkpoint(self.state_path)
         if meta.get("kind") != "train-state":
             raise ValueError(f"checkpoint {self.state_path}: not a training state")
-        if meta["model"] != self.model.config:
+        if not same_model(meta["model"], self.model.config):
             raise ValueError(f"checkpoint {self.state_path}: was written for a different model configuration")
         self.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
         _restore_optimizer(self.opt, tensors, meta["optimizer"])

@@ -150,3 +150,12 @@ def test_unknown_names_and_presets():
         build("tnp", 1, 1, preset="huge")
     with pytest.raises(ValueError, match="bad argument"):
         build("tnp", 1, 1, num_pseudo=4)
+
+
+def test_memory_knobs_do_not_make_a_different_model():
+    from geonp.models.registry import same_model
+
+    a = build("te-tnp", 1, 1, preset="tiny").config
+    b = build("te-tnp", 1, 1, preset="tiny", max_block_elems=1000).config
+    c = build("te-tnp", 1, 1, preset="tiny", num_layers=3).config
+    assert same_model(a, b) and not same_model(a, c)

@@ -18,6 +18,10 @@ import torch
 from geonp.checkpoint import read_checkpoint, write_checkpoint
 from geonp.models.base import NeuralProcess
 
+#: Build arguments that change how a model computes, not what it computes (memory knobs):
+#: checkpoints that differ only in these describe the same model.
+RUNTIME_KEYS = frozenset({"max_block_elems"})
+
 _MODELS: dict[str, type[NeuralProcess]] = {}
 _PRESETS: dict[str, dict[str, dict[str, Any]]] = {}
 
@@ -83,6 +87,16 @@ def build(name: str, dim_x: int, dim_y: int, preset: str = "paper", **overrides:
         raise ValueError(f"bad argument for model {name!r}: {err}") from None
     model.config = {"name": name, "dim_x": dim_x, "dim_y": dim_y, "preset": preset, "kwargs": kwargs}
     return model
+
+
+def same_model(config_a: dict[str, Any], config_b: dict[str, Any]) -> bool:
+    """Whether two build configs describe the same model, ignoring :data:`RUNTIME_KEYS`."""
+
+    def strip(cfg: dict[str, Any]) -> dict[str, Any]:
+        kwargs = {k: v for k, v in cfg.get("kwargs", {}).items() if k not in RUNTIME_KEYS}
+        return {**{k: v for k, v in cfg.items() if k not in ("kwargs", "preset")}, "kwargs": kwargs}
+
+    return strip(config_a) == strip(config_b)
 
 
 def save(model: NeuralProcess, path: str | os.PathLike, extra: dict[str, Any] | None = None) -> None:

@@ -118,14 +118,13 @@ class TEAttention(nn.Module):
         new_xq = xq + torch.cat(dxs, dim=1) if self.loc_mlp is not None else xq
         return self.to_out(out), new_xq
 
-    def _logits(
-        self, q: torch.Tensor, xq: torch.Tensor, k: torch.Tensor, xk: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # q [B, H, bq, Dh], k [B, H, bk, Dh] -> logits [B, H, bq, bk] (float32), diff [B, bq, bk, Dx]
+    def _logits(self, q: torch.Tensor, xq: torch.Tensor, k: torch.Tensor, xk: torch.Tensor) -> torch.Tensor:
+        # q [B, H, bq, Dh], k [B, H, bk, Dh], xq [B, bq, Dx], xk [B, bk, Dx] -> logits [B, H, bq, bk] (float32)
         dots = (q @ k.transpose(-1, -2)).permute(0, 2, 3, 1)  # [B, bq, bk, H]
+        # Differences are formed in full precision before any cast, so equivariance is exact.
         diff = xq[:, :, None, :] - xk[:, None, :, :]  # [B, bq, bk, Dx]
         logits = self.logit_mlp(torch.cat([dots, diff.to(dots.dtype)], dim=-1))  # [B, bq, bk, H]
-        return logits.permute(0, 3, 1, 2).float(), diff
+        return logits.permute(0, 3, 1, 2).float()
 
     def _attend_rows(
         self,
@@ -146,7 +145,7 @@ class TEAttention(nn.Module):
         run_sum = q.new_zeros((b, h, bq), dtype=torch.float32)
         blocks = []
         for s in range(0, nk, bk):
-            logits, _ = self._logits(q, xq, k[:, :, s:s + bk], xk[:, s:s + bk])
+            logits = self._logits(q, xq, k[:, :, s:s + bk], xk[:, s:s + bk])
             logits = logits.masked_fill(~mask_k[:, None, None, s:s + bk], float("-inf"))
             new_max = torch.maximum(run_max, logits.amax(-1))
             run_sum = run_sum * torch.exp(run_max - new_max) + torch.exp(logits - new_max[..., None]).sum(-1)

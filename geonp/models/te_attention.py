@@ -107,9 +107,11 @@ class TEAttention(nn.Module):
         for start in range(0, nq, bq):
             rows = (q[:, :, start:start + bq], xq[:, start:start + bq], k, v, xk, mask_k, n_valid, bk)
             # One block within the cap is kept for backward as usual; several blocks are
-            # recomputed in backward, else they would all stay alive until then.
-            if grad and bq < nq:
-                out, dx = checkpoint(self._attend_rows, *rows, use_reentrant=False)
+            # recomputed in backward, else they would all stay alive until then. The
+            # reentrant form: the non-reentrant one kept ~0.2 MB per block alive (measured
+            # 11.6 GiB for te-tnp forward + backward at Nc=5000 against 0.23 GiB at Nc=2000).
+            if grad and q.requires_grad and bq < nq:
+                out, dx = checkpoint(self._attend_rows, *rows, use_reentrant=True)
             else:
                 out, dx = self._attend_rows(*rows)
             outs.append(out)

@@ -189,6 +189,17 @@ def _loss(model: NeuralProcess, batch, device: torch.device) -> torch.Tensor:
     return -task_log_likelihood(dist, batch.yt, batch.mask_t).mean()
 
 
+_LOG_COLUMNS = ["step", "train_loss", "val_nll", "tasks_per_s", "elapsed_s"]
+
+
+def _log_rows_up_to(path: Path, step: int) -> list[list[str]]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))[1:]
+    return [r for r in rows if r and int(r[0]) <= step]
+
+
 def evaluate_nll(model: NeuralProcess, batches: list, device: torch.device) -> float:
     """Mean negative log-likelihood per target point over a fixed list of batches."""
     return -task_scores(model, batches, device).mean().item()
@@ -215,11 +226,13 @@ def train(config: TrainConfig | dict | str | Path, resume: bool = False, progres
     (run.out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
     val = fixed_tasks(run.generator, cfg.val_tasks, cfg.batch_size, seed=cfg.val_seed)
     log_path = run.out / "log.csv"
-    new_log = not log_path.exists() or run.step == 0
-    log = open(log_path, "w" if new_log else "a", newline="")
+    # Keep only log rows up to the checkpoint being resumed: rows written after it
+    # belong to steps that are about to be run again.
+    kept = _log_rows_up_to(log_path, run.step) if run.step > 0 else []
+    log = open(log_path, "w", newline="")
     writer = csv.writer(log)
-    if new_log:
-        writer.writerow(["step", "train_loss", "val_nll", "tasks_per_s", "elapsed_s"])
+    writer.writerow(_LOG_COLUMNS)
+    writer.writerows(kept)
     bar = tqdm(total=cfg.steps, initial=run.step, disable=not progress, desc=cfg.model, dynamic_ncols=True)
     val_nll, window_loss, window_steps, window_start = float("nan"), 0.0, 0, time.perf_counter()
     start = time.perf_counter() - run.elapsed

@@ -38,6 +38,8 @@ def test_training_lowers_held_out_loss(tmp_path, name, steps):
 def test_resume_continues_the_same_run_exactly(tmp_path):
     straight = train(config(tmp_path / "a"), progress=False).model
     train(config(tmp_path / "b", steps=10), progress=False)  # "killed" after step 10
+    with open(tmp_path / "b" / "run" / "log.csv", "a") as f:  # a row logged after the last checkpoint
+        f.write("15,9.9,,1.0,1.0\n")
     resumed = train(config(tmp_path / "b"), resume=True, progress=False).model
     for (k, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
         assert torch.equal(a, b), k

@@ -109,21 +109,17 @@ def main(argv: list[str] | None = None) -> None:
         (run_dir / f"{name}.json").write_text(json.dumps(run_one(args, name), indent=2))
         return
     pending = list(args.models)
-    running: list[subprocess.Popen] = []
+    running: dict[subprocess.Popen, str] = {}
     failed = []
     while pending or running:
         while pending and len(running) < args.jobs:
-            cmd = [sys.executable, "-m", "pipelines.synthetic_gp", "--json-only", "--models", pending.pop(0),
-                   *[a for a in sys.argv[1:] if a != "--json-only"]]
-            # later --models wins in argparse; strip the parent's list
-            cmd = _drop_models(cmd)
-            running.append(subprocess.Popen(cmd))
+            name = pending.pop(0)
+            running[subprocess.Popen(_worker_command(args, name))] = name
         time.sleep(1.0)
-        for proc in list(running):
-            if proc.poll() is not None:
-                running.remove(proc)
-                if proc.returncode != 0:
-                    failed.append(proc.args[proc.args.index("--models") + 1])
+        for proc in [p for p in running if p.poll() is not None]:
+            name = running.pop(proc)
+            if proc.returncode != 0:
+                failed.append(name)
     records = [json.loads((run_dir / f"{m}.json").read_text()) for m in args.models
                if (run_dir / f"{m}.json").exists()]
     text = write_table(args, records)
@@ -135,21 +131,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"models that failed: {', '.join(failed)}")
 
 
-def _drop_models(cmd: list[str]) -> list[str]:
-    """Keep the first ``--models NAME`` of a worker command, drop the parent's ``--models ...`` list."""
-    out, seen, skipping = [], False, False
-    for a in cmd:
-        if a == "--models":
-            skipping = seen
-            seen = True
-            if skipping:
-                continue
-        elif a.startswith("--"):
-            skipping = False
-        elif skipping:
-            continue
-        out.append(a)
-    return out
+def _worker_command(args: argparse.Namespace, name: str) -> list[str]:
+    """The subprocess that trains and scores one model with the parent's settings."""
+    cmd = [sys.executable, "-m", "pipelines.synthetic_gp", "--json-only", "--models", name]
+    for key, value in vars(args).items():
+        if key not in ("models", "json_only", "jobs") and value is not None:
+            cmd += [f"--{key.replace('_', '-')}", str(value)]
+    return cmd
 
 
 if __name__ == "__main__":

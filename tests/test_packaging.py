@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-CONDA_NAMES = {"torch": "pytorch"}  # PyPI name -> conda-forge name where they differ
+CONDA_NAMES = {"torch": "pytorch", "eccodes": "python-eccodes"}  # PyPI name -> conda-forge name where they differ
 
 
 def _name(requirement: str) -> str:

@@ -1,5 +1,14 @@
-"""Data: task batches, synthetic generators (later: cubes, ERA5, satellite, elevation)."""
+"""Data: cubes (open, validate), ERA5, satellite products, elevation, normalisation and task sampling."""
 
-from geonp.data.batch import Batch
+import importlib.util
 
-__all__ = ["Batch"]
+# The eccodes wheel (GRIB) and pyproj's bundled PROJ both ship their own copies of shared
+# C libraries; when eccodes is loaded first the interpreter aborts with a double free at
+# exit. Loading pyproj first (when installed) avoids it, whatever the caller imports next.
+if importlib.util.find_spec("pyproj") is not None:
+    import pyproj  # noqa: F401
+
+from geonp.data.batch import Batch  # noqa: E402
+from geonp.data.cube import open_cube  # noqa: E402
+
+__all__ = ["Batch", "open_cube"]

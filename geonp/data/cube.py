@@ -1,0 +1,357 @@
+"""Open any gridded cube lazily and bring it to one convention.
+
+``open_cube`` reads NetCDF/HDF5, GRIB (cfgrib), Zarr v2/v3 and GeoTIFF (rioxarray), from
+local paths or fsspec URLs, and returns a dask-backed ``xarray.Dataset`` in which:
+
+- the horizontal coordinates are called ``lat`` and ``lon`` (degrees north/east),
+  ``lon`` lies in [-180, 180); on a regular grid both are 1-D dimensions with ``lat``
+  ascending and ``lon`` ascending; on a projected grid (MODIS sinusoidal, say) the
+  dimensions stay ``y``/``x`` and ``lat``/``lon`` are 2-D coordinates on them;
+- time is ``time`` (``valid_time`` is taken when that is the one that varies), vertical
+  levels are ``level``, ensemble members ``member``; ERA5's ``expver`` is merged away;
+- scale factors and offsets are applied, and fill values, ``valid_min``/``valid_max``/
+  ``valid_range`` and a product's own ``valid_pixel_expression`` become NaN.
+
+Nothing is loaded eagerly apart from coordinates and, to reject an all-NaN variable,
+chunks of each variable until one holds a finite value (usually the first).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from geonp.data.flags import valid_pixels
+
+# Attribute and name clues for each canonical coordinate, strongest first.
+_STANDARD_NAMES = {
+    "lat": {"latitude", "grid_latitude"},
+    "lon": {"longitude", "grid_longitude"},
+    "time": {"time"},
+    "level": {"air_pressure", "depth", "height", "altitude", "model_level_number",
+              "atmosphere_hybrid_sigma_pressure_coordinate"},
+}
+_UNITS = {"lat": {"degrees_north", "degree_north", "degree_n", "degrees_n"},
+          "lon": {"degrees_east", "degree_east", "degree_e", "degrees_e"}}
+_AXES = {"lat": "Y", "lon": "X", "time": "T", "level": "Z"}
+_COMMON_NAMES = {
+    "lat": ("latitude", "lat", "nav_lat", "lats", "y_lat", "LAT", "Latitude"),
+    "lon": ("longitude", "lon", "nav_lon", "lons", "x_lon", "LON", "Longitude"),
+    "time": ("time", "valid_time", "t", "Time", "date"),
+    "level": ("level", "pressure_level", "isobaricInhPa", "plev", "lev", "depth", "height", "hybrid"),
+}
+# ERA5/cfgrib bookkeeping that says nothing about the field itself.
+_DROP = ("step", "surface", "heightAboveGround", "entireAtmosphere", "meanSea", "spatial_ref", "crs")
+_GRIB_SUFFIXES = (".grib", ".grb", ".grib1", ".grib2", ".grb2")
+_TIFF_SUFFIXES = (".tif", ".tiff", ".geotiff")
+
+
+def open_cube(path: str | os.PathLike, variables: str | Sequence[str] | None = None) -> xr.Dataset:
+    """Open a gridded file or store lazily, in geonp's coordinate convention.
+
+    Args:
+        path: a local path or an fsspec URL (``s3://``, ``https://``, ``memory://`` ...) of a
+            NetCDF/HDF5 file, a GRIB file, a Zarr store (v2 or v3) or a GeoTIFF.
+        variables: the data variables to keep (a name or names); default: every numeric
+            variable on the horizontal grid that is not a flag, QC or bounds variable.
+
+    Returns:
+        A dask-backed Dataset with coordinates ``lat``/``lon`` (and ``time``, ``level`` when
+        present), gaps as NaN, and ``attrs["geonp_source"]`` naming ``path``.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        ValueError: naming the file and the problem: an unreadable format, no latitude or
+            longitude, non-monotonic coordinates, duplicate times, an unknown variable or a
+            variable that holds no finite value.
+    """
+    name = str(path)
+    wanted = [variables] if isinstance(variables, str) else list(variables) if variables is not None else None
+    raw = _open_raw(name)
+    try:
+        ds = _to_convention(raw, name)
+        ds = _select(ds, wanted, name)
+        _check_not_empty(ds, name)
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
+    ds.attrs["geonp_source"] = name
+    return ds
+
+
+def _is_url(name: str) -> bool:
+    return "://" in name and not name.startswith("file://")
+
+
+def _open_raw(name: str) -> xr.Dataset:
+    """The file as xarray decodes it (CF scale/offset/fill applied), still lazy."""
+    local = name[len("file://"):] if name.startswith("file://") else name
+    is_zarr = local.rstrip("/").endswith(".zarr") or (not _is_url(local) and Path(local, "zarr.json").exists()) \
+        or (not _is_url(local) and Path(local, ".zgroup").exists())
+    if not _is_url(local) and not Path(local).exists():
+        raise FileNotFoundError(f"{name}: no such file or directory")
+    try:
+        if is_zarr:
+            return xr.open_zarr(local, chunks={}, decode_timedelta=False)
+        if _is_url(local):
+            import fsspec
+
+            # Formats other than Zarr need a seekable local file: cache it once.
+            local = fsspec.open_local(f"simplecache::{local}", simplecache={"same_names": True})
+        suffix = Path(local).suffix.lower()
+        if suffix in _GRIB_SUFFIXES:
+            return xr.open_dataset(local, engine="cfgrib", chunks={}, decode_timedelta=False,
+                                   backend_kwargs={"indexpath": ""})
+        if suffix in _TIFF_SUFFIXES:
+            return _open_geotiff(local)
+        return xr.open_dataset(local, chunks={}, decode_timedelta=False)
+    except (OSError, ValueError, KeyError) as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        raise ValueError(f"{name}: cannot read it as NetCDF, GRIB, Zarr or GeoTIFF ({err})") from None
+    except ImportError as err:
+        raise ValueError(f"{name}: the reader for this format is not installed ({err}); "
+                         "install geonp[grib] for GRIB or geonp[geotiff] for GeoTIFF") from None
+
+
+def _open_geotiff(path: str) -> xr.Dataset:
+    """A GeoTIFF as a Dataset: one variable per band, lat/lon computed for projected CRSs."""
+    import rioxarray
+
+    da = rioxarray.open_rasterio(path, chunks=True, mask_and_scale=True)
+    crs = da.rio.crs
+    stem = Path(path).stem
+    names = [d if d else f"{stem}_band{i + 1}" for i, d in enumerate(da.attrs.get("long_name", ()) or ())] \
+        if isinstance(da.attrs.get("long_name"), tuple) else []
+    if da.sizes["band"] == 1:
+        ds = da.isel(band=0, drop=True).to_dataset(name=stem)
+    else:
+        names = names or [f"{stem}_band{b}" for b in da["band"].values]
+        ds = xr.Dataset({n: da.isel(band=i, drop=True) for i, n in enumerate(names)})
+    for v in ds.data_vars:
+        ds[v].attrs = {k: val for k, val in da.attrs.items() if k in ("units", "scale_factor", "add_offset")}
+    if crs is not None and crs.is_geographic:
+        return ds.rename({"x": "lon", "y": "lat"})
+    if crs is None:
+        raise ValueError("the GeoTIFF has no coordinate reference system")
+    return _add_lat_lon(ds, crs)
+
+
+def _add_lat_lon(ds: xr.Dataset, crs) -> xr.Dataset:
+    """Attach 2-D ``lat``/``lon`` coordinates to a projected grid, computed lazily per chunk."""
+    import dask.array as dsa
+    from pyproj import Transformer
+
+    to_geo = Transformer.from_crs(crs, "EPSG:4326", always_xy=True)
+    first = ds[next(iter(ds.data_vars))]
+    chunks = first.chunks if first.chunks is not None else None
+    xx = dsa.broadcast_to(dsa.from_array(ds["x"].values[None, :]), (ds.sizes["y"], ds.sizes["x"]))
+    yy = dsa.broadcast_to(dsa.from_array(ds["y"].values[:, None]), (ds.sizes["y"], ds.sizes["x"]))
+    if chunks is not None:
+        xx, yy = xx.rechunk(chunks[-2:]), yy.rechunk(chunks[-2:])
+    lon = dsa.map_blocks(lambda x, y: to_geo.transform(x, y)[0], xx, yy, dtype=float)
+    lat = dsa.map_blocks(lambda x, y: to_geo.transform(x, y)[1], xx, yy, dtype=float)
+    return ds.assign_coords(lat=(("y", "x"), lat), lon=(("y", "x"), lon))
+
+
+def _find(ds: xr.Dataset, role: str) -> str | None:
+    """The name of the variable playing ``role`` (lat, lon, time, level), or None."""
+    candidates = list(ds.coords) + [d for d in ds.dims if d not in ds.coords] + list(ds.data_vars)
+    for test in (
+        lambda v: ds[v].attrs.get("standard_name") in _STANDARD_NAMES[role],
+        lambda v: str(ds[v].attrs.get("units", "")).lower() in _UNITS.get(role, ()),
+        lambda v: ds[v].attrs.get("axis") == _AXES[role] and role != "level",
+    ):
+        hits = [v for v in candidates if v in ds.variables and test(v) and not str(v).endswith(("_bnds", "_bounds"))]
+        if hits:
+            # Prefer a dimension coordinate over an auxiliary one (time vs valid_time).
+            hits.sort(key=lambda v: (v not in ds.dims, ds[v].ndim == 0))
+            return hits[0]
+    for common in _COMMON_NAMES[role]:
+        if common in ds.variables or common in ds.dims:
+            return common
+    return None
+
+
+def _to_convention(ds: xr.Dataset, name: str) -> xr.Dataset:
+    """Rename, reorder and mask ``ds`` into geonp's convention (see the module docstring)."""
+    ds = _merge_expver(ds)
+    ds = ds.drop_vars([v for v in (*_DROP, "number") if v in ds.variables and ds[v].ndim == 0], errors="ignore")
+    if "number" in ds.dims:
+        ds = ds.isel(number=0, drop=True) if ds.sizes["number"] == 1 else ds.rename(number="member")
+    ds = _pick_time(ds)
+    renames = {}
+    for role in ("lat", "lon", "time", "level"):
+        found = _find(ds, role)
+        if found is not None and found != role:
+            if role in ds.variables or role in ds.dims:
+                ds = ds.drop_vars(role, errors="ignore")
+            renames[found] = role
+    ds = ds.rename(renames)
+    for role in ("lat", "lon"):
+        if role not in ds.variables:
+            raise ValueError(f"no {role}itude coordinate found (looked for CF standard_name/units/axis and the names "
+                             f"{', '.join(_COMMON_NAMES[role][:4])})")
+        if role in ds.data_vars:
+            ds = ds.set_coords(role)
+    if "time" in ds.variables and "time" not in ds.dims:
+        ds = ds.drop_vars("time") if ds["time"].ndim > 0 else ds.expand_dims("time")
+    ds = _apply_validity(ds)
+    if ds["lat"].ndim == 1 and ds["lat"].dims == ("lat",) and ds["lon"].dims == ("lon",):
+        ds = _regular_grid(ds)
+    else:
+        ds = _projected_grid(ds)
+    if "time" in ds.dims:
+        _check_time(ds["time"].values)
+    return ds
+
+
+def _merge_expver(ds: xr.Dataset) -> xr.Dataset:
+    """ERA5 requests that straddle final and preliminary (ERA5T) data carry an ``expver``
+    dimension with each time step valid in exactly one version: keep the finite one."""
+    if "expver" not in ds.dims:
+        return ds.drop_vars("expver", errors="ignore")
+    merged = ds.isel(expver=0, drop=True)
+    for i in range(1, ds.sizes["expver"]):
+        merged = merged.combine_first(ds.isel(expver=i, drop=True))
+    return merged
+
+
+def _pick_time(ds: xr.Dataset) -> xr.Dataset:
+    """cfgrib gives a reference ``time`` and a ``valid_time``; keep the one that is the time axis."""
+    if "valid_time" not in ds.variables or "time" not in ds.variables:
+        return ds
+    if "time" in ds.dims and ds.sizes["time"] > 1:
+        return ds.drop_vars("valid_time")
+    if "valid_time" in ds.dims:
+        return ds.drop_vars("time")
+    # Both scalar (one analysis) or valid_time on (time,): the valid time is what a user means.
+    valid = ds["valid_time"]
+    ds = ds.drop_vars("valid_time")
+    if "time" in ds.dims:
+        return ds.assign_coords(time=("time", np.atleast_1d(valid.values)))
+    return ds.assign_coords(time=valid.values)
+
+
+def _apply_validity(ds: xr.Dataset) -> xr.Dataset:
+    """NaN where CF ``valid_*`` attributes or a ``valid_pixel_expression`` say a value is invalid."""
+    out = ds.copy()
+    for v in ds.data_vars:
+        da = ds[v]
+        if not np.issubdtype(da.dtype, np.number) or _is_flag(da):
+            continue
+        lo, hi = _valid_bounds(da)
+        keep = None
+        if lo is not None:
+            keep = da >= lo
+        if hi is not None:
+            keep = (da <= hi) if keep is None else keep & (da <= hi)
+        expression = da.attrs.get("valid_pixel_expression")
+        if expression:
+            valid = valid_pixels(ds, expression)
+            keep = valid if keep is None else keep & valid
+        if keep is not None:
+            out[v] = da.where(keep)
+            out[v].attrs = {k: a for k, a in da.attrs.items() if k not in ("valid_min", "valid_max", "valid_range")}
+            out[v].encoding = da.encoding
+    return out
+
+
+def _valid_bounds(da: xr.DataArray) -> tuple[float | None, float | None]:
+    """``valid_min``/``valid_max`` in unpacked units (CF states them in packed units)."""
+    attrs = {**da.encoding, **da.attrs}
+    lo, hi = attrs.get("valid_min"), attrs.get("valid_max")
+    if "valid_range" in attrs:
+        lo, hi = attrs["valid_range"][0], attrs["valid_range"][1]
+    scale, offset = attrs.get("scale_factor", 1.0), attrs.get("add_offset", 0.0)
+    packed = "scale_factor" in da.encoding or "add_offset" in da.encoding
+    unpack = (lambda b: float(b) * scale + offset) if packed else float
+    return (None if lo is None else unpack(lo)), (None if hi is None else unpack(hi))
+
+
+def _is_flag(da: xr.DataArray) -> bool:
+    """Flag/QC variables describe other variables; they are not fields to fill."""
+    low = str(da.name).lower()
+    return any(k in da.attrs for k in ("flag_values", "flag_masks", "flag_meanings")) \
+        or low.startswith("qc") or low.endswith(("_qc", "qc_day", "qc_night")) or "flag" in low or low == "mask"
+
+
+def _regular_grid(ds: xr.Dataset) -> xr.Dataset:
+    """lon to [-180, 180) (dropping the repeated column of grids that wrap), both axes ascending."""
+    lon = ds["lon"].values.astype(float)
+    if lon.max() >= 180.0 or lon.min() < -180.0:
+        wrapped = (lon + 180.0) % 360.0 - 180.0
+        order = np.argsort(wrapped, kind="stable")
+        # A global grid stored as 20..380 repeats its first column: keep one copy.
+        _, first = np.unique(np.round(wrapped[order], 6), return_index=True)
+        ds = ds.isel(lon=order[first]).assign_coords(lon=wrapped[order[first]])
+        ds["lon"].attrs.update(units="degrees_east", standard_name="longitude")
+    for axis in ("lat", "lon"):
+        values = ds[axis].values
+        if values.size > 1 and np.all(np.diff(values) < 0):
+            ds = ds.isel({axis: slice(None, None, -1)})
+        elif values.size > 1 and not np.all(np.diff(values) > 0):
+            raise ValueError(f"{axis} is not monotonic (or repeats a value)")
+    return ds
+
+
+def _projected_grid(ds: xr.Dataset) -> xr.Dataset:
+    """Keep a projected grid's own dimensions; make lat/lon 2-D coordinates with lon in [-180, 180)."""
+    lat, lon = ds["lat"], ds["lon"]
+    if lat.ndim == 1 and lon.ndim == 1 and lat.dims != lon.dims:
+        # Separate 1-D axes with other dimension names: a regular grid after all.
+        return _regular_grid(ds.swap_dims({lat.dims[0]: "lat", lon.dims[0]: "lon"}))
+    lat, lon = xr.broadcast(lat, lon)
+    lon = (lon + 180.0) % 360.0 - 180.0
+    return ds.assign_coords(lat=lat.transpose(*lat.dims), lon=lon.transpose(*lat.dims))
+
+
+def _check_time(times: np.ndarray) -> None:
+    if times.size < 2:
+        return
+    steps = np.diff(times)
+    if np.any(steps == np.zeros_like(steps[0])):
+        dup = times[1:][steps == np.zeros_like(steps[0])][0]
+        shown = np.datetime_as_string(dup, unit="s") if np.issubdtype(times.dtype, np.datetime64) else dup
+        raise ValueError(f"duplicate times: {shown} appears more than once")
+    if np.any(steps < np.zeros_like(steps[0])):
+        raise ValueError("time is not monotonic (increasing)")
+
+
+def horizontal_dims(ds: xr.Dataset) -> tuple[str, str]:
+    """The two horizontal dimensions: ``("lat", "lon")`` on a regular grid, else the projected ``(y, x)``."""
+    return ("lat", "lon") if "lat" in ds.dims else tuple(ds["lat"].dims)  # type: ignore[return-value]
+
+
+def field_variables(ds: xr.Dataset) -> list[str]:
+    """Numeric data variables on the horizontal grid that are fields (not flags, QC or bounds)."""
+    dims = set(horizontal_dims(ds))
+    return [str(v) for v, da in ds.data_vars.items()
+            if dims <= set(da.dims) and np.issubdtype(da.dtype, np.number) and not _is_flag(da)
+            and not str(v).endswith(("_bnds", "_bounds"))]
+
+
+def _select(ds: xr.Dataset, wanted: list[str] | None, name: str) -> xr.Dataset:
+    fields = field_variables(ds)
+    if wanted is None:
+        if not fields:
+            raise ValueError("no gridded data variable found")
+        wanted = fields
+    unknown = [v for v in wanted if v not in ds.data_vars]
+    if unknown:
+        names = ", ".join(map(repr, unknown))
+        raise ValueError(f"unknown variable {names}; the file has {', '.join(fields) or 'none'}")
+    keep = set(wanted) | {v for v in ds.data_vars if _is_flag(ds[v])}
+    return ds.drop_vars([v for v in ds.data_vars if v not in keep])
+
+
+def _check_not_empty(ds: xr.Dataset, name: str, variables: Iterable[str] | None = None) -> None:
+    """Raise if a field holds no finite value; reads chunks only until it finds one."""
+    for v in variables or [v for v in ds.data_vars if not _is_flag(ds[v])]:
+        data = ds[v].data
+        blocks = data.blocks.ravel() if hasattr(data, "blocks") else [data]
+        if not any(bool(np.isfinite(np.asarray(block)).any()) for block in blocks):
+            raise ValueError(f"variable {v!r} holds no finite value (all NaN or fill)")

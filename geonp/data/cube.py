@@ -285,9 +285,10 @@ def _regular_grid(ds: xr.Dataset) -> xr.Dataset:
     if lon.max() >= 180.0 or lon.min() < -180.0:
         wrapped = (lon + 180.0) % 360.0 - 180.0
         order = np.argsort(wrapped, kind="stable")
-        # A global grid stored as 20..380 repeats its first column: keep one copy.
-        _, first = np.unique(np.round(wrapped[order], 6), return_index=True)
-        ds = ds.isel(lon=order[first]).assign_coords(lon=wrapped[order[first]])
+        # A global grid stored as 20..380 repeats its first column (up to rounding): keep one copy.
+        spacing = np.median(np.abs(np.diff(lon))) if lon.size > 1 else 1.0
+        keep = np.concatenate([[True], np.diff(wrapped[order]) > 0.01 * spacing])
+        ds = ds.isel(lon=order[keep]).assign_coords(lon=wrapped[order[keep]])
         ds["lon"].attrs.update(units="degrees_east", standard_name="longitude")
     for axis in ("lat", "lon"):
         values = ds[axis].values

@@ -18,6 +18,17 @@ def data_dir() -> Path | None:
     return path if path.is_dir() else None
 
 
+def real_file(name: str) -> str:
+    """Path of a shared real-data file; skips the calling test when the folder or file is absent."""
+    folder = data_dir()
+    if folder is None:
+        pytest.skip("real data folder absent (set GEONP_DATA or provide ../shared/data)")
+    path = folder / name
+    if not path.exists():
+        pytest.skip(f"{path} absent")
+    return str(path)
+
+
 def random_tasks(b: int = 3, nc: int = 12, nt: int = 9, dx: int = 1, dy: int = 1, seed: int = 0):
     """``(xc, yc, xt, mask_c)`` with task 0 padded after 7 context points (padding holds NaN)."""
     g = torch.Generator().manual_seed(seed)

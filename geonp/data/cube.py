@@ -338,9 +338,11 @@ def field_variables(ds: xr.Dataset) -> list[str]:
 def _select(ds: xr.Dataset, wanted: list[str] | None, name: str) -> xr.Dataset:
     fields = field_variables(ds)
     if wanted is None:
-        if not fields:
+        # A file of masks or flags only (a land-sea mask, a cloud mask) is a cube of those.
+        dims = set(horizontal_dims(ds))
+        wanted = fields or [str(v) for v, da in ds.data_vars.items() if dims <= set(da.dims)]
+        if not wanted:
             raise ValueError("no gridded data variable found")
-        wanted = fields
     unknown = [v for v in wanted if v not in ds.data_vars]
     if unknown:
         names = ", ".join(map(repr, unknown))

@@ -1,8 +1,8 @@
 """The ``geonp`` command: parses arguments, calls one function, maps errors to exit codes.
 
 Exit codes: 0 success, 2 bad input or usage (one-line message naming the
-problem), 1 an unexpected failure (one line; set ``GEONP_DEBUG=1`` for the
-traceback), 130 interrupted.
+problem), 1 an unexpected failure or a download that failed after its retries
+(one line; set ``GEONP_DEBUG=1`` for the traceback), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -39,6 +39,29 @@ def _parser() -> argparse.ArgumentParser:
 
     models = sub.add_parser("models", help="list the model names and their presets")
     models.set_defaults()
+
+    fetch = sub.add_parser("fetch", help="download input data into a local Zarr store")
+    sources = fetch.add_subparsers(dest="source", metavar="SOURCE")
+    era5 = sources.add_parser(
+        "era5", help="ERA5 hourly single levels from the Copernicus Climate Data Store (needs a CDS API key)",
+        description="Fetch ERA5 single-level fields, one CDS request per month, into a chunked Zarr store; "
+                    "rerun the same command to resume an interrupted fetch or to extend the store forward. "
+                    "Credentials: CDSAPI_URL and CDSAPI_KEY, or ~/.cdsapirc.")
+    era5.add_argument("--variable", action="append", required=True, metavar="NAME",
+                      help="CDS variable name, e.g. 2m_temperature (repeat for several)")
+    era5.add_argument("--start", required=True, help="first day, YYYY-MM-DD")
+    era5.add_argument("--end", required=True, help="last day, YYYY-MM-DD (inclusive)")
+    era5.add_argument("--area", required=True, metavar="N/W/S/E", help="bounding box in degrees, e.g. 60/-10/35/30")
+    era5.add_argument("--grid", type=float, default=0.25, help="grid spacing in degrees (default: %(default)s)")
+    era5.add_argument("--hours", default=None, help="hours of the day (UTC), e.g. 0,6,12,18 (default: all 24)")
+    era5.add_argument("--orography", action="store_true", help="also store elevation (m) from ERA5 geopotential")
+    era5.add_argument("-o", "--out", default="era5.zarr", help="output Zarr store (default: %(default)s)")
+    era5.add_argument("--overwrite", action="store_true", help="replace an existing store holding another fetch")
+    era5.add_argument("--retries", type=int, default=3, help="retries per request (default: %(default)s)")
+    era5.add_argument("--backoff", type=float, default=30.0,
+                      help="seconds before the first retry, doubling after each (default: %(default)s)")
+    era5.add_argument("--zarr-format", type=int, default=3, choices=(2, 3), help="for a new store (default: 3)")
+    era5.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     return parser
 
 
@@ -63,6 +86,19 @@ def _run(args: argparse.Namespace) -> int:
 
         for name in available():
             print(f"{name:12s} presets: {', '.join(presets(name))}")
+    elif args.command == "fetch":
+        if args.source is None:
+            raise ValueError("fetch: name a source, e.g. geonp fetch era5 --help")
+        from geonp.data.era5 import FetchError, fetch_era5
+
+        try:
+            out = fetch_era5(args.variable, args.start, args.end, args.area, args.grid, args.hours, args.out,
+                             orography=args.orography, overwrite=args.overwrite, retries=args.retries,
+                             backoff=args.backoff, zarr_format=args.zarr_format, verbose=not args.quiet)
+        except FetchError as err:  # a network failure, not bad input: exit 1, and say how to resume
+            print(f"geonp: error: {err}", file=sys.stderr)
+            return EXIT_FAILURE
+        print(f"ERA5 store ready: {out}")
     return EXIT_OK
 
 

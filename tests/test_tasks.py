@@ -30,11 +30,12 @@ def cube(tmp_path_factory):
         i, j = (3 * k) % 26, (5 * k) % 46
         t2m[k, i:i + 6, j:j + 6] = np.nan
     elevation = rng.uniform(0, 2000, (lat.size, lon.size)).astype(np.float32)
-    ds = xr.Dataset({"t2m": (("time", "lat", "lon"), t2m), "elevation": (("lat", "lon"), elevation)},
-                    coords={"time": time, "lat": lat, "lon": lon})
+    # Elevation as a coordinate, the way attach_elevation adds it: lazy when read back from Zarr.
+    ds = xr.Dataset({"t2m": (("time", "lat", "lon"), t2m)},
+                    coords={"time": time, "lat": lat, "lon": lon, "elevation": (("lat", "lon"), elevation)})
     path = tmp_path_factory.mktemp("cube") / "cube.zarr"
     ds.chunk({"time": 8, "lat": 16, "lon": 16}).to_zarr(path, consolidated=True)
-    return open_cube(path, ["t2m", "elevation"])
+    return open_cube(path, "t2m")
 
 
 def _cells(sampler: TaskSampler, x: torch.Tensor) -> np.ndarray:
@@ -122,9 +123,11 @@ def test_same_seed_same_tasks_and_shards_differ(cube, monkeypatch):
 
 
 def test_dataloader_workers_draw_different_tasks(cube):
-    sampler = TaskSampler(cube, "t2m", window=(2, 8, 8), batch_size=4, windows_per_tile=8)
+    sampler = TaskSampler(cube, "t2m", window=(2, 8, 8), batch_size=4, windows_per_tile=8,
+                          inputs=("lat", "lon", "time", "elevation"))
+    assert cube["elevation"].chunks is not None  # read lazily inside the workers
     # Forked workers (Linux's default) once deadlocked on the parent's dask thread pool: keep them working.
-    loader = DataLoader(sampler, batch_size=None, num_workers=2)
+    loader = DataLoader(sampler, batch_size=None, num_workers=2, timeout=120)  # fail, never hang
     stream = iter(loader)
     first, second = next(stream), next(stream)  # one from each worker
     assert not torch.equal(first.xc, second.xc)
@@ -153,8 +156,14 @@ def test_reads_each_tile_once_per_windows_per_tile(cube):
             return super()._read_tile(tile)
 
     sampler = Counting(cube, "t2m", window=(2, 8, 8), batch_size=8, windows_per_tile=64)
-    sample_tasks(sampler, 16)  # 128 windows
-    assert Counting.reads == 2
+    assert len(sampler.tiles) == 1
+    sample_tasks(sampler, 16)  # 128 windows from the one tile: read once, kept
+    assert Counting.reads == 1
+    Counting.reads = 0
+    small = Counting(cube, "t2m", window=(2, 8, 8), batch_size=8, windows_per_tile=64, tile_cells=4000)
+    assert len(small.tiles) > 4
+    sample_tasks(small, 16)
+    assert 1 <= Counting.reads <= 2
 
 
 def test_bad_sampler_arguments_are_named(cube):
@@ -164,6 +173,8 @@ def test_bad_sampler_arguments_are_named(cube):
         TaskSampler(cube, "sst")
     with pytest.raises(ValueError, match="context_fraction"):
         TaskSampler(cube, "t2m", context_fraction=(0.5, 0.2))
+    with pytest.raises(ValueError, match="unknown input 'height'"):
+        TaskSampler(cube, "t2m", inputs=("lat", "height"))
     with pytest.raises(ValueError, match="unknown region 'atlantis'"):
         TaskSampler(cube, "t2m", region="atlantis")
     with pytest.raises(ValueError, match="holds no grid cell"):

@@ -34,9 +34,9 @@ import xarray as xr
 
 from geonp.data import zarr_store
 from geonp.data.cds import FetchError, cds_client, retrieve
+from geonp.data.elevation import G0  # ERA5 geopotential (m2 s-2) / G0 = height (m)
 
 DATASET = "reanalysis-era5-single-levels"
-G0 = 9.80665  # standard gravity (m s-2): ERA5 geopotential (m2 s-2) / G0 = height (m)
 FIRST_DAY = dt.date(1940, 1, 1)
 
 

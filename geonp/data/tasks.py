@@ -37,7 +37,7 @@ from geonp.data.cube import horizontal_dims
 from geonp.data.normalise import Normaliser, fit_normaliser
 from geonp.data.regions import Region, crop_to_region, get_region
 
-_TILE_CELLS = 1 << 22  # ~4M cells per tile: a few tens of MB per variable in float32
+TILE_CELLS = 1 << 22  # ~4M cells per tile: 16 MB per variable or input channel in float32
 
 
 def shard() -> tuple[int, int]:
@@ -72,6 +72,8 @@ class TaskSampler(IterableDataset):
         windows_per_tile: windows drawn from a tile before the next is read.
         seed: base seed; the stream also depends on the shard (rank, worker).
         min_observed: windows with fewer observed cells are redrawn.
+        tile_cells: about how many cells a tile read holds (memory per tile is about
+            ``tile_cells * (Dx + Dy + 1) * 4`` bytes).
     """
 
     def __init__(
@@ -89,6 +91,7 @@ class TaskSampler(IterableDataset):
         windows_per_tile: int = 256,
         seed: int = 0,
         min_observed: int = 2,
+        tile_cells: int = TILE_CELLS,
     ) -> None:
         super().__init__()
         self.variables = [variables] if isinstance(variables, str) else list(variables)
@@ -108,6 +111,10 @@ class TaskSampler(IterableDataset):
             raise ValueError(f"window must be (time steps, rows, cols) of positive sizes, got {window}")
         if "time" in self.inputs and not self.has_time:
             raise ValueError(f"{source}: input 'time' asked for, but the cube has no time axis")
+        unknown = [n for n in self.inputs if n not in cube.variables]
+        if unknown:
+            raise ValueError(f"{source}: unknown input {', '.join(map(repr, unknown))}; inputs are lat, lon, time "
+                             "or variables on the grid (attach_elevation adds 'elevation')")
         sizes = (cube.sizes["time"] if self.has_time else 1, cube.sizes[self.space[0]], cube.sizes[self.space[1]])
         if any(w > n for w, n in zip(window, sizes)):
             raise ValueError(f"window {window} (time, rows, cols) is larger than the cube{' region' if region else ''} "
@@ -121,6 +128,7 @@ class TaskSampler(IterableDataset):
         self.batch_size, self.context_fraction, self.gap_fill = int(batch_size), (a, b), float(gap_fill)
         self.valid_mask, self.windows_per_tile, self.seed = valid_mask, int(windows_per_tile), int(seed)
         self.min_observed = max(2, int(min_observed))
+        self.tile_cells = int(tile_cells)
         self.normaliser = normaliser or fit_normaliser(cube, self.variables, self.inputs)
         self.tiles = self._plan_tiles()
 
@@ -136,12 +144,12 @@ class TaskSampler(IterableDataset):
         # Grow the tile (space first: neighbouring rows are more alike than far-apart times)
         # by whole chunks until it holds enough cells to amortise the read.
         order = (1, 2, 0)
-        while math.prod(lengths) < _TILE_CELLS:
+        while math.prod(lengths) < self.tile_cells:
             grown = False
             for k in order:
                 n = self.sizes[k]
                 c = chunks[dims[k]][0] if dims[k] in chunks else n
-                if lengths[k] < n and math.prod(lengths) < _TILE_CELLS:
+                if lengths[k] < n and math.prod(lengths) < self.tile_cells:
                     lengths[k] = min(n, lengths[k] + c)
                     grown = True
             if not grown:
@@ -163,7 +171,8 @@ class TaskSampler(IterableDataset):
         if self.has_time:
             sel["time"] = tile[0]
         part = self.cube.isel(sel)
-        names = self.variables + [n for n in self.inputs if n in part.data_vars]
+        # Inputs may be lazy too (an elevation coordinate read from Zarr): read them in the same pass.
+        names = self.variables + [n for n in self.inputs if n in part.variables and n not in self.variables]
         names += [self.valid_mask] if self.valid_mask else []
         # One thread per sampler: DataLoader workers are the parallelism, and a forked worker
         # cannot use the parent's dask thread pool.
@@ -186,7 +195,7 @@ class TaskSampler(IterableDataset):
                       for v in self.variables], axis=-1)
         x_cols = []
         for name in self.inputs:
-            raw = arrays[name] if name in arrays else part[name].values
+            raw = arrays[name]
             x_cols.append(full(name, self.normaliser.normalise_input(name, raw).astype(np.float32), part[name].dims))
         observed = np.isfinite(y).all(axis=-1)
         valid = np.ones(shape, bool) if not self.valid_mask else \
@@ -283,9 +292,11 @@ class TaskSampler(IterableDataset):
         mine = self.tiles[index::count] if len(self.tiles) >= count else self.tiles
         weights = self._tile_weights(mine)
         empty: set[int] = set()
+        held, tile = -1, {}
         while len(empty) < len(mine):
             k = int(rng.choice(len(mine), p=weights))
-            tile = self._read_tile(mine[k])
+            if k != held:  # the same tile again (always, when there is one) is already in memory
+                held, tile = k, self._read_tile(mine[k])
             drawn = 0
             while drawn < self.windows_per_tile:
                 origins = self._draw_origins(tile, rng, self.batch_size)

@@ -74,7 +74,7 @@ def run(sampler: TaskSampler, workers: int, batches: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--store", default="runs/era5_shaped.zarr", help="where the test cube lives")
-    parser.add_argument("--batches", type=int, default=400, help="batches per measurement")
+    parser.add_argument("--batches", type=int, default=2000, help="batches per measurement")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--out", default="pipelines/results/task_throughput_cpu.md")
     args = parser.parse_args()

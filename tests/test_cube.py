@@ -188,3 +188,17 @@ def test_unknown_variable_and_missing_or_unreadable_file(tmp_path):
     (tmp_path / "junk.nc").write_text("not a netcdf file")
     with pytest.raises(ValueError, match="junk.nc: cannot read it"):
         open_cube(tmp_path / "junk.nc")
+
+
+def test_fsspec_memory_zarr_and_vertical_levels(tmp_path):
+    pytest.importorskip("fsspec")
+    lat, lon = np.arange(3.0), np.arange(4.0)
+    ds = xr.Dataset({"t": (("time", "pressure_level", "latitude", "longitude"), np.ones((2, 3, 3, 4)))},
+                    coords={"time": pd.date_range("2020", periods=2), "pressure_level": [1000.0, 850.0, 500.0],
+                            "latitude": lat, "longitude": lon})
+    ds["pressure_level"].attrs.update(units="hPa", standard_name="air_pressure")
+    ds.to_zarr("memory://levels.zarr", consolidated=True)
+    out = open_cube("memory://levels.zarr")
+    assert out["t"].dims == ("time", "level", "lat", "lon")
+    np.testing.assert_array_equal(out["level"].values, [1000.0, 850.0, 500.0])
+    assert out.attrs["geonp_source"] == "memory://levels.zarr"

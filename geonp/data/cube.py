@@ -121,7 +121,7 @@ def _open_geotiff(path: str) -> xr.Dataset:
     """A GeoTIFF as a Dataset: one variable per band, lat/lon computed for projected CRSs."""
     import rioxarray
 
-    da = rioxarray.open_rasterio(path, chunks=True, mask_and_scale=True)
+    da = rioxarray.open_rasterio(path, chunks={"band": 1, "y": "auto", "x": "auto"}, mask_and_scale=True)
     crs = da.rio.crs
     stem = Path(path).stem
     names = [d if d else f"{stem}_band{i + 1}" for i, d in enumerate(da.attrs.get("long_name", ()) or ())] \

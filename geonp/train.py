@@ -1,11 +1,14 @@
 """Training: AdamW, gradient clipping, bf16 autocast on CUDA, safe checkpoints, resume.
 
 ``train(config)`` (or ``geonp train CONFIG.yaml``) trains one registry model on
-tasks from a synthetic generator. A run lives in ``out_dir``:
+tasks from a synthetic generator or from a cube (``data: {name: cube, path: ...,
+variables: [...], window: ..., region: ...}``, see ``geonp.data.sources``). A run lives
+in ``out_dir``:
 
 * ``state.safetensors`` - weights, optimizer state, step, RNG states (written
   atomically every ``checkpoint_every`` steps and at the end),
 * ``model.safetensors`` - the final model, loadable with ``geonp.models.load``,
+* ``model.normalisation.json`` - for a cube, the units the model works in,
 * ``log.csv`` - step, training loss, validation NLL, tasks/s, elapsed seconds,
 * ``config.yaml`` - the configuration that produced it.
 
@@ -29,7 +32,7 @@ import torch
 import yaml
 
 from geonp.checkpoint import read_checkpoint, write_checkpoint
-from geonp.data.synthetic import fixed_tasks, make_generator
+from geonp.data.sources import make_task_source
 from geonp.metrics import task_log_likelihood, task_scores
 from geonp.models import build, save
 from geonp.models.base import NeuralProcess
@@ -68,7 +71,7 @@ class TrainConfig:
         if self.val_seed == self.seed:
             raise ValueError("config: val_seed must differ from seed (validation never reuses the training stream)")
         if "name" not in self.data:
-            raise ValueError("config: data needs a 'name' (a synthetic generator, e.g. gp or sawtooth)")
+            raise ValueError("config: data needs a 'name' (a synthetic generator, e.g. gp or sawtooth, or cube)")
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> TrainConfig:
@@ -146,7 +149,8 @@ class _Run:
         self.state_path = self.out / "state.safetensors"
         torch.manual_seed(cfg.seed)  # before building: the initial weights follow the seed
         data_args = {k: v for k, v in cfg.data.items() if k != "name"}
-        self.generator = make_generator(cfg.data["name"], **data_args)
+        data_args.setdefault("seed", cfg.seed)
+        self.generator = make_task_source(cfg.data["name"], batch_size=cfg.batch_size, **data_args)
         self.model = build(cfg.model, self.generator.dim_x, self.generator.dim_y, preset=cfg.preset, **cfg.model_args)
         if not self.model.trainable:
             raise ValueError(f"model {cfg.model!r} has no trainable weights (its hyper-parameters are fitted per task)")
@@ -165,6 +169,8 @@ class _Run:
             tensors["rng.cuda"] = torch.cuda.get_rng_state(self.device)
         meta = {"kind": "train-state", "model": self.model.config, "step": self.step, "elapsed_s": self.elapsed,
                 "optimizer": opt_meta, "train_config": dataclasses.asdict(self.cfg)}
+        if hasattr(self.generator, "state_dict"):  # a cube stream: where it is, to continue it exactly
+            meta["data_state"] = self.generator.state_dict()
         write_checkpoint(self.state_path, tensors, meta)
 
     def load_state(self) -> None:
@@ -180,6 +186,8 @@ class _Run:
         if "rng.cuda" in tensors and self.device.type == "cuda":
             torch.cuda.set_rng_state(tensors["rng.cuda"], self.device)
         self.step, self.elapsed = int(meta["step"]), float(meta["elapsed_s"])
+        if "data_state" in meta and hasattr(self.generator, "load_state_dict"):
+            self.generator.load_state_dict(meta["data_state"])
 
 
 def _loss(model: NeuralProcess, batch, device: torch.device) -> torch.Tensor:
@@ -224,7 +232,7 @@ def train(config: TrainConfig | dict | str | Path, resume: bool = False, progres
         raise ValueError(f"--resume given but {run.state_path} does not exist")
     run.out.mkdir(parents=True, exist_ok=True)
     (run.out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
-    val = fixed_tasks(run.generator, cfg.val_tasks, cfg.batch_size, seed=cfg.val_seed)
+    val = run.generator.validation(cfg.val_tasks, cfg.batch_size, seed=cfg.val_seed)
     log_path = run.out / "log.csv"
     # Keep only log rows up to the checkpoint being resumed: rows written after it
     # belong to steps that are about to be run again.
@@ -269,6 +277,8 @@ def train(config: TrainConfig | dict | str | Path, resume: bool = False, progres
     val_nll = evaluate_nll(run.model, val, run.device)
     run.save_state()
     save(run.model, run.out / "model.safetensors", extra={"step": run.step, "val_nll": val_nll})
+    if hasattr(run.generator, "normaliser"):  # cube units <-> model units, beside the weights
+        run.generator.normaliser.save(run.out / "model.safetensors")
     (run.out / "summary.json").write_text(json.dumps(
         {"step": run.step, "val_nll": val_nll, "elapsed_s": run.elapsed, "device": str(run.device)}, indent=2))
     return TrainResult(run.model, run.step, val_nll, run.out, run.elapsed)

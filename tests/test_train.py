@@ -99,3 +99,35 @@ def test_device_resolution():
             resolve_device("cuda")
     with pytest.raises(ValueError, match="auto, cpu or cuda"):
         resolve_device("tpu")
+
+
+def test_training_on_a_cube_resumes_exactly_and_writes_the_normalisation(tmp_path):
+    import numpy as np
+    import pandas as pd
+    import xarray as xr
+
+    from geonp.data.normalise import Normaliser
+
+    rng = np.random.default_rng(0)
+    lat, lon = np.arange(40.0, 50.0, 0.5), np.arange(0.0, 12.0, 0.5)
+    t2m = 280 + rng.normal(size=(12, lat.size, lon.size))
+    t2m[rng.random(t2m.shape) < 0.2] = np.nan
+    xr.Dataset({"t2m": (("time", "lat", "lon"), t2m)},
+               coords={"time": pd.date_range("2020", periods=12, freq="6h"), "lat": lat, "lon": lon}
+               ).chunk({"time": 4}).to_zarr(tmp_path / "cube.zarr")
+    # windows_per_tile=8 with 4 tasks a batch: the stream moves between tiles every 2 steps.
+    data = {"name": "cube", "path": str(tmp_path / "cube.zarr"), "variables": ["t2m"], "window": [2, 6, 6],
+            "inputs": ["lat", "lon", "time"], "gap_fill": 0.5, "windows_per_tile": 8, "tile_cells": 1500}
+
+    def cube_config(out, steps):
+        return config(out, model="te-pt-tnp", data=data, steps=steps, batch_size=4, checkpoint_every=5,
+                      val_every=5, val_tasks=8)
+
+    straight = train(cube_config(tmp_path / "a", 10), progress=False)
+    train(cube_config(tmp_path / "b", 5), progress=False)
+    resumed = train(cube_config(tmp_path / "b", 10), resume=True, progress=False)
+    for (k, a), (_, b) in zip(straight.model.state_dict().items(), resumed.model.state_dict().items()):
+        assert torch.equal(a, b), k
+    norm = Normaliser.load(straight.out_dir / "model.safetensors")
+    assert set(norm.inputs) == {"lat", "lon", "time"} and abs(norm.values["t2m"][0] - 280) < 0.1
+    assert np.isfinite(straight.val_nll)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import dask
 import numpy as np
@@ -129,7 +129,11 @@ class TaskSampler(IterableDataset):
         self.valid_mask, self.windows_per_tile, self.seed = valid_mask, int(windows_per_tile), int(seed)
         self.min_observed = max(2, int(min_observed))
         self.tile_cells = int(tile_cells)
-        self.normaliser = normaliser or fit_normaliser(cube, self.variables, self.inputs)
+        if normaliser is None:  # fitted on the (already cropped) training region only
+            normaliser = fit_normaliser(cube, self.variables, self.inputs)
+            if self.region is not None:
+                normaliser.region = {"lat": list(self.region.lat), "lon": list(self.region.lon)}
+        self.normaliser = normaliser
         self.tiles = self._plan_tiles()
 
     # -- planning --------------------------------------------------------------------
@@ -286,29 +290,58 @@ class TaskSampler(IterableDataset):
         starts = [math.prod(max(1, s.stop - s.start - w + 1) for s, w in zip(t, self.window)) for t in tiles]
         return np.asarray(starts, float) / sum(starts)
 
-    def __iter__(self) -> Iterator[Batch]:
-        index, count = shard()
-        rng = np.random.default_rng([self.seed, index, count])
-        mine = self.tiles[index::count] if len(self.tiles) >= count else self.tiles
-        weights = self._tile_weights(mine)
-        empty: set[int] = set()
-        held, tile = -1, {}
-        while len(empty) < len(mine):
-            k = int(rng.choice(len(mine), p=weights))
-            if k != held:  # the same tile again (always, when there is one) is already in memory
-                held, tile = k, self._read_tile(mine[k])
-            drawn = 0
-            while drawn < self.windows_per_tile:
-                origins = self._draw_origins(tile, rng, self.batch_size)
-                if len(origins) < self.batch_size:
-                    empty.add(k)
-                    weights[k] = 0.0
-                    weights = weights / weights.sum() if weights.sum() > 0 else weights
-                    break
-                drawn += len(origins)
-                yield self._batch(tile, origins, rng)
-        raise ValueError(f"no window {self.window} in {self.cube.attrs.get('geonp_source', 'the cube')} "
-                         f"has {self.min_observed} or more observed cells")
+    def __iter__(self) -> TaskStream:
+        return TaskStream(self, *shard())
+
+
+class TaskStream:
+    """One shard's endless stream of batches from a ``TaskSampler``, with a resumable state.
+
+    ``state_dict()`` is plain JSON (random generator state, the tile held, windows drawn from
+    it, tiles found empty), so a training run can checkpoint it and continue the same stream.
+    """
+
+    def __init__(self, sampler: TaskSampler, index: int = 0, count: int = 1) -> None:
+        self.sampler = sampler
+        self.rng = np.random.default_rng([sampler.seed, index, count])
+        self.tiles = sampler.tiles[index::count] if len(sampler.tiles) >= count else sampler.tiles
+        self.weights = sampler._tile_weights(self.tiles)
+        self.held, self.drawn, self.tile = -1, 0, {}
+        self.empty: set[int] = set()
+
+    def __iter__(self) -> TaskStream:
+        return self
+
+    def __next__(self) -> Batch:
+        s = self.sampler
+        while len(self.empty) < len(self.tiles):
+            if self.held < 0 or self.drawn >= s.windows_per_tile:
+                k = int(self.rng.choice(len(self.tiles), p=self.weights))
+                if k != self.held or not self.tile:  # the tile held (always, when there is one) is kept
+                    self.tile = s._read_tile(self.tiles[k])
+                self.held, self.drawn = k, 0
+            origins = s._draw_origins(self.tile, self.rng, s.batch_size)
+            if len(origins) < s.batch_size:
+                self.empty.add(self.held)
+                self.weights[self.held] = 0.0
+                if self.weights.sum() > 0:
+                    self.weights = self.weights / self.weights.sum()
+                self.held = -1
+                continue
+            self.drawn += len(origins)
+            return s._batch(self.tile, origins, self.rng)
+        raise ValueError(f"no window {s.window} in {s.cube.attrs.get('geonp_source', 'the cube')} "
+                         f"has {s.min_observed} or more observed cells")
+
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.bit_generator.state, "held": self.held, "drawn": self.drawn,
+                "empty": sorted(self.empty), "weights": self.weights.tolist()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self.held, self.drawn = int(state["held"]), int(state["drawn"])
+        self.empty, self.weights = set(state["empty"]), np.asarray(state["weights"], float)
+        self.tile = self.sampler._read_tile(self.tiles[self.held]) if self.held >= 0 else {}
 
 
 def sample_tasks(sampler: TaskSampler, num_batches: int) -> list[Batch]:

@@ -17,8 +17,8 @@ def test_calibrated_gaussian_scores_match_theory():
     assert s["rmse"] == pytest.approx(3.0, rel=0.01)
     assert s["mae"] == pytest.approx(3.0 * math.sqrt(2 / math.pi), rel=0.01)
     assert s["nll"] == pytest.approx(0.5 * math.log(2 * math.pi * 9) + 0.5, rel=0.01)
-    # CRPS of N(mu, s^2) averaged over its own draws is s (sqrt(2) - 1) / sqrt(pi).
-    assert s["crps"] == pytest.approx(3.0 * (math.sqrt(2) - 1) / math.sqrt(math.pi), rel=0.01)
+    # CRPS of N(mu, s^2) averaged over its own draws is s / sqrt(pi).
+    assert s["crps"] == pytest.approx(3.0 / math.sqrt(math.pi), rel=0.01)
     assert s["coverage_90"] == pytest.approx(0.90, abs=0.003)
     assert s["coverage_95"] == pytest.approx(0.95, abs=0.003)
 

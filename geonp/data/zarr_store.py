@@ -102,7 +102,7 @@ def chunk_sizes(steps_per_day: int, nlat: int, nlon: int) -> dict[str, int]:
 
 
 @contextmanager
-def _quiet_zarr() -> Iterator[None]:
+def quiet_zarr() -> Iterator[None]:
     # Zarr 3 warns on every consolidation of a v3 store that consolidated metadata is not yet
     # in the v3 spec; we choose it deliberately (xarray opens a store with one read).
     with warnings.catch_warnings():
@@ -134,7 +134,7 @@ def write(path: Path, ds: xr.Dataset, attrs: Mapping[str, Any], steps_per_day: i
                             for v in ds.data_vars if v not in existing}
     if "time" in ds.variables and "time" not in existing:
         enc["time"] = dict(TIME_ENCODING)
-    with _quiet_zarr():
+    with quiet_zarr():
         if state is None:
             ds.to_zarr(str(path), mode="w-", encoding=enc, consolidated=True, zarr_format=zarr_format)
         elif "time" in ds.dims and "time" in existing:
@@ -147,7 +147,7 @@ def update_attrs(path: Path, attrs: Mapping[str, Any]) -> None:
     """Merge ``attrs`` into the group's attributes and reconsolidate."""
     group = zarr.open_group(str(path), mode="r+", use_consolidated=False)
     group.attrs.update(dict(attrs))
-    with _quiet_zarr():
+    with quiet_zarr():
         zarr.consolidate_metadata(str(path))
 
 
@@ -157,7 +157,7 @@ def truncate_time(path: Path, ntime: int) -> None:
     for _, arr in group.arrays():
         if _dims(arr)[:1] == ("time",) and arr.shape[0] > ntime:
             arr.resize((ntime, *arr.shape[1:]))
-    with _quiet_zarr():
+    with quiet_zarr():
         zarr.consolidate_metadata(str(path))
 
 

@@ -1,0 +1,160 @@
+"""The infill output: a CF-conventions Zarr cube written block by block, resumable, never
+mistaken for complete before it is.
+
+For each filled variable ``v`` the store holds ``v`` (observed where present, the predictive
+mean elsewhere), ``v_std`` (1-sigma predictive standard deviation, same units, CF
+``standard_name = "<v's standard_name> standard_error"``) and ``v_flag`` (CF status flag:
+0 observed, 1 infilled, 2 outside the valid area), linked by ``ancillary_variables``.
+
+Blocks follow the input's chunks. The store is created up front (metadata only, with
+``geonp_status = "incomplete"``) together with a small ``geonp_blocks_done`` array holding one
+byte per block in its own chunk, so writers of different blocks never touch the same object.
+A block's data is written first and its byte second: a process killed in between redoes that
+block on the next run, which writes the same values again. ``finish`` flips the status to
+``complete`` last.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import dask.array as dsa
+import numpy as np
+import xarray as xr
+import zarr
+
+from geonp.data import zarr_store
+
+FLAG_OBSERVED, FLAG_INFILLED, FLAG_OUTSIDE = 0, 1, 2
+FLAG_FILL = -1  # int8 fill value of a flag not yet written
+PROGRESS = "geonp_blocks_done"
+STATUS = "geonp_status"
+
+
+def output_template(cube: xr.Dataset, variables: list[str]) -> xr.Dataset:
+    """A lazy Dataset with the output's variables, attributes and chunks (no data computed).
+
+    ``cube`` is the input in ``open_cube``'s convention; each variable in ``variables`` must be
+    chunked (dask), and its chunks become the output's blocks.
+    """
+    # Coordinates are small (1-D axes, 2-D lat/lon, elevation): computed now, so that creating the
+    # store writes them.
+    out = xr.Dataset(coords={k: c.compute() for k, c in cube.coords.items()})
+    for v in variables:
+        da = cube[v]
+        chunks = da.chunks if da.chunks is not None else tuple((n,) for n in da.shape)
+        attrs = {k: a for k, a in da.attrs.items() if k not in ("ancillary_variables", "_FillValue")}
+        standard = attrs.get("standard_name")
+        long_name = attrs.get("long_name", v)
+        out[v] = (da.dims, dsa.full(da.shape, np.nan, chunks=chunks, dtype=np.float32),
+                  {**attrs, "ancillary_variables": f"{v}_std {v}_flag"})
+        std_attrs = {"long_name": f"1-sigma predictive standard deviation of {long_name}"}
+        if "units" in attrs:
+            std_attrs["units"] = attrs["units"]
+        if standard:
+            std_attrs["standard_name"] = f"{standard} standard_error"
+        out[f"{v}_std"] = (da.dims, dsa.full(da.shape, np.nan, chunks=chunks, dtype=np.float32), std_attrs)
+        flag_attrs = {"long_name": f"status of {long_name}", "flag_values": np.array([0, 1, 2], np.int8),
+                      "flag_meanings": "observed infilled outside_valid_area"}
+        if standard:
+            flag_attrs["standard_name"] = f"{standard} status_flag"
+        out[f"{v}_flag"] = (da.dims, dsa.full(da.shape, FLAG_FILL, chunks=chunks, dtype=np.int8), flag_attrs)
+    return out
+
+
+class InfillStore:
+    """A resumable output store at ``path`` for ``template`` (see ``output_template``).
+
+    Args:
+        path: the output Zarr path.
+        template: the lazy output Dataset.
+        request: what makes two runs the same job (input, variables, model, checkpoint hash,
+            settings); a store left incomplete by the same request is resumed.
+        attrs: global attributes (CF ``Conventions``, provenance) written now.
+        overwrite: replace an existing store; otherwise one that is complete, or incomplete
+            from another request, is refused.
+        zarr_format: 3 (default) or 2.
+
+    Raises:
+        FileExistsError: the store exists and cannot be resumed, and ``overwrite`` is false.
+        ValueError: ``path`` exists and is not a Zarr store.
+    """
+
+    def __init__(self, path: str | Path, template: xr.Dataset, request: Mapping[str, Any],
+                 attrs: Mapping[str, Any] | None = None, overwrite: bool = False, zarr_format: int = 3) -> None:
+        self.path = Path(path)
+        self.request = json.dumps(dict(request), sort_keys=True, default=str)
+        first = next(iter(template.data_vars))
+        self.dims = template[first].dims
+        self.chunks = template[first].chunks
+        self.variables = list(template.data_vars)
+        self.resumed = False
+        if self.path.exists():
+            if overwrite:
+                zarr_store.remove(self.path)
+            else:
+                self._check_resumable()
+                self.resumed = True
+                return
+        ds = template.copy()
+        ds.attrs = {**dict(attrs or {}), STATUS: "incomplete", "geonp_request": self.request}
+        grid = tuple(len(c) for c in self.chunks)
+        ds[PROGRESS] = (tuple(f"{d}_block" for d in self.dims), dsa.zeros(grid, dtype=np.uint8, chunks=1))
+        encoding = {v: {"dtype": ds[v].dtype} for v in ds.data_vars}
+        for v in ds.data_vars:
+            encoding[v]["_FillValue"] = FLAG_FILL if ds[v].dtype == np.int8 else (
+                0 if v == PROGRESS else np.float32(np.nan))
+        with zarr_store.quiet_zarr():
+            # Metadata and coordinates only: unwritten chunks read as the fill values (NaN, -1, and
+            # 0 = "not done" for the progress bytes).
+            ds.to_zarr(str(self.path), mode="w-", compute=False, consolidated=True, zarr_format=zarr_format,
+                       encoding=encoding)
+
+    def _check_resumable(self) -> None:
+        state = zarr_store.read_state(self.path)
+        status = state.attrs.get(STATUS)
+        if status == "complete":
+            raise FileExistsError(f"{self.path} already exists (a complete infill output); pass --overwrite to "
+                                  "replace it")
+        if status != "incomplete" or state.attrs.get("geonp_request") != self.request:
+            raise FileExistsError(f"{self.path} already exists and is not an unfinished run of this same command; "
+                                  "pass --overwrite to replace it")
+
+    def blocks(self) -> Iterator[tuple[tuple[int, ...], dict[str, slice]]]:
+        """``(block index, {dim: slice})`` for every block, in order."""
+        bounds = [np.concatenate([[0], np.cumsum(c)]) for c in self.chunks]
+        for index in itertools.product(*(range(len(c)) for c in self.chunks)):
+            yield index, {d: slice(int(b[i]), int(b[i + 1])) for d, b, i in zip(self.dims, bounds, index)}
+
+    def done(self) -> np.ndarray:
+        """One bool per block, True where the block is written."""
+        group = zarr.open_group(str(self.path), mode="r", use_consolidated=False)
+        return np.asarray(group[PROGRESS][...]).astype(bool)
+
+    def write_block(self, index: tuple[int, ...], region: Mapping[str, slice],
+                    values: Mapping[str, np.ndarray]) -> None:
+        """Write every output variable of one block, then mark the block done."""
+        group = zarr.open_group(str(self.path), mode="r+", use_consolidated=False)
+        if set(values) != set(self.variables):
+            raise ValueError(f"block values must hold {sorted(self.variables)}, got {sorted(values)}")
+        key = tuple(region[d] for d in self.dims)
+        for name, array in values.items():
+            group[name][key] = np.asarray(array, dtype=group[name].dtype)
+        group[PROGRESS][index] = 1
+
+    def finish(self, attrs: Mapping[str, Any] | None = None) -> None:
+        """Mark the store complete (refuses while a block is missing) and reconsolidate."""
+        missing = int((~self.done()).sum())
+        if missing:
+            raise RuntimeError(f"{self.path}: {missing} blocks are not written; the store stays incomplete")
+        zarr_store.update_attrs(self.path, {**dict(attrs or {}), STATUS: "complete"})
+
+
+def is_complete(path: str | Path) -> bool:
+    """True when ``path`` is an infill output whose run finished."""
+    state = zarr_store.read_state(Path(path))
+    return state is not None and state.attrs.get(STATUS) == "complete"

@@ -19,12 +19,13 @@ chunks of each variable until one holds a finite value (usually the first).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import xarray as xr
 
+from geonp.data import zarr_store
 from geonp.data.flags import valid_pixels
 
 # Attribute and name clues for each canonical coordinate, strongest first.
@@ -74,8 +75,8 @@ def open_cube(path: str | os.PathLike, variables: str | Sequence[str] | None = N
     raw = _open_raw(name)
     try:
         ds = _to_convention(raw, name)
-        ds = _select(ds, wanted, name)
-        _check_not_empty(ds, name)
+        ds = _select(ds, wanted)
+        _check_not_empty(ds)
     except ValueError as err:
         raise ValueError(f"{name}: {err}") from None
     ds.attrs["geonp_source"] = name
@@ -89,8 +90,7 @@ def _is_url(name: str) -> bool:
 def _open_raw(name: str) -> xr.Dataset:
     """The file as xarray decodes it (CF scale/offset/fill applied), still lazy."""
     local = name[len("file://"):] if name.startswith("file://") else name
-    is_zarr = local.rstrip("/").endswith(".zarr") or (not _is_url(local) and Path(local, "zarr.json").exists()) \
-        or (not _is_url(local) and Path(local, ".zgroup").exists())
+    is_zarr = local.rstrip("/").endswith(".zarr") or (not _is_url(local) and zarr_store.is_zarr(Path(local)))
     if not _is_url(local) and not Path(local).exists():
         raise FileNotFoundError(f"{name}: no such file or directory")
     try:
@@ -124,12 +124,12 @@ def _open_geotiff(path: str) -> xr.Dataset:
     da = rioxarray.open_rasterio(path, chunks={"band": 1, "y": "auto", "x": "auto"}, mask_and_scale=True)
     crs = da.rio.crs
     stem = Path(path).stem
-    names = [d if d else f"{stem}_band{i + 1}" for i, d in enumerate(da.attrs.get("long_name", ()) or ())] \
-        if isinstance(da.attrs.get("long_name"), tuple) else []
     if da.sizes["band"] == 1:
         ds = da.isel(band=0, drop=True).to_dataset(name=stem)
-    else:
-        names = names or [f"{stem}_band{b}" for b in da["band"].values]
+    else:  # band descriptions name the variables where the file has them
+        described = da.attrs.get("long_name")
+        described = described if isinstance(described, tuple) else (None,) * da.sizes["band"]
+        names = [d or f"{stem}_band{b}" for d, b in zip(described, da["band"].values)]
         ds = xr.Dataset({n: da.isel(band=i, drop=True) for i, n in enumerate(names)})
     for v in ds.data_vars:
         ds[v].attrs = {k: val for k, val in da.attrs.items() if k in ("units", "scale_factor", "add_offset")}
@@ -152,9 +152,10 @@ def _add_lat_lon(ds: xr.Dataset, crs) -> xr.Dataset:
     yy = dsa.broadcast_to(dsa.from_array(ds["y"].values[:, None]), (ds.sizes["y"], ds.sizes["x"]))
     if chunks is not None:
         xx, yy = xx.rechunk(chunks[-2:]), yy.rechunk(chunks[-2:])
-    lon = dsa.map_blocks(lambda x, y: to_geo.transform(x, y)[0], xx, yy, dtype=float)
-    lat = dsa.map_blocks(lambda x, y: to_geo.transform(x, y)[1], xx, yy, dtype=float)
-    return ds.assign_coords(lat=(("y", "x"), lat), lon=(("y", "x"), lon))
+    # One transform per block gives both coordinates, stacked on a new leading axis.
+    both = dsa.map_blocks(lambda x, y: np.stack(to_geo.transform(x, y)), xx, yy, dtype=float, new_axis=0,
+                          chunks=((2,), *xx.chunks))
+    return ds.assign_coords(lat=(("y", "x"), both[1]), lon=(("y", "x"), both[0]))
 
 
 def _find(ds: xr.Dataset, role: str) -> str | None:
@@ -335,7 +336,7 @@ def field_variables(ds: xr.Dataset) -> list[str]:
             and not str(v).endswith(("_bnds", "_bounds"))]
 
 
-def _select(ds: xr.Dataset, wanted: list[str] | None, name: str) -> xr.Dataset:
+def _select(ds: xr.Dataset, wanted: list[str] | None) -> xr.Dataset:
     fields = field_variables(ds)
     if wanted is None:
         # A file of masks or flags only (a land-sea mask, a cloud mask) is a cube of those.
@@ -351,9 +352,9 @@ def _select(ds: xr.Dataset, wanted: list[str] | None, name: str) -> xr.Dataset:
     return ds.drop_vars([v for v in ds.data_vars if v not in keep])
 
 
-def _check_not_empty(ds: xr.Dataset, name: str, variables: Iterable[str] | None = None) -> None:
+def _check_not_empty(ds: xr.Dataset) -> None:
     """Raise if a field holds no finite value; reads chunks only until it finds one."""
-    for v in variables or [v for v in ds.data_vars if not _is_flag(ds[v])]:
+    for v in [v for v in ds.data_vars if not _is_flag(ds[v])]:
         data = ds[v].data
         blocks = data.blocks.ravel() if hasattr(data, "blocks") else [data]
         if not any(bool(np.isfinite(np.asarray(block)).any()) for block in blocks):

@@ -34,6 +34,7 @@ import xarray as xr
 
 from geonp.data import zarr_store
 from geonp.data.cds import FetchError, cds_client, retrieve
+from geonp.data.cube import open_cube
 from geonp.data.elevation import G0  # ERA5 geopotential (m2 s-2) / G0 = height (m)
 
 DATASET = "reanalysis-era5-single-levels"
@@ -168,8 +169,6 @@ def era5_requests(variables: str | Sequence[str], start: str | dt.date, end: str
 def _open_download(path: Path) -> xr.Dataset:
     """A downloaded file in geonp's convention; a zip (what the CDS sends when the fields need
     several NetCDF files) is unpacked beside it and its files merged."""
-    from geonp.data.cube import open_cube
-
     if not zipfile.is_zipfile(path):
         return open_cube(path)
     # A folder per download: xarray caches open files by path, so names must never be reused.

@@ -139,22 +139,17 @@ class TaskSampler(IterableDataset):
     # -- planning --------------------------------------------------------------------
     def _plan_tiles(self) -> list[tuple[slice, slice, slice]]:
         """Chunk-aligned tiles (time, rows, cols); each owns the window starts in its core."""
-        dims = ("time", *self.space)
-        chunks = self.cube[self.variables[0]].chunksizes
-        lengths = []
-        for d, w, n in zip(dims, self.window, self.sizes):
-            c = chunks[d][0] if d in chunks else n
-            lengths.append(min(n, c * math.ceil(w / c)))
+        chunksizes = self.cube[self.variables[0]].chunksizes
+        chunks = [chunksizes[d][0] if d in chunksizes else n for d, n in zip(("time", *self.space), self.sizes)]
+        lengths = [min(n, c * math.ceil(w / c)) for c, w, n in zip(chunks, self.window, self.sizes)]
         # Grow the tile (space first: neighbouring rows are more alike than far-apart times)
         # by whole chunks until it holds enough cells to amortise the read.
         order = (1, 2, 0)
         while math.prod(lengths) < self.tile_cells:
             grown = False
             for k in order:
-                n = self.sizes[k]
-                c = chunks[dims[k]][0] if dims[k] in chunks else n
-                if lengths[k] < n and math.prod(lengths) < self.tile_cells:
-                    lengths[k] = min(n, lengths[k] + c)
+                if lengths[k] < self.sizes[k] and math.prod(lengths) < self.tile_cells:
+                    lengths[k] = min(self.sizes[k], lengths[k] + chunks[k])
                     grown = True
             if not grown:
                 break
@@ -201,12 +196,12 @@ class TaskSampler(IterableDataset):
         for name in self.inputs:
             raw = arrays[name]
             x_cols.append(full(name, self.normaliser.normalise_input(name, raw).astype(np.float32), part[name].dims))
-        observed = np.isfinite(y).all(axis=-1)
+        finite = np.isfinite(y).all(axis=-1)
         valid = np.ones(shape, bool) if not self.valid_mask else \
             full(self.valid_mask, arrays[self.valid_mask], part[self.valid_mask].dims).astype(bool)
-        observed &= valid
+        observed = finite & valid
         return {"y": np.where(observed[..., None], y, 0.0).astype(np.float32), "x": np.stack(x_cols, axis=-1),
-                "observed": observed, "gap": ~np.isfinite(y).all(axis=-1) & valid}
+                "observed": observed, "gap": ~finite & valid}
 
     # -- sampling --------------------------------------------------------------------
     def _window_index(self, origins: np.ndarray, shape: tuple[int, int, int]) -> np.ndarray:
@@ -264,6 +259,8 @@ class TaskSampler(IterableDataset):
                 took = pending & (n_trial > 0) & (n_trial < n_obs)
                 cloud[took] = trial[took]
                 pending &= ~took
+                if not pending.any():
+                    break
             use_gaps &= ~pending  # the rest fall back to the random split
             n_cloud = cloud.sum(axis=1)
             key = np.where(use_gaps[:, None], np.where(cloud, 1.0 + u, key), key)
@@ -278,12 +275,14 @@ class TaskSampler(IterableDataset):
         x = tile["x"].reshape(-1, tile["x"].shape[-1])
         y = tile["y"].reshape(-1, tile["y"].shape[-1])
 
-        def gather(values: np.ndarray, cells: np.ndarray, mask: np.ndarray) -> torch.Tensor:
-            out = values[np.take_along_axis(index, cells, axis=1)]
-            return torch.from_numpy(np.where(mask[..., None], out, 0.0).astype(np.float32))
+        def gather(cells: np.ndarray, mask: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+            """Inputs and values of ``cells`` (window positions), zero where ``mask`` marks padding."""
+            flat = np.take_along_axis(index, cells, axis=1)
+            return tuple(torch.from_numpy(np.where(mask[..., None], values[flat], 0.0).astype(np.float32))
+                         for values in (x, y))
 
-        return Batch(xc=gather(x, ctx, mask_c), yc=gather(y, ctx, mask_c), xt=gather(x, tgt, mask_t),
-                     yt=gather(y, tgt, mask_t), mask_c=torch.from_numpy(mask_c), mask_t=torch.from_numpy(mask_t))
+        (xc, yc), (xt, yt) = gather(ctx, mask_c), gather(tgt, mask_t)
+        return Batch(xc=xc, yc=yc, xt=xt, yt=yt, mask_c=torch.from_numpy(mask_c), mask_t=torch.from_numpy(mask_t))
 
     def _tile_weights(self, tiles: list[tuple[slice, slice, slice]]) -> np.ndarray:
         """Draw tiles in proportion to the window starts they own, so windows are uniform."""

@@ -104,10 +104,8 @@ class InfillStore:
         ds.attrs = {**dict(attrs or {}), STATUS: "incomplete", "geonp_request": self.request}
         grid = tuple(len(c) for c in self.chunks)
         ds[PROGRESS] = (tuple(f"{d}_block" for d in self.dims), dsa.zeros(grid, dtype=np.uint8, chunks=1))
-        encoding = {v: {"dtype": ds[v].dtype} for v in ds.data_vars}
-        for v in ds.data_vars:
-            encoding[v]["_FillValue"] = FLAG_FILL if ds[v].dtype == np.int8 else (
-                0 if v == PROGRESS else np.float32(np.nan))
+        fill = {np.dtype(np.float32): np.float32(np.nan), np.dtype(np.int8): FLAG_FILL, np.dtype(np.uint8): 0}
+        encoding = {v: {"_FillValue": fill[ds[v].dtype]} for v in ds.data_vars}
         with zarr_store.quiet_zarr():
             # Metadata and coordinates only: unwritten chunks read as the fill values (NaN, -1, and
             # 0 = "not done" for the progress bytes).

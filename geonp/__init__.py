@@ -7,4 +7,13 @@ all share one calling convention (see :mod:`geonp.models`).
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "infill"]
+
+
+def __getattr__(name: str):
+    # Lazy: ``import geonp`` (and ``geonp --version``) stays light; torch and xarray load on first use.
+    if name == "infill":
+        from geonp.fill.engine import infill
+
+        return infill
+    raise AttributeError(f"module 'geonp' has no attribute {name!r}")

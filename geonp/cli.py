@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 
 from geonp import __version__
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
+#: ``geonp infill --fit-steps`` default: a short self-supervised fine-tune on the input's own cells.
+DEFAULT_FIT_STEPS = 30
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,6 +39,52 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue the run in the config's out_dir")
     train.add_argument("--steps", type=int, default=None, help="total steps (overrides the config)")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    infill = sub.add_parser(
+        "infill", help="fill the gaps of a cube into a CF Zarr store with a 1-sigma uncertainty layer and flags",
+        description="Predict every missing cell inside the valid area of each selected variable, window by window "
+                    "with halos, and write VAR (observed or predicted), VAR_std (1-sigma) and VAR_flag (0 observed, "
+                    "1 infilled, 2 outside the valid area) to a Zarr store. Rerun the same command to resume.")
+    infill.add_argument("input", help="cube to fill: Zarr, NetCDF, GRIB or GeoTIFF (path or URL)")
+    infill.add_argument("-o", "--out", required=True, help="output Zarr store")
+    infill.add_argument("--model", default="te-pt-tnp", help="model name, see `geonp models` (default: %(default)s)")
+    infill.add_argument("--var", action="append", default=None, metavar="NAME",
+                        help="variable to fill (repeat for several; default: every gridded field)")
+    infill.add_argument("--checkpoint", default=None, help="weights to use instead of the bundled ones")
+    infill.add_argument("--elevation", default=None, metavar="FILE", help="DEM or ERA5 geopotential to add as input")
+    infill.add_argument("--valid-mask", default=None, metavar="VAR|FILE",
+                        help="where data may exist (e.g. sea for SST): a variable of INPUT, a mask file, or "
+                             "'observed' (cells observed at least once); default: INPUT's 'valid' or everywhere")
+    infill.add_argument("--satellite", action="store_true",
+                        help="open INPUT as a satellite product (QC flags to gaps, product valid area)")
+    infill.add_argument("--fit-steps", type=int, default=DEFAULT_FIT_STEPS,
+                        help="fine-tune on INPUT's own observations for N steps first (default: %(default)s)")
+    infill.add_argument("--device", default="auto", help="auto, cpu or cuda (default: %(default)s)")
+    infill.add_argument("--batch-size", type=int, default=16, help="windows per model call (default: %(default)s)")
+    infill.add_argument("--window", default=None, metavar="T,R,C",
+                        help="cells each window predicts along time, rows, cols (default: 1,16,16)")
+    infill.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                        help="dask.distributed scheduler to spread blocks over (default: this process)")
+    infill.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    infill.add_argument("--zarr-format", type=int, default=3, choices=(2, 3), help="(default: 3)")
+    infill.add_argument("--overwrite", action="store_true", help="replace an existing output store")
+    infill.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+
+    evaluate = sub.add_parser(
+        "evaluate", help="artificial-gap cross-validation of several models on a cube (markdown + JSON table)",
+        description="Hide observed cells under real gap patterns of other time steps (random clouds for a single "
+                    "scene), infill with each model and score the hidden cells.")
+    evaluate.add_argument("input", help="cube or satellite product")
+    evaluate.add_argument("--var", action="append", required=True, metavar="NAME", help="variable (repeatable)")
+    evaluate.add_argument("--model", action="append", required=True, metavar="NAME", help="model (repeatable)")
+    evaluate.add_argument("-o", "--out", default="evaluation.md", help="markdown table; JSON beside it")
+    evaluate.add_argument("--checkpoint", action="append", default=[], metavar="MODEL=PATH",
+                          help="weights for one model (repeatable)")
+    evaluate.add_argument("--valid-mask", default=None, metavar="VAR|FILE", help="as for infill")
+    evaluate.add_argument("--satellite", action="store_true", help="open INPUT as a satellite product")
+    evaluate.add_argument("--fit-steps", type=int, default=0, help="fine-tuning steps per model (default: 0)")
+    evaluate.add_argument("--device", default="auto", help="auto, cpu or cuda (default: %(default)s)")
+    evaluate.add_argument("--seed", type=int, default=0, help="random seed of the hidden cells (default: 0)")
 
     models = sub.add_parser("models", help="list the model names and their presets")
     models.set_defaults()
@@ -81,6 +130,22 @@ def _run(args: argparse.Namespace) -> int:
         result = train(cfg, resume=args.resume, progress=not args.no_progress)
         print(f"trained {cfg.model} for {result.step} steps: validation NLL {result.val_nll:.4f}; "
               f"model written to {result.out_dir / 'model.safetensors'}")
+    elif args.command == "infill":
+        from geonp.fill.engine import infill_file
+
+        infill_file(args.input, args.out, args.var, args.model, satellite=args.satellite, checkpoint=args.checkpoint,
+                    elevation=args.elevation, valid_mask=args.valid_mask, fit_steps=args.fit_steps,
+                    device=args.device, batch_size=args.batch_size, window=args.window, scheduler=args.scheduler,
+                    seed=args.seed, zarr_format=args.zarr_format, overwrite=args.overwrite,
+                    progress=not args.quiet, command=args.command_line)
+    elif args.command == "evaluate":
+        from geonp.evaluate import run_evaluate
+
+        checkpoints = dict(_pair(c, "--checkpoint") for c in args.checkpoint)
+        results = run_evaluate(args.input, args.var, args.model, args.out, valid_mask=args.valid_mask,
+                               checkpoints=checkpoints, fit_steps=args.fit_steps, seed=args.seed,
+                               satellite=args.satellite, options={"device": args.device})
+        print(f"wrote {args.out} ({len(results)} variable(s), {len(args.model)} model(s))")
     elif args.command == "models":
         from geonp.models import available, presets
 
@@ -102,10 +167,18 @@ def _run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _pair(text: str, option: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name or not value:
+        raise ValueError(f"{option} {text!r}: expected MODEL=PATH")
+    return name, value
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``geonp`` console script; returns the exit code."""
     parser = _parser()
     args = parser.parse_args(argv)
+    args.command_line = shlex.join(["geonp", *(sys.argv[1:] if argv is None else argv)])
     if args.command is None:
         parser.print_help()
         return EXIT_BAD_INPUT

@@ -276,7 +276,9 @@ def train(config: TrainConfig | dict | str | Path, resume: bool = False, progres
         log.close()
     val_nll = evaluate_nll(run.model, val, run.device)
     run.save_state()
-    save(run.model, run.out / "model.safetensors", extra={"step": run.step, "val_nll": val_nll})
+    # A source may describe how its inputs were scaled (infill windows do); it travels with the weights.
+    extra = {"step": run.step, "val_nll": val_nll, **getattr(run.generator, "checkpoint_meta", {})}
+    save(run.model, run.out / "model.safetensors", extra=extra)
     if hasattr(run.generator, "normaliser"):  # cube units <-> model units, beside the weights
         run.generator.normaliser.save(run.out / "model.safetensors")
     (run.out / "summary.json").write_text(json.dumps(

@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
+import xarray as xr
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -45,3 +48,32 @@ def random_tasks(b: int = 3, nc: int = 12, nt: int = 9, dx: int = 1, dy: int = 1
 @pytest.fixture
 def tasks():
     return random_tasks()
+
+
+def smooth_cube(t: int = 3, r: int = 30, c: int = 40, seed: int = 0) -> xr.Dataset:
+    """A smooth field with a rectangular hole, scattered missing cells, and land (NaN always) in a corner."""
+    rng = np.random.default_rng(seed)
+    tt, rr, cc = np.meshgrid(np.arange(t), np.arange(r), np.arange(c), indexing="ij")
+    f = 15 + np.sin(rr / 5.0) + np.cos(cc / 7.0) + 0.2 * tt
+    f[:, 8:16, 10:22] = np.nan
+    f[rng.random(f.shape) < 0.1] = np.nan
+    f[:, :5, :5] = np.nan
+    valid = np.ones((r, c), bool)
+    valid[:5, :5] = False
+    return xr.Dataset(
+        {"sst": (("time", "lat", "lon"), f.astype(np.float32),
+                 {"units": "degC", "standard_name": "sea_surface_temperature"}),
+         "valid": (("lat", "lon"), valid)},
+        coords={"time": pd.date_range("2020-01-01", periods=t), "lat": np.linspace(40, 47, r),
+                "lon": np.linspace(0, 10, c)})
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> str:
+    """A te-pt-tnp (tiny preset, random weights) checkpoint with the infill input scaling."""
+    from geonp.models import build, save
+
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("ckpt") / "te.safetensors"
+    save(build("te-pt-tnp", 3, 1, preset="tiny"), path, extra={"infill": {"cells_per_unit": 8.0}})
+    return str(path)

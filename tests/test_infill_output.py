@@ -8,7 +8,7 @@ import pytest
 import xarray as xr
 
 from geonp.data import open_cube
-from geonp.infill.output import FLAG_INFILLED, FLAG_OBSERVED, STATUS, InfillStore, is_complete, output_template
+from geonp.fill.output import FLAG_INFILLED, FLAG_OBSERVED, STATUS, InfillStore, is_complete, output_template
 
 
 @pytest.fixture

@@ -80,12 +80,16 @@ class CubeSource:
         self._stream.load_state_dict(state)
 
 
-def make_task_source(name: str, batch_size: int = 16, seed: int = 0, **kwargs: Any) -> SyntheticSource | CubeSource:
-    """``name: cube`` for a cube (see ``CubeSource``), otherwise a synthetic generator name.
+def make_task_source(name: str, batch_size: int = 16, seed: int = 0, **kwargs: Any) -> Any:
+    """``name: cube`` for a cube (see ``CubeSource``), ``windows`` for infill windows, else a generator name.
 
     ``batch_size`` and ``seed`` (the training run's) only matter to a cube source: a synthetic
     generator draws from the trainer's random generator.
     """
+    if name == "windows":  # infill-shaped windows (see geonp.data.window_source)
+        from geonp.data.window_source import WindowSource
+
+        return WindowSource(**kwargs)
     if name == "cube":
         if "path" not in kwargs or "variables" not in kwargs:
             raise ValueError("data: a cube source needs 'path' and 'variables'")

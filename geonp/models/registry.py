@@ -48,6 +48,7 @@ def _ensure_loaded() -> None:
     # Importing the model modules runs their @register decorators.
     import geonp.models.baselines  # noqa: F401
     import geonp.models.gp  # noqa: F401
+    import geonp.models.interpolation  # noqa: F401
     import geonp.models.tnp  # noqa: F401
 
 
@@ -108,6 +109,11 @@ def save(model: NeuralProcess, path: str | os.PathLike, extra: dict[str, Any] | 
 
 def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> NeuralProcess:
     """Rebuild the model saved at ``path`` and load its weights (strictly)."""
+    return load_with_meta(path, device)[0]
+
+
+def load_with_meta(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[NeuralProcess, dict[str, Any]]:
+    """Like :func:`load`, also returning the checkpoint's JSON header (build config, extras)."""
     tensors, meta = read_checkpoint(path, device=device)
     if meta.get("kind") not in ("model", "train-state") or "model" not in meta:
         raise ValueError(f"checkpoint {path}: holds no model config")
@@ -120,4 +126,4 @@ def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> NeuralP
     except RuntimeError as err:
         first = str(err).splitlines()[0]
         raise ValueError(f"checkpoint {path}: weights do not fit model {cfg['name']!r} ({first})") from None
-    return model.to(device)
+    return model.to(device), meta

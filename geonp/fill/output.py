@@ -104,8 +104,11 @@ class InfillStore:
         ds.attrs = {**dict(attrs or {}), STATUS: "incomplete", "geonp_request": self.request}
         grid = tuple(len(c) for c in self.chunks)
         ds[PROGRESS] = (tuple(f"{d}_block" for d in self.dims), dsa.zeros(grid, dtype=np.uint8, chunks=1))
-        fill = {np.dtype(np.float32): np.float32(np.nan), np.dtype(np.int8): FLAG_FILL, np.dtype(np.uint8): 0}
-        encoding = {v: {"_FillValue": fill[ds[v].dtype]} for v in ds.data_vars}
+        # Floats get NaN as fill value. Flags and progress bytes get none: a _FillValue would make
+        # xarray decode them to floats; unwritten chunks read as zarr's default 0 in an incomplete
+        # store, which its geonp_status already marks as not to be trusted.
+        encoding = {v: {"_FillValue": np.float32(np.nan) if ds[v].dtype == np.float32 else None}
+                    for v in ds.data_vars}
         with zarr_store.quiet_zarr():
             # Metadata and coordinates only: unwritten chunks read as the fill values (NaN, -1, and
             # 0 = "not done" for the progress bytes).

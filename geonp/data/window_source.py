@@ -1,0 +1,125 @@
+"""Training windows for the infill models: synthetic random fields and real gridded files.
+
+``geonp train`` with ``data: {name: windows, ...}`` draws tasks shaped exactly like the windows
+``geonp infill`` predicts (see :mod:`geonp.data.windows`): a ``[time, rows, cols]`` view with
+cloud-shaped holes, inputs in grid units. Two kinds of field feed it:
+
+* synthetic: stationary Gaussian random fields drawn with random Fourier features, squared
+  exponential or Matern spectra, lengthscales from 1.5 to 40 cells, anisotropic and rotated,
+  with a time lengthscale, observation noise and existing cloud gaps on every time step;
+* real: variables of gridded files (reanalyses, ERA5) read once into memory, windows cut at
+  random places and times.
+
+Validation uses fields the training never draws from: its own synthetic seed and the
+``val_files`` (another region), so the validation NLL measures transfer, not memory.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from geonp.data.batch import Batch
+from geonp.data.clouds import random_clouds
+from geonp.data.windows import WindowSpec, WindowTask, canonical, collate_windows, training_window
+
+#: Random Fourier features per synthetic field.
+NUM_FEATURES = 256
+
+
+def data_folder() -> Path:
+    """The shared real-data folder: ``$GEONP_DATA`` or ``../shared/data`` beside the working directory."""
+    env = os.environ.get("GEONP_DATA")
+    return Path(env) if env else Path.cwd().parent / "shared" / "data"
+
+
+def synthetic_field(shape: tuple[int, int, int], rng: np.random.Generator) -> np.ndarray:
+    """A random stationary field ``[T, R, C]`` with holes (NaN), unit variance before noise."""
+    t, r, c = np.meshgrid(*(np.arange(n, dtype=np.float64) for n in shape), indexing="ij")
+    ell = np.exp(rng.uniform(np.log(1.5), np.log(40.0)))
+    ratio, angle = rng.uniform(0.5, 2.0), rng.uniform(0, np.pi)
+    ell_t = np.exp(rng.uniform(np.log(0.3), np.log(10.0)))
+    z = rng.standard_normal((NUM_FEATURES, 3))
+    nu = rng.choice([0.5, 1.5, 2.5, np.inf])
+    if np.isfinite(nu):  # Matern-nu spectrum: a Student-t with 2 nu degrees of freedom
+        z = z * np.sqrt(2 * nu / rng.chisquare(2 * nu, size=(NUM_FEATURES, 1)))
+    rot = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
+    space = (z[:, 1:] / np.array([ell, ell * ratio])) @ rot.T  # [F, 2] per cell
+    phase = rng.uniform(0, 2 * np.pi, NUM_FEATURES)
+    arg = (z[:, :1] / ell_t)[:, 0, None, None, None] * t + space[:, 0, None, None, None] * r
+    arg = arg + space[:, 1, None, None, None] * c + phase[:, None, None, None]
+    field = np.sqrt(2.0 / NUM_FEATURES) * np.cos(arg).sum(0)
+    slope = rng.standard_normal(3) * rng.uniform(0, 1)
+    field += slope[0] * t / 10 + slope[1] * r / 50 + slope[2] * c / 50  # a gentle trend
+    field += np.exp(rng.uniform(np.log(0.005), np.log(0.2))) * rng.standard_normal(shape)  # observation noise
+    field = field * np.exp(rng.uniform(-3, 3)) + rng.normal(0, 10)  # arbitrary units
+    for k in range(shape[0]):  # clouds already present on every time step
+        cover = rng.uniform(0.0, 0.6)
+        if cover > 0.01:
+            field[k][random_clouds(shape[1:], cover, rng, rng.uniform(2.0, 10.0))] = np.nan
+    return field
+
+
+def _load(entry: dict[str, Any], folder: Path) -> tuple[np.ndarray, np.ndarray, float]:
+    """``(values [T, R, C], valid [T, R, C], spread)`` of one ``{path, variable}`` entry."""
+    from geonp.data.cube import open_cube
+
+    path = Path(entry["path"])
+    path = path if path.is_absolute() else folder / path
+    ds = open_cube(path, [entry["variable"]])
+    values = np.asarray(canonical(ds, entry["variable"], str(path)).values, np.float64)
+    valid = np.broadcast_to(np.isfinite(values).any(0), values.shape)  # land of an SST field stays out
+    return values, valid, float(np.nanstd(values)) or 1.0
+
+
+class WindowSource:
+    """Windows from synthetic fields (fraction ``synthetic``) and real ``files``.
+
+    Args:
+        files: ``[{path, variable}, ...]`` training fields; relative paths are under the data folder.
+        val_files: fields for validation only (another region or product).
+        synthetic: probability that a training window comes from a synthetic field.
+        window: :class:`WindowSpec` keywords (core, overlap, halo, max_context, cells_per_unit).
+        seed: the synthetic validation seed offset (training randomness comes from ``sample``'s rng).
+    """
+
+    dim_x, dim_y = 3, 1
+
+    def __init__(self, files: list[dict] | None = None, val_files: list[dict] | None = None,
+                 synthetic: float = 0.5, window: dict | None = None, seed: int = 0) -> None:
+        self.spec = WindowSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in (window or {}).items()})
+        folder = data_folder()
+        self.fields = [_load(e, folder) for e in files or []]
+        self.val_fields = [_load(e, folder) for e in val_files or []]
+        self.synthetic = synthetic if self.fields else 1.0
+        self.checkpoint_meta = {"infill": {"cells_per_unit": self.spec.cells_per_unit,
+                                           "steps_per_unit": self.spec.steps_per_unit,
+                                           "window": self.spec.as_dict()}}
+
+    def _slab_shape(self) -> tuple[int, int, int]:
+        return tuple(c + o + 2 * h for c, o, h in zip(self.spec.core, self.spec.overlap, self.spec.halo))
+
+    def _window(self, rng: np.random.Generator, fields: list, synthetic: float) -> WindowTask:
+        while True:
+            if rng.random() < synthetic or not fields:
+                values = synthetic_field(self._slab_shape(), rng)
+                valid, spread = np.ones(values.shape, bool), float(np.nanstd(values)) or 1.0
+            else:
+                values, valid, spread = fields[int(rng.integers(len(fields)))]
+            task = training_window(values, valid, self.spec, rng, spread)
+            if task is not None:
+                return task
+
+    def sample(self, batch_size: int, rng: torch.Generator) -> Batch:
+        np_rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=rng)))
+        return collate_windows([self._window(np_rng, self.fields, self.synthetic) for _ in range(batch_size)])
+
+    def validation(self, num_tasks: int, batch_size: int, seed: int) -> list[Batch]:
+        rng = np.random.default_rng([seed, 1])
+        share = 0.5 if self.val_fields else 1.0
+        return [collate_windows([self._window(rng, self.val_fields, share) for _ in range(batch_size)])
+                for _ in range(max(1, num_tasks // batch_size))]

@@ -1,0 +1,306 @@
+"""Windows over a gridded cube, and how one window becomes a context/target task.
+
+A cube variable is handled as a ``[time, rows, cols]`` array (a single scene has one time
+step). It is covered by a regular grid of *windows*. Along each axis window ``k`` predicts the
+cells ``[k*core - overlap//2, (k+1)*core + overlap - overlap//2)``: neighbouring windows share
+``overlap`` cells, and in that band their predictions are blended with linear tapers that sum
+to one, so there is no seam where one window hands over to the next. Each window sees as
+context every observed cell within ``halo`` cells beyond its prediction region, so a target
+near a window edge still has data all around it.
+
+The grid is global (it depends on the cube's shape only), so a cell's prediction is the same
+whichever block of the output it is computed in: blocks can run in any order, in parallel, or
+be resumed after a kill, and the result does not change.
+
+Model inputs are offsets from the window's centre in *grid units*: time in steps /
+``steps_per_unit``, rows and columns in cells / ``cells_per_unit`` (plus elevation in km when
+the model takes it). Working in grid units rather than degrees or metres is what lets one set
+of weights fill a 1 km satellite scene and a 1 degree reanalysis alike. Values are
+standardised per window by the context's mean and spread, shrunk towards the whole variable's
+spread when the window has few observations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import xarray as xr
+
+from geonp.data.batch import Batch
+from geonp.data.clouds import random_clouds
+from geonp.data.cube import horizontal_dims
+
+#: Cells per block at most: larger input chunks are split (aligned) so memory follows the block.
+MAX_BLOCK_CELLS = 1 << 21
+#: Chunks given to in-memory inputs, ``(time, rows, cols)``.
+DEFAULT_CHUNKS = (1, 256, 256)
+#: Fewer hidden or context cells than this and a drawn training window is discarded.
+MIN_POINTS = 8
+#: Pseudo-observations of the variable's global spread added to a window's spread estimate:
+#: a window with three nearby observations must not claim a tiny standard deviation.
+SHRINK_POINTS = 10.0
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """Window geometry and model-input scaling, each as ``(time, rows, cols)`` in cells.
+
+    Args:
+        core: cells each window owns along each axis (the window grid's stride).
+        overlap: cells shared with the next window, blended with a linear taper.
+        halo: context-only margin beyond the prediction region.
+        max_context: at most this many context points per window; beyond it the farthest
+            cells from the prediction region are thinned (deterministically).
+        cells_per_unit: grid cells per model input unit along rows/cols.
+        steps_per_unit: time steps per model input unit.
+    """
+
+    core: tuple[int, int, int] = (1, 16, 16)
+    overlap: tuple[int, int, int] = (0, 6, 6)
+    halo: tuple[int, int, int] = (1, 10, 10)
+    max_context: int = 1024
+    cells_per_unit: float = 8.0
+    steps_per_unit: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("core", "overlap", "halo"):
+            value = getattr(self, name)
+            if len(value) != 3 or any(int(v) != v or v < 0 for v in value):
+                raise ValueError(f"window {name} must be three non-negative integers (time, rows, cols), got {value}")
+        if min(self.core) < 1:
+            raise ValueError(f"window core must be at least one cell along each axis, got {self.core}")
+        if any(o > c for o, c in zip(self.overlap, self.core)):
+            raise ValueError(f"window overlap {self.overlap} cannot exceed the core {self.core}")
+        if self.max_context < 1 or self.cells_per_unit <= 0 or self.steps_per_unit <= 0:
+            raise ValueError("max_context, cells_per_unit and steps_per_unit must be positive")
+
+    def as_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    def fitted_to(self, shape: tuple[int, int, int]) -> WindowSpec:
+        """The same spec with core, overlap and halo clipped to a cube of ``shape`` (default windows)."""
+        core = tuple(min(c, n) for c, n in zip(self.core, shape))
+        overlap = tuple(min(o, c - 1 if c > 1 else 0) for o, c in zip(self.overlap, core))
+        halo = tuple(min(h, n) for h, n in zip(self.halo, shape))
+        return WindowSpec(core, overlap, halo, self.max_context, self.cells_per_unit, self.steps_per_unit)
+
+
+@dataclass(frozen=True)
+class Axis:
+    """The windows along one axis of length ``n``: prediction ranges and blending weights."""
+
+    n: int
+    core: int
+    overlap: int
+    halo: int
+
+    @property
+    def count(self) -> int:
+        return -(-self.n // self.core)
+
+    def predicted(self, k: int) -> tuple[int, int]:
+        """Cells ``[start, stop)`` window ``k`` predicts (clipped to the axis)."""
+        lo = k * self.core - self.overlap // 2
+        return max(lo, 0), min(lo + self.core + self.overlap, self.n)
+
+    def seen(self, k: int) -> tuple[int, int]:
+        """Cells ``[start, stop)`` window ``k`` takes context from."""
+        start, stop = self.predicted(k)
+        return max(start - self.halo, 0), min(stop + self.halo, self.n)
+
+    def touching(self, start: int, stop: int) -> range:
+        """Windows whose prediction range meets cells ``[start, stop)``."""
+        first = max((start - (self.overlap - self.overlap // 2)) // self.core, 0)
+        last = min((stop - 1 + self.overlap // 2) // self.core, self.count - 1)
+        return range(first, last + 1)
+
+    def weights(self, k: int) -> np.ndarray:
+        """Blending weight of window ``k`` on each cell it predicts; over windows they sum to one."""
+        start, stop = self.predicted(k)
+        return self._raw(k, start, stop) / self._total(start, stop)
+
+    def _raw(self, k: int, start: int, stop: int) -> np.ndarray:
+        # A ramp up across the band shared with window k-1 and down across the band shared with
+        # k+1; cells in the core weigh 1. Cell centres sit at i + 0.5.
+        i = np.arange(start, stop) + 0.5
+        if self.overlap == 0:
+            return np.ones(stop - start)
+        lo = k * self.core - self.overlap // 2
+        up = np.clip((i - lo) / self.overlap, 0.0, 1.0)
+        down = np.clip((lo + self.core + self.overlap - i) / self.overlap, 0.0, 1.0)
+        return np.minimum(up, down)
+
+    def _total(self, start: int, stop: int) -> np.ndarray:
+        total = np.zeros(stop - start)
+        for j in self.touching(start, stop):
+            s, e = self.predicted(j)
+            s, e = max(s, start), min(e, stop)
+            total[s - start:e - start] += self._raw(j, s, e)
+        return total
+
+
+def axes(shape: tuple[int, int, int], spec: WindowSpec) -> tuple[Axis, Axis, Axis]:
+    """The three window axes of a ``[time, rows, cols]`` cube."""
+    return tuple(Axis(n, c, o, h) for n, c, o, h in zip(shape, spec.core, spec.overlap, spec.halo))
+
+
+@dataclass
+class WindowTask:
+    """One window as a task: numpy arrays, standardised values, and how to undo the scaling.
+
+    Shapes: ``xc [Nc, Dx]``, ``yc [Nc]``, ``xt [Nt, Dx]``; ``targets`` holds the targets' flat
+    indices into the caller's array; ``yt [Nt]`` the standardised truths when known (training).
+    """
+
+    xc: np.ndarray
+    yc: np.ndarray
+    xt: np.ndarray
+    targets: np.ndarray
+    offset: float
+    scale: float
+    yt: np.ndarray | None = None
+
+
+def window_task(values: np.ndarray, context: np.ndarray, target: np.ndarray, centre: tuple[float, float, float],
+                spec: WindowSpec, spread: float, elevation: np.ndarray | None = None,
+                rng: np.random.Generator | None = None, truth: np.ndarray | None = None,
+                focus: tuple[slice, slice] | None = None) -> WindowTask:
+    """Encode one window of a ``[T, R, C]`` slab.
+
+    Args:
+        values: ``[T, R, C]`` the slab's values (NaN where missing), user units.
+        context: ``[T, R, C]`` bool, cells to use as context (observed, inside the window's view).
+        target: ``[T, R, C]`` bool, cells to predict.
+        centre: the window centre in slab cell coordinates ``(t, r, c)``.
+        spec: the window spec (input scaling, context cap).
+        spread: the variable's standard deviation over the whole cube (shrinkage target), user units.
+        elevation: ``[R, C]`` metres, or None when the model takes no elevation input.
+        rng: draws the tie-breaking jitter when thinning context beyond ``spec.max_context``.
+        truth: ``[T, R, C]`` true values at the targets (training and evaluation), or None.
+        focus: ``(rows, cols)`` slices of the window's prediction region; context beyond
+            ``spec.max_context`` is thinned by distance to it. It must not depend on which of the
+            region's cells are targets, or the same window would see different context in
+            different output blocks.
+    """
+    ci = np.flatnonzero(context)
+    ti = np.flatnonzero(target)
+    if ci.size > spec.max_context:
+        ci = _thin(ci, values.shape, focus or _box(target), spec.max_context, rng)
+    yc = values.reshape(-1)[ci].astype(np.float64)
+    offset = float(yc.mean()) if yc.size else 0.0
+    ss = float(((yc - offset) ** 2).sum())
+    scale = float(np.sqrt((ss + SHRINK_POINTS * spread**2) / max(yc.size - 1 + SHRINK_POINTS, 1.0)))
+    scale = scale if scale > 0 else 1.0
+    xc = inputs(ci, values.shape, centre, spec, elevation)
+    xt = inputs(ti, values.shape, centre, spec, elevation)
+    yt = None if truth is None else ((truth.reshape(-1)[ti] - offset) / scale).astype(np.float32)
+    return WindowTask(xc, ((yc - offset) / scale).astype(np.float32), xt, ti, offset, scale, yt)
+
+
+def inputs(flat: np.ndarray, shape: tuple[int, int, int], centre: tuple[float, float, float], spec: WindowSpec,
+           elevation: np.ndarray | None = None) -> np.ndarray:
+    """Model inputs ``[N, Dx]`` of cells ``flat`` (flat indices into ``shape``): offsets in grid units."""
+    t, r, c = np.unravel_index(flat, shape)
+    cols = [(t - centre[0]) / spec.steps_per_unit, (r - centre[1]) / spec.cells_per_unit,
+            (c - centre[2]) / spec.cells_per_unit]
+    if elevation is not None:
+        cols.append(elevation[r, c] / 1000.0)  # km: same order of magnitude as the other inputs
+    return np.stack(cols, axis=-1).astype(np.float32)
+
+
+def _box(mask: np.ndarray) -> tuple[slice, slice]:
+    """Bounding ``(rows, cols)`` slices of the True cells of a ``[T, R, C]`` mask."""
+    _, r, c = np.nonzero(mask)
+    return slice(int(r.min()), int(r.max()) + 1), slice(int(c.min()), int(c.max()) + 1)
+
+
+def _thin(ci: np.ndarray, shape: tuple[int, int, int], focus: tuple[slice, slice], keep: int,
+          rng: np.random.Generator | None) -> np.ndarray:
+    """Keep the ``keep`` context cells nearest (Chebyshev, in cells) to the ``focus`` box."""
+    _, r, c = np.unravel_index(ci, shape)
+    rows, cols = focus
+    dist = np.maximum(np.maximum(rows.start - r, r - (rows.stop - 1)), np.maximum(cols.start - c, c - (cols.stop - 1)))
+    jitter = (rng or np.random.default_rng(0)).random(ci.size)  # breaks ties without a spatial bias
+    return np.sort(ci[np.argsort(np.maximum(dist, 0) + jitter, kind="stable")[:keep]])
+
+
+def training_window(values: np.ndarray, valid: np.ndarray, spec: WindowSpec, rng: np.random.Generator,
+                    spread: float, elevation: np.ndarray | None = None, cover: tuple[float, float] = (0.1, 0.7),
+                    ) -> WindowTask | None:
+    """One self-supervised task from a ``[T, R, C]`` array (NaN = missing), or None if too sparse.
+
+    The window is placed at random; a smooth cloud mask covering a fraction ``U(cover)`` of the
+    prediction region (at the window's central time step) hides observed cells, which become the
+    targets (``yt`` holds their standardised truths); the other observed cells in view are the
+    context. ``valid`` is ``[T, R, C]`` (True where data may exist); ``elevation`` ``[R, C]`` m.
+    """
+    shape = values.shape
+    size = [min(c + o, n) for c, o, n in zip(spec.core, spec.overlap, shape)]
+    start = [int(rng.integers(0, n - s + 1)) for n, s in zip(shape, size)]
+    t_mid = start[0] + size[0] // 2
+    lo = [max(s - h, 0) for s, h in zip(start, spec.halo)]
+    hi = [min(s + z + h, n) for s, z, h, n in zip(start, size, spec.halo, shape)]
+    view = tuple(slice(a, b) for a, b in zip(lo, hi))
+    v = values[view]
+    observed = np.isfinite(v) & valid[view]
+    clouds = random_clouds((size[1], size[2]), float(rng.uniform(*cover)), rng, float(rng.uniform(2.0, 8.0)))
+    target = np.zeros(v.shape, bool)
+    region = (t_mid - lo[0], slice(start[1] - lo[1], start[1] - lo[1] + size[1]),
+              slice(start[2] - lo[2], start[2] - lo[2] + size[2]))
+    target[region] = clouds & observed[region]
+    context = observed & ~target
+    if target.sum() < MIN_POINTS or context.sum() < MIN_POINTS:
+        return None
+    centre = (t_mid - lo[0], start[1] - lo[1] + (size[1] - 1) / 2, start[2] - lo[2] + (size[2] - 1) / 2)
+    elev = None if elevation is None else elevation[view[1], view[2]]
+    return window_task(v, context, target, centre, spec, spread, elev, rng, truth=v, focus=region[1:])
+
+
+def collate_windows(tasks: list[WindowTask], device: torch.device | str = "cpu") -> Batch:
+    """Pad windows into one :class:`Batch` (``yt`` zero when the truths are unknown).
+
+    Shapes: ``xc [B, Nc, Dx]``, ``yc [B, Nc, 1]``, ``xt [B, Nt, Dx]``, ``yt [B, Nt, 1]``, masks ``[B, N]``.
+    """
+    b = len(tasks)
+    nc = max(t.yc.size for t in tasks)
+    nt = max(t.targets.size for t in tasks)
+    dx = tasks[0].xc.shape[-1]
+    xc, yc = np.zeros((b, nc, dx), np.float32), np.zeros((b, nc, 1), np.float32)
+    xt, yt = np.zeros((b, nt, dx), np.float32), np.zeros((b, nt, 1), np.float32)
+    mask_c, mask_t = np.zeros((b, nc), bool), np.zeros((b, nt), bool)
+    for i, t in enumerate(tasks):
+        n, m = t.yc.size, t.targets.size
+        xc[i, :n], yc[i, :n, 0], xt[i, :m] = t.xc, t.yc, t.xt
+        if t.yt is not None:
+            yt[i, :m, 0] = t.yt
+        mask_c[i, :n], mask_t[i, :m] = True, True
+    return Batch(*(torch.from_numpy(a) for a in (xc, yc, xt, yt, mask_c, mask_t))).to(device)
+
+
+def canonical(ds: xr.Dataset, name: str, source: str) -> xr.DataArray:
+    """Variable ``name`` as ``[time, rows, cols]`` (time added when absent), chunked."""
+    da = ds[name]
+    rows, cols = horizontal_dims(ds)
+    extra = [d for d in da.dims if d not in ("time", rows, cols)]
+    if extra:
+        raise ValueError(f"--var {name}: {source} has extra dimensions {extra}; select one value of each first "
+                         f"(e.g. ds.isel({extra[0]}=0)) and infill that")
+    if "time" not in da.dims:
+        da = da.expand_dims(time=1) if "time" not in da.coords else da.expand_dims("time")
+    da = da.transpose("time", rows, cols)
+    if da.chunks is None:
+        da = da.chunk(dict(zip(da.dims, (min(c, n) for c, n in zip(DEFAULT_CHUNKS, da.shape)))))
+    return _cap_chunks(da)
+
+
+def _cap_chunks(da: xr.DataArray) -> xr.DataArray:
+    """Split chunks larger than :data:`MAX_BLOCK_CELLS` into aligned pieces (halving rows, then cols)."""
+    chunks = [list(c) for c in da.chunks]
+    while max(chunks[1]) * max(chunks[2]) > MAX_BLOCK_CELLS:
+        axis = 1 if max(chunks[1]) >= max(chunks[2]) else 2
+        chunks[axis] = [p for c in chunks[axis] for p in ((c + 1) // 2, c // 2) if p > 0]
+    while max(chunks[0]) * max(chunks[1]) * max(chunks[2]) > MAX_BLOCK_CELLS and max(chunks[0]) > 1:
+        chunks[0] = [p for c in chunks[0] for p in ((c + 1) // 2, c // 2) if p > 0]
+    return da.chunk(dict(zip(da.dims, (tuple(c) for c in chunks))))

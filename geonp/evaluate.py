@@ -1,0 +1,398 @@
+"""Gap-filling skill on artificially hidden cells: hide observed cells, infill, score, tabulate.
+
+The hidden cells copy *real* gap patterns: time step ``t`` is masked with the cloud pattern of
+another step of the same cube, so the test gaps have the sizes, shapes and coastal bias of the
+product's own clouds. Only a cube with a single scene (or no usable donor step) falls back to
+synthetic clouds (``geonp.data.clouds.random_clouds``). Every model sees the same masked cube,
+so the scores compare like with like; only the hidden cells are scored, with
+``geonp.metrics.gaussian_skill`` (RMSE, MAE, NLL, CRPS, 90/95% coverage, 90% interval score).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import platform
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+import geonp
+from geonp.data.clouds import random_clouds
+from geonp.data.cube import open_cube
+from geonp.data.satellite import MaskSpec, _resolve_mask, open_satellite
+from geonp.metrics import gaussian_skill
+
+MIN_OBSERVED = 50  # a step with fewer observed cells is too small to hide from and still fill
+MIN_HIDDEN = 0.10  # a donor should hide at least this fraction of a step's observed cells
+CLOUD_TRIES = 10  # synthetic cloud draws per step before settling for the nearest acceptable one
+DONOR_CLOUDS, DONOR_NONE = -1, -2  # codes in ``hidden.attrs["geonp_donor"]``
+
+COLUMNS = [("model", "model"), ("RMSE", "rmse"), ("MAE", "mae"), ("NLL", "nll"), ("CRPS", "crps"),
+           ("cov90", "coverage_90"), ("cov95", "coverage_95"), ("IS90", "interval_score_90"),
+           ("wall s", "wall_s"), ("n", "n")]
+
+
+def hide_cells(
+    da: xr.DataArray,
+    valid: xr.DataArray | None,
+    rng: np.random.Generator,
+    *,
+    max_hidden: float = 0.5,
+    cover: float = 0.3,
+    min_observed: int = MIN_OBSERVED,
+) -> tuple[xr.DataArray, xr.DataArray]:
+    """Hide observed cells of ``da`` under real gap patterns of its other time steps.
+
+    For each step ``t`` with at least ``min_observed`` observed cells (finite and valid), a donor
+    step ``s != t`` is drawn with ``rng`` among those whose gaps (NaN and valid) would hide
+    between 10% and ``max_hidden`` of ``t``'s observed cells, and ``t``'s observed cells under
+    ``s``'s gaps are hidden. Without such a donor (one scene, a gap-free cube) the step gets
+    ``random_clouds`` of ``cover`` instead, redrawn up to 10 times until it hides 10% to
+    ``max_hidden`` of the observed cells (else the largest draw below ``max_hidden``).
+
+    Args:
+        da: the field, dims: the two horizontal ones (those of ``valid``; else ``lat``/``lon``,
+            or the last two) and optionally ``time`` (any other dims count as steps too). May be
+            dask-backed: it is computed once; it is never modified.
+        valid: bool on the two horizontal dims, True where a value is possible; None: everywhere.
+        rng: the randomness (donor choice, clouds); same state, same result.
+        max_hidden: the largest fraction of a step's observed cells to hide, in (0, 1).
+        cover: cloud fraction of the synthetic clouds, in (0, 1).
+        min_observed: steps with fewer observed cells are left untouched.
+
+    Returns:
+        ``(masked, hidden)``: a numpy-backed copy of ``da`` (float) with the hidden cells NaN, and
+        a bool DataArray on ``da``'s dims, True at the hidden cells. ``hidden.attrs["geonp_donor"]``
+        holds one int per step (steps in C order over the non-horizontal dims): the donor step,
+        -1 for synthetic clouds, -2 for untouched.
+    """
+    if not 0.0 < max_hidden < 1.0:
+        raise ValueError(f"max_hidden must be a fraction in (0, 1), got {max_hidden!r}")
+    low = min(MIN_HIDDEN, max_hidden / 2)
+    hdims = _horizontal_dims(da, valid)
+    step_dims = [d for d in da.dims if d not in hdims]
+    ordered = da.transpose(*step_dims, *hdims)
+    # One compute, and always a fresh float array: NaN must fit and the input must stay intact.
+    values = np.array(ordered.values, dtype=np.result_type(ordered.dtype, np.float32), copy=True)
+    ny, nx = values.shape[-2:]
+    cube = values.reshape(-1, ny, nx)  # a view: writing NaN here writes into ``values``
+    ok = np.ones((ny, nx), bool) if valid is None else np.asarray(valid.transpose(*hdims).values, dtype=bool)
+    observed = np.isfinite(cube) & ok
+    gaps = ~np.isfinite(cube) & ok
+    n_obs = observed.sum(axis=(1, 2))
+    gap_rows = gaps.reshape(len(cube), -1).astype(np.float32)
+
+    hidden = np.zeros_like(observed)
+    donors = np.full(len(cube), DONOR_NONE, dtype=np.int64)
+    for t in range(len(cube)):
+        if n_obs[t] < min_observed:
+            continue
+        # Fraction of t's observed cells that each step's gaps would hide (one matrix product).
+        share = gap_rows @ observed[t].ravel().astype(np.float32) / n_obs[t]
+        share[t] = np.nan
+        usable = np.flatnonzero((share >= low) & (share <= max_hidden))
+        if usable.size:
+            donors[t] = int(rng.choice(usable))
+            hidden[t] = gaps[donors[t]] & observed[t]
+            continue
+        best, best_share = None, 0.0
+        for _ in range(CLOUD_TRIES):
+            clouds = random_clouds((ny, nx), cover, rng) & observed[t]
+            frac = clouds.sum() / n_obs[t]
+            if low <= frac <= max_hidden:
+                best = clouds
+                break
+            if best_share < frac <= max_hidden:
+                best, best_share = clouds, frac
+        if best is not None:
+            hidden[t], donors[t] = best, DONOR_CLOUDS
+    cube[hidden] = np.nan
+
+    def wrap(data: np.ndarray, name: str, attrs: dict) -> xr.DataArray:
+        out = xr.DataArray(data.reshape(values.shape), dims=ordered.dims, coords=ordered.coords, name=name,
+                           attrs=attrs)
+        return out.transpose(*da.dims)
+
+    masked = wrap(values, da.name, dict(da.attrs))
+    mask = wrap(hidden, f"{da.name}_hidden", {"long_name": "cell hidden for evaluation",
+                                              "geonp_donor": donors})
+    return masked, mask
+
+
+def evaluate(
+    ds: xr.Dataset,
+    variable: str,
+    models: Sequence[str],
+    *,
+    valid_mask: MaskSpec | None = None,
+    checkpoints: Mapping[str, str] | None = None,
+    fit_steps: int | Mapping[str, int] = 0,
+    seed: int = 0,
+    infill_fn: Callable[..., xr.Dataset] | None = None,
+    options: Mapping[str, Any] | None = None,
+    max_hidden: float = 0.5,
+    cover: float = 0.3,
+) -> dict[str, Any]:
+    """Score ``models`` at the same artificially hidden cells of ``ds[variable]``.
+
+    Args:
+        ds: the cube (``open_cube``/``open_satellite`` convention); ``ds[variable]`` has dims
+            ``([time,] lat, lon)`` or ``([time,] y, x)``.
+        variable: the field to evaluate.
+        models: model names for ``geonp.infill.infill`` (``"te-pt-tnp"``, ``"linear"``, ...).
+        valid_mask: the valid area (a variable of ``ds``, a file, a ``(file, variable)`` pair or a
+            DataArray); None: ``ds["valid"]`` if present, else the cells observed at least once.
+        checkpoints: ``{model: checkpoint path}`` for the models that need one.
+        fit_steps: fine-tuning steps, for every model or ``{model: steps}`` (missing: 0).
+        seed: seeds the hidden cells and each infill call.
+        infill_fn: replaces ``geonp.infill.infill`` (same signature); for tests and wrappers.
+        options: extra keyword arguments for every infill call (``device``, ...).
+        max_hidden, cover: as in ``hide_cells``.
+
+    Returns:
+        ``{"source", "variable", "units", "seed", "steps", "observed_cells", "hidden_cells",
+        "hidden_fraction" (of the observed cells), "donors" (per step, see ``hide_cells``),
+        "rows"}``; each row is ``{"model", **gaussian_skill scores, "wall_s" (seconds for the
+        infill call), "fit_steps", "checkpoint"}``. Scores are in the variable's units, NLL in
+        nats per cell; ``n`` counts the hidden cells the model gave a finite mean and std > 0.
+
+    Raises:
+        ValueError: one line naming the data, variable or model: an unknown variable, no observed
+            cell, nothing to hide, a model ``infill`` rejects or one with no usable prediction.
+    """
+    name = str(ds.attrs.get("geonp_source", "the dataset"))
+    if variable not in ds.data_vars:
+        raise ValueError(f"{name}: unknown variable {variable!r}; it has {', '.join(map(str, ds.data_vars))}")
+    if not models:
+        raise ValueError("no model to evaluate")
+    if infill_fn is None:
+        infill_fn = _engine(models)
+
+    da = ds[variable].compute()  # the truth, loaded once
+    valid = _resolve_valid(ds, da, valid_mask, name)
+    observed = int((np.isfinite(da) & valid).sum())
+    if observed == 0:
+        raise ValueError(f"{name}: {variable!r} has no observed cell inside the valid area")
+    masked, hidden = hide_cells(da, valid, np.random.default_rng(seed), max_hidden=max_hidden, cover=cover)
+    hide = hidden.values
+    n_hidden = int(hide.sum())
+    if n_hidden == 0:
+        raise ValueError(f"{name}: no cell of {variable!r} could be hidden (every step has fewer than "
+                         f"{MIN_OBSERVED} observed cells)")
+    truth = da.values[hide]
+    masked_ds = ds.assign({variable: masked})
+
+    rows = []
+    for model in models:
+        steps = fit_steps.get(model, 0) if isinstance(fit_steps, Mapping) else fit_steps
+        checkpoint = (checkpoints or {}).get(model)
+        start = time.perf_counter()
+        try:
+            out = infill_fn(masked_ds, variable, model, checkpoint=checkpoint, valid_mask=valid,
+                            fit_steps=steps, seed=seed, **(options or {}))
+            out = out[[variable, f"{variable}_std"]].compute()  # a lazy result's work is part of the time
+            wall = time.perf_counter() - start
+            mean, std = (_like(out[v], da).values[hide] for v in (variable, f"{variable}_std"))
+        except (ValueError, KeyError) as err:
+            raise ValueError(f"{name}: {variable!r} with model {model!r}: {_one_line(err)}") from err
+        try:
+            scores = gaussian_skill(truth, mean, std)
+        except ValueError:
+            raise ValueError(f"{name}: model {model!r} gave no finite mean and positive std at any hidden cell "
+                             f"of {variable!r}") from None
+        rows.append({"model": model, **scores, "wall_s": wall, "fit_steps": steps, "checkpoint": checkpoint})
+    return {"source": name, "variable": variable, "units": str(da.attrs.get("units", "")), "seed": seed,
+            "steps": len(hidden.attrs["geonp_donor"]), "observed_cells": observed, "hidden_cells": n_hidden,
+            "hidden_fraction": n_hidden / observed, "donors": hidden.attrs["geonp_donor"].tolist(), "rows": rows}
+
+
+def write_table(
+    results: Sequence[Mapping[str, Any]],
+    md_path: str | Path,
+    json_path: str | Path | None = None,
+    header: str = "",
+) -> tuple[Path, Path]:
+    """Write ``evaluate`` results as markdown (one table per dataset) and JSON (everything).
+
+    ``header`` (markdown, e.g. ``pipelines.provenance.header``) is prepended. Numbers get 4
+    significant digits; the best RMSE and CRPS of each table are bold. The JSON is
+    ``{"header", "results"}`` with non-finite numbers as null. ``json_path`` defaults to
+    ``md_path`` with the suffix ``.json``. Returns the two paths.
+    """
+    md_path = Path(md_path)
+    json_path = Path(json_path) if json_path is not None else md_path.with_suffix(".json")
+    parts = [header.rstrip() + "\n"] if header.strip() else []
+    parts += [_markdown(res) for res in results]
+    md_path.write_text("\n".join(parts))
+    json_path.write_text(json.dumps({"header": header, "results": _plain(list(results))}, indent=1,
+                                    allow_nan=False) + "\n")
+    return md_path, json_path
+
+
+def run_evaluate(
+    input: str,
+    variables: Sequence[str],
+    models: Sequence[str],
+    out: str | Path,
+    *,
+    valid_mask: MaskSpec | None = None,
+    checkpoints: Mapping[str, str] | None = None,
+    fit_steps: int | Mapping[str, int] = 0,
+    seed: int = 0,
+    satellite: bool = False,
+    options: Mapping[str, Any] | None = None,
+    infill_fn: Callable[..., xr.Dataset] | None = None,
+) -> list[dict[str, Any]]:
+    """``geonp evaluate``: score ``models`` on ``variables`` of ``input``, write ``out`` (.md) and its .json.
+
+    ``satellite=True`` opens each variable with ``open_satellite`` (product QC, ``valid`` mask from
+    ``valid_mask`` or the product), else ``open_cube``. Other arguments as ``evaluate``. Returns
+    the results, one dict per variable. Raises ValueError (one line, naming the file and the
+    variable or model) for a missing variable, a variable with no observed cell, an unknown model.
+    """
+    if not variables:
+        raise ValueError(f"{input}: name at least one variable to evaluate")
+    if not models:
+        raise ValueError(f"{input}: name at least one model to evaluate")
+    # A mask named as a variable of the file must be opened with the fields: open_cube keeps only those.
+    in_file = isinstance(valid_mask, str) and not Path(valid_mask).exists() and "://" not in valid_mask
+    cube = None if satellite else open_cube(input, [*variables, valid_mask] if in_file else list(variables))
+    results = []
+    for variable in variables:
+        try:
+            ds = open_satellite(input, variable, valid_mask=valid_mask) if satellite else cube
+            results.append(evaluate(ds, variable, models, valid_mask=None if satellite else valid_mask,
+                                    checkpoints=checkpoints, fit_steps=fit_steps, seed=seed, infill_fn=infill_fn,
+                                    options=options))
+        except ValueError as err:
+            message = _one_line(err)
+            raise ValueError(message if message.startswith(str(input)) else f"{input}: {message}") from err
+    md_path = Path(out)
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    header = "\n".join([
+        "# Gap-filling skill on artificially hidden cells", "",
+        f"- input: {input}", f"- variables: {', '.join(variables)}", f"- models: {', '.join(models)}",
+        f"- seed: {seed}, fit steps: {fit_steps}, options: {dict(options or {})}",
+        f"- date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- versions: geonp {geonp.__version__}, numpy {np.__version__}, xarray {xr.__version__}, "
+        f"Python {platform.python_version()}",
+    ])
+    write_table(results, md_path, md_path.with_suffix(".json"), header=header)
+    return results
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+def _horizontal_dims(da: xr.DataArray, valid: xr.DataArray | None) -> tuple[str, str]:
+    """``da``'s two horizontal dims, in ``da``'s order: ``valid``'s, else lat/lon, 2-D lat's, the last two."""
+    if valid is not None:
+        if valid.ndim != 2 or not set(valid.dims) <= set(da.dims):
+            raise ValueError(f"the valid mask has dims {valid.dims}; it must be 2 of {da.name!r}'s {da.dims}")
+        names = set(valid.dims)
+    elif {"lat", "lon"} <= set(da.dims):
+        names = {"lat", "lon"}
+    elif "lat" in da.coords and da["lat"].ndim == 2:
+        names = set(da["lat"].dims)
+    else:
+        if da.ndim < 2:
+            raise ValueError(f"{da.name!r} has dims {da.dims}: it needs two horizontal dims")
+        names = set(da.dims[-2:])
+    return tuple(d for d in da.dims if d in names)  # type: ignore[return-value]
+
+
+def _engine(models: Sequence[str]) -> Callable[..., xr.Dataset]:
+    """The infill engine, imported only now (torch, models), after checking the model names up front:
+    a typo in the last model must not surface after the first has run for an hour."""
+    from geonp.models.registry import available
+
+    unknown = [m for m in models if m not in available()]
+    if unknown:
+        raise ValueError(f"unknown model {', '.join(map(repr, unknown))}; available: {', '.join(available())}")
+    try:
+        from geonp.fill.engine import infill
+    except ModuleNotFoundError as err:
+        if not (err.name or "").startswith("geonp.fill"):
+            raise
+        from geonp.infill import infill  # the layout the engine was first planned with
+    return infill
+
+
+def _like(pred: xr.DataArray, da: xr.DataArray) -> xr.DataArray:
+    """``pred`` on ``da``'s dims: the engine gives a single scene a length-1 time axis."""
+    pred = pred.isel({d: 0 for d in pred.dims if d not in da.dims and pred.sizes[d] == 1})
+    if set(pred.dims) != set(da.dims) or pred.transpose(*da.dims).shape != da.shape:
+        raise ValueError(f"the prediction of {da.name!r} has dims {dict(pred.sizes)}, not {dict(da.sizes)}")
+    return pred.transpose(*da.dims)
+
+
+def _resolve_valid(ds: xr.Dataset, da: xr.DataArray, spec: MaskSpec | None, name: str) -> xr.DataArray:
+    """The valid area as an in-memory bool DataArray on ``da``'s horizontal dims."""
+    if spec is None and "valid" in ds.variables:
+        mask = ds["valid"]
+    elif spec is None:
+        # As open_satellite does without a mask: a cell never observed in any step is not valid.
+        hdims = _horizontal_dims(da, None)
+        mask = np.isfinite(da).any([d for d in da.dims if d not in hdims])
+    elif isinstance(spec, xr.DataArray) and "lat" not in ds.variables:
+        mask = spec  # a projected grid without lat/lon: nothing to match the mask's grid by but its dims
+    else:
+        mask = _resolve_mask(ds, spec, name)
+    hdims = [d for d in da.dims if d in mask.dims]
+    extra = [d for d in mask.dims if d not in hdims]
+    mask = (mask.any(extra) if extra else mask).transpose(*hdims)
+    return (mask if mask.dtype == bool else mask > 0.5).compute()
+
+
+def _one_line(err: BaseException) -> str:
+    text = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
+    return " ".join(str(text).split())
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if isinstance(value, (float, np.floating)):
+        return f"{float(value):.{digits}g}" if math.isfinite(value) else "–"
+    return "–" if value is None else str(value)
+
+
+def _markdown(res: Mapping[str, Any]) -> str:
+    """One dataset's section: a title, what was hidden, and the table."""
+    rows = res["rows"]
+    best = {}
+    for key in ("rmse", "crps"):  # bold only when there is something to compare
+        finite = [r[key] for r in rows if r.get(key) is not None and math.isfinite(r[key])]
+        best[key] = min(finite) if len(finite) > 1 else None
+    donors = res.get("donors", [])
+    real, synthetic = sum(d >= 0 for d in donors), sum(d == DONOR_CLOUDS for d in donors)
+    units = f" in {res['units']}" if res.get("units") else ""
+    lines = [f"## {res['variable']} · {Path(str(res.get('source', ''))).name}", "",
+             f"Hidden: {res['hidden_cells']} cells ({100 * res['hidden_fraction']:.1f}% of the observed) in "
+             f"{real + synthetic} of {res.get('steps', len(donors))} steps ({real} real gap patterns of other "
+             f"steps, {synthetic} synthetic clouds), seed {res.get('seed', '?')}. Scores{units} at the hidden "
+             "cells only; NLL in nats per cell; wall s: seconds per infill call.", "",
+             "| " + " | ".join(title for title, _ in COLUMNS) + " |",
+             "|---" + "|---:" * (len(COLUMNS) - 1) + "|"]
+    for row in rows:
+        cells = []
+        for _, key in COLUMNS:
+            text = _fmt(row.get(key), 3 if key == "wall_s" else 4)
+            cells.append(f"**{text}**" if key in best and best[key] is not None and row.get(key) == best[key]
+                         else text)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _plain(obj: Any) -> Any:
+    """``obj`` with numpy types as Python ones and non-finite floats as None (strict JSON)."""
+    if isinstance(obj, Mapping):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, np.ndarray)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    return None if isinstance(obj, float) and not math.isfinite(obj) else obj

@@ -1,0 +1,283 @@
+"""``geonp infill``: fill every gap of a cube, block by block, into a dataset or a CF Zarr store.
+
+Two entry points share one pipeline (prepare the fields, choose the model, optionally fine-tune
+it on the cube's own observations, fill each block):
+
+* :func:`infill` returns an in-memory ``xarray.Dataset`` (``geonp.infill(ds, model=...)``);
+* :func:`infill_to_zarr` writes a resumable Zarr store and never holds more than a block.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+
+from geonp import __version__
+from geonp.data.windows import WindowSpec, canonical
+from geonp.fill.blocks import BlockResult, fill_block
+from geonp.fill.field import Field, select_variables, summarise, valid_area
+from geonp.fill.output import InfillStore, output_template
+from geonp.fill.predictor import ModelChoice, choose_model
+
+
+@dataclass
+class Plan:
+    """Everything a block needs: the fields, the model, the window spec and run settings."""
+
+    fields: list[Field]
+    choice: ModelChoice
+    spec: WindowSpec
+    elevation: np.ndarray | None
+    device: torch.device
+    batch_size: int
+    seed: int
+    fit_steps: int
+    command: str = "geonp.infill(...) (Python)"
+    notes: list[str] = field(default_factory=list)
+
+    def fill(self, f: Field, key: tuple[slice, slice, slice]) -> BlockResult:
+        return fill_block(f, key, self.choice.model, self.spec, self.elevation, self.device, self.batch_size,
+                          self.seed)
+
+
+def _window_spec(window: WindowSpec | tuple | str | None, shape: tuple[int, int, int],
+                 scaling: dict[str, Any]) -> WindowSpec:
+    """``--window T,R,C``: the core size; default windows shrink to small cubes, explicit ones must fit."""
+    base = WindowSpec(**{k: v for k, v in scaling.items() if k in ("cells_per_unit", "steps_per_unit")})
+    if window is None:
+        return base.fitted_to(shape)
+    if isinstance(window, WindowSpec):
+        spec = window
+    else:
+        parts = [int(p) for p in window.split(",")] if isinstance(window, str) else list(window)
+        if len(parts) == 2:
+            parts = [1, *parts]
+        if len(parts) != 3:
+            raise ValueError(f"--window: expected T,R,C (or R,C), got {window!r}")
+        overlap = tuple(min(o, max(c - 1, 0)) for o, c in zip(base.overlap, parts))
+        spec = WindowSpec(tuple(parts), overlap, base.halo, base.max_context, base.cells_per_unit,
+                          base.steps_per_unit)
+    if any(c > n for c, n in zip(spec.core, shape)):
+        raise ValueError(f"--window {','.join(map(str, spec.core))}: larger than the cube "
+                         f"({','.join(map(str, shape))} as time,rows,cols)")
+    return spec
+
+
+def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = "te-pt-tnp", *,
+         checkpoint: str | Path | None = None, valid_mask: str | Path | xr.DataArray | None = None,
+         elevation: str | Path | None = None, window: WindowSpec | tuple | str | None = None,
+         device: str = "auto", batch_size: int = 16, seed: int = 0, fit_steps: int = 0,
+         source: str = "the input", command: str | None = None) -> Plan:
+    """Check the request against the cube and load the model; raises ValueError with one line."""
+    from geonp.train import resolve_device
+
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
+    if fit_steps < 0:
+        raise ValueError(f"--fit-steps must be >= 0, got {fit_steps}")
+    dev = resolve_device(device)
+    if elevation is not None:
+        from geonp.data import attach_elevation
+
+        ds = attach_elevation(ds, elevation)
+    names = select_variables(ds, variables, source, valid_mask if isinstance(valid_mask, str) else None)
+    fields = []
+    for name in names:
+        da = canonical(ds, name, source)
+        fields.append(Field(name, da, valid_area(ds, valid_mask, da, source)))
+    shapes = {f.shape for f in fields}
+    if len(shapes) > 1:
+        raise ValueError(f"--var: {', '.join(names)} have different shapes {sorted(shapes)}; infill them separately")
+    summarise(fields, source)
+    use_elevation = elevation is not None
+    choice = choose_model(model, checkpoint, use_elevation, dev)
+    elev = None
+    if choice.elevation:
+        if "elevation" not in ds.coords:
+            raise ValueError(f"--model {model}: the model takes elevation but {source} has none; pass --elevation")
+        elev = np.nan_to_num(ds["elevation"].transpose(*fields[0].data.dims[1:]).values.astype(np.float64))
+    spec = _window_spec(window, fields[0].shape, choice.scaling)
+    result = Plan(fields, choice, spec, elev, dev, batch_size, seed, fit_steps)
+    if command:
+        result.command = command
+    for f in fields:
+        if f.gaps == 0:
+            result.notes.append(f"{f.name}: no gaps inside the valid area; the output holds the input with flags")
+    return result
+
+
+def provenance(p: Plan, source: str) -> dict[str, Any]:
+    """Global attributes: CF conventions and how the output was made."""
+    attrs = {
+        "Conventions": "CF-1.11",
+        "title": f"Gap-filled {', '.join(f.name for f in p.fields)} ({p.choice.name})",
+        "source": str(source),
+        "geonp_version": __version__,
+        "geonp_model": p.choice.name,
+        "geonp_checkpoint": str(p.choice.checkpoint) if p.choice.checkpoint else "none (model without weights)",
+        "geonp_checkpoint_sha256": p.choice.sha256 or "none",
+        "geonp_fit_steps": p.fit_steps,
+        "geonp_window": str(p.spec.as_dict()),
+        "history": f"{dt.datetime.now(dt.UTC):%Y-%m-%dT%H:%M:%SZ} {p.command}",
+        "date_created": f"{dt.datetime.now(dt.UTC):%Y-%m-%dT%H:%M:%SZ}",
+    }
+    if p.notes:
+        attrs["comment"] = "; ".join(p.notes)
+    return attrs
+
+
+def _finetune(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None) -> None:
+    """``--fit-steps``: fine-tune on the cube's own observations (reusing weights saved by a killed run)."""
+    if p.fit_steps == 0 or not p.choice.model.trainable or all(f.gaps == 0 for f in p.fields):
+        return
+    from geonp.fill.finetune import finetune
+    from geonp.models import load, save
+
+    saved = None if store_dir is None else store_dir / "geonp_fitted_model.safetensors"
+    if saved is not None and saved.exists():
+        p.choice.model = load(saved, device=p.device).eval()
+        return
+    p.choice.model = finetune(p.choice.model, p.fields, p.spec, p.fit_steps, p.device, p.seed, p.elevation, say)
+    if saved is not None:
+        save(p.choice.model, saved, extra={"infill": {"fit_steps": p.fit_steps}})
+
+
+def _request(p: Plan, source: str) -> dict[str, Any]:
+    return {"source": str(source), "variables": [f.name for f in p.fields], "model": p.choice.name,
+            "checkpoint_sha256": p.choice.sha256, "fit_steps": p.fit_steps, "window": p.spec.as_dict(),
+            "seed": p.seed, "elevation": p.elevation is not None,
+            "valid_cells": [int(f.valid.sum()) for f in p.fields]}
+
+
+def infill(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = "te-pt-tnp", *,
+           progress: bool = False, **options: Any) -> xr.Dataset:
+    """Fill the gaps of ``ds`` in memory; returns ``v``, ``v_std``, ``v_flag`` per variable.
+
+    ``options`` are :func:`plan`'s keywords (checkpoint, valid_mask, elevation, window, device,
+    batch_size, seed, fit_steps). Dims of the output are ``(time, rows, cols)`` (time of length
+    one for a single scene). ``v_std`` is 0 at observed cells and NaN outside the valid area.
+    """
+    say = _stderr if progress else None
+    p = plan(ds, variables, model, **options)
+    for note in p.notes:
+        warnings.warn(note, stacklevel=2)
+    _finetune(p, None, say)
+    template = output_template(xr.Dataset({f.name: f.data for f in p.fields}), [f.name for f in p.fields])
+    out = {}
+    for f in p.fields:
+        value = np.empty(f.shape, np.float32)
+        std = np.empty(f.shape, np.float32)
+        flag = np.empty(f.shape, np.int8)
+        for key in _blocks(f):
+            r = p.fill(f, key)
+            value[key], std[key], flag[key] = r.value, r.std, r.flag
+        dims = f.data.dims
+        out[f.name] = (dims, value, template[f.name].attrs)
+        out[f"{f.name}_std"] = (dims, std, template[f"{f.name}_std"].attrs)
+        out[f"{f.name}_flag"] = (dims, flag, template[f"{f.name}_flag"].attrs)
+    result = xr.Dataset(out, coords=template.coords)
+    result.attrs = provenance(p, options.get("source", "in-memory dataset"))
+    return result
+
+
+def _blocks(f: Field):
+    bounds = [np.concatenate([[0], np.cumsum(c)]) for c in f.data.chunks]
+    for i in np.ndindex(*(len(b) - 1 for b in bounds)):
+        yield tuple(slice(int(b[j]), int(b[j + 1])) for b, j in zip(bounds, i))
+
+
+def infill_to_zarr(ds: xr.Dataset, out: str | Path, variables: str | list[str] | None = None,
+                   model: str = "te-pt-tnp", *, source: str = "the input", overwrite: bool = False,
+                   zarr_format: int = 3, scheduler: str | None = None, progress: bool = True,
+                   **options: Any) -> Path:
+    """Fill ``ds`` into the Zarr store ``out`` (see :mod:`geonp.fill.output`); resumable.
+
+    ``scheduler``: None fills blocks one after another in this process (torch uses the cores);
+    a dask.distributed scheduler address spreads blocks over its workers.
+    """
+    out = Path(out)
+    say = _stderr if progress else None
+    p = plan(ds, variables, model, source=source, **options)
+    for note in p.notes:  # shown even with --quiet: the user should know why nothing was filled
+        _stderr(f"geonp: note: {note}")
+    names = [f.name for f in p.fields]
+    template = output_template(xr.Dataset({f.name: f.data for f in p.fields}), names)
+    store = InfillStore(out, template, _request(p, source), provenance(p, source), overwrite, zarr_format)
+    if store.resumed and say:
+        say(f"resuming {out}: {int(store.done().sum())} of {store.done().size} blocks already written")
+    _finetune(p, out, say)
+    todo = [(i, region) for (i, region), done in zip(store.blocks(), store.done().ravel()) if not done]
+    run = _distributed if scheduler else _sequential
+    run(p, store, todo, scheduler, say)
+    store.finish()
+    if say:
+        say(f"wrote {out}")
+    return out
+
+
+def _block_values(p: Plan, region: dict[str, slice]) -> dict[str, np.ndarray]:
+    values = {}
+    for f in p.fields:
+        r = p.fill(f, tuple(region[d] for d in f.data.dims))
+        values.update({f.name: r.value, f"{f.name}_std": r.std, f"{f.name}_flag": r.flag})
+    return values
+
+
+def _sequential(p: Plan, store: InfillStore, todo: list, scheduler: str | None, say) -> None:
+    from tqdm import tqdm
+
+    for index, region in tqdm(todo, desc="infill blocks", unit="block", disable=say is None, file=sys.stderr):
+        store.write_block(index, region, _block_values(p, region))
+
+
+def _distributed(p: Plan, store: InfillStore, todo: list, scheduler: str | None, say) -> None:
+    try:
+        from dask.distributed import Client, as_completed
+    except ImportError:
+        raise ValueError("--scheduler needs dask.distributed: pip install distributed") from None
+    with Client(scheduler) as client:
+        plan_future = client.scatter(p, broadcast=True)
+        futures = [client.submit(_fill_and_write, plan_future, store, i, r, pure=False) for i, r in todo]
+        for n, fut in enumerate(as_completed(futures), 1):
+            fut.result()
+            if say and n % max(1, len(futures) // 10) == 0:
+                say(f"{n}/{len(futures)} blocks")
+
+
+def _fill_and_write(p: Plan, store: InfillStore, index: tuple[int, ...], region: dict[str, slice]) -> None:
+    store.write_block(index, region, _block_values(p, region))
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+
+
+def infill_file(input: str, out: str | Path, variables: list[str] | None = None, model: str = "te-pt-tnp", *,
+                satellite: bool = False, **options: Any) -> Path:
+    """``geonp infill INPUT -o OUT``: open INPUT (``open_cube``, or ``open_satellite`` with its QC) and fill it.
+
+    Refuses an output that is the input itself before anything is read or written.
+    """
+    from geonp.data import open_cube, open_satellite
+
+    if Path(out).resolve() == Path(input).resolve():
+        raise ValueError(f"-o {out}: the output would overwrite the input; choose another path")
+    if satellite:
+        if not variables or len(variables) != 1:
+            raise ValueError("--satellite: name exactly one --var (the product variable to screen and fill)")
+        valid_mask = options.pop("valid_mask", None)
+        ds = open_satellite(input, variables[0], valid_mask=valid_mask)
+    else:
+        ds = open_cube(input)
+    return infill_to_zarr(ds, out, variables, model, source=str(input), **options)

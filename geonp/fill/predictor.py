@@ -1,0 +1,119 @@
+"""Which model fills the gaps, and running it on batches of windows.
+
+``--model NAME`` resolves to weights in this order: ``--checkpoint PATH`` when given (it must
+hold model NAME), else the weights bundled with geonp (``geonp/weights/NAME.safetensors``),
+else, for models without trained weights (``linear``, ``kriging``, ``gp``), a fresh instance.
+A checkpoint's ``infill`` header says how its inputs were scaled (cells per input unit) and
+whether it takes elevation; infill reuses that scaling so the weights see what they were
+trained on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from geonp.data.windows import WindowTask, collate_windows
+from geonp.models import build
+from geonp.models.base import NeuralProcess
+from geonp.models.registry import available, load_with_meta
+from geonp.models.te_attention import set_block_elems
+
+#: TE attention block caps for window-sized tasks, without and with autograd (see ``set_block_elems``).
+PREDICT_BLOCK_ELEMS, TRAIN_BLOCK_ELEMS = 2**22, 2**25
+
+
+@dataclass
+class ModelChoice:
+    """A loaded model and what infill needs to know about it.
+
+    ``checkpoint`` is None for fresh models; ``sha256`` is the checkpoint file's digest
+    (recorded in the output's provenance); ``scaling`` the ``infill`` header of the checkpoint
+    (``cells_per_unit``, ``steps_per_unit``) or empty; ``elevation`` whether it takes elevation.
+    """
+
+    name: str
+    model: NeuralProcess
+    checkpoint: Path | None = None
+    sha256: str | None = None
+    scaling: dict[str, Any] = field(default_factory=dict)
+    elevation: bool = False
+
+
+def bundled_checkpoint(name: str) -> Path | None:
+    """The weights shipped inside the package for model ``name``, or None."""
+    path = Path(str(resources.files("geonp") / "weights" / f"{name}.safetensors"))
+    return path if path.is_file() else None
+
+
+def file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def choose_model(name: str, checkpoint: str | Path | None = None, elevation: bool = False,
+                 device: torch.device | str = "cpu") -> ModelChoice:
+    """Resolve ``--model``/``--checkpoint`` to a loaded model on ``device``.
+
+    Raises ValueError (one line) for an unknown model name, a checkpoint that is missing,
+    corrupt or holds another model, a trained model with neither checkpoint nor bundled
+    weights, and a model/checkpoint whose inputs do not match the elevation request.
+    """
+    names = available()
+    if name not in names:
+        raise ValueError(f"--model: unknown model {name!r}; available: {', '.join(names)}")
+    path = Path(checkpoint) if checkpoint is not None else bundled_checkpoint(name)
+    if path is None:
+        fresh = build(name, dim_x=4 if elevation else 3, dim_y=1, preset="small")
+        if fresh.trainable:
+            raise ValueError(f"--model {name}: no bundled weights for this model; train one with `geonp train` "
+                             "and pass --checkpoint PATH")
+        return ModelChoice(name, fresh.to(device).eval(), elevation=elevation)
+    model, meta = load_with_meta(path, device=device)
+    held = meta["model"]["name"]
+    if held != name:
+        raise ValueError(f"--checkpoint {path}: holds model {held!r}, not {name!r} (pass --model {held})")
+    scaling = dict(meta.get("infill", {}))
+    takes_elevation = model.dim_x == 4
+    if model.dim_x not in (3, 4) or model.dim_y != 1:
+        raise ValueError(f"--checkpoint {path}: model has {model.dim_x} inputs and {model.dim_y} outputs; infill "
+                         "needs 3 inputs (time, row, col) or 4 (with elevation) and 1 output")
+    if takes_elevation and not elevation:
+        raise ValueError(f"--checkpoint {path}: the model takes elevation as an input; pass --elevation FILE "
+                         "(or give the cube an elevation coordinate)")
+    if elevation and not takes_elevation:
+        raise ValueError(f"--elevation: model {name!r} ({path.name}) was trained without elevation; drop "
+                         "--elevation or pass a checkpoint trained with it")
+    model = set_block_elems(model, PREDICT_BLOCK_ELEMS).eval()
+    return ModelChoice(name, model, path, file_sha256(path), scaling, takes_elevation)
+
+
+@torch.no_grad()
+def predict_windows(model: NeuralProcess, tasks: list[WindowTask], device: torch.device | str = "cpu",
+                    batch_size: int = 16) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Predictive mean and 1-sigma ``([Nt], [Nt])`` per window, in the variable's units.
+
+    Windows are sorted by size before batching so padding stays small; the order of the
+    returned list follows ``tasks``.
+    """
+    out: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(tasks)
+    order = sorted(range(len(tasks)), key=lambda i: (tasks[i].yc.size, tasks[i].targets.size))
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        b = collate_windows([tasks[i] for i in chunk], device)
+        dist = model(b.xc, b.yc, b.xt, b.mask_c, b.mask_t)
+        loc = dist.loc[..., 0].float().cpu().numpy()  # [B, Nt]
+        scale = dist.scale[..., 0].float().cpu().numpy()
+        for row, i in enumerate(chunk):
+            m, t = tasks[i].targets.size, tasks[i]
+            out[i] = (t.offset + t.scale * loc[row, :m].astype(np.float64), t.scale * scale[row, :m].astype(np.float64))
+    return out

@@ -1,1 +1,0 @@
-"""Gap filling of gridded cubes: the output store (more arrives with the infill command)."""

@@ -1,0 +1,244 @@
+"""Evaluation on artificially hidden cells: cloud masks, donor gap patterns, scoring, tables."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+import xarray as xr
+from conftest import real_file
+from scipy import ndimage
+from scipy.stats import norm
+
+from geonp.data.clouds import random_clouds
+from geonp.evaluate import DONOR_CLOUDS, DONOR_NONE, evaluate, hide_cells, run_evaluate, write_table
+
+ALBORAN = "satellite/alboran_sst_avhrr_2017-05.nc"
+
+
+# -- random_clouds -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cover", [0.1, 0.3, 0.7])
+def test_random_clouds_cover_and_blobs(cover):
+    rng = np.random.default_rng(1)
+    clouds = random_clouds((120, 150), cover, rng)
+    assert clouds.dtype == bool and clouds.shape == (120, 150)
+    assert abs(clouds.mean() - cover) <= 0.02
+    # Blobs, not salt and pepper: far fewer connected pieces than i.i.d. noise at the same cover.
+    iid = rng.random((120, 150)) < cover
+    assert ndimage.label(clouds)[1] * 10 < ndimage.label(iid)[1]
+
+
+def test_random_clouds_anisotropic_and_deterministic():
+    a = random_clouds((64, 64), 0.4, np.random.default_rng(3), scale=(2.0, 12.0))
+    b = random_clouds((64, 64), 0.4, np.random.default_rng(3), scale=(2.0, 12.0))
+    np.testing.assert_array_equal(a, b)
+    # Streaks along columns: neighbours along a row agree more often than along a column.
+    assert (a[:, 1:] == a[:, :-1]).mean() > (a[1:, :] == a[:-1, :]).mean()
+
+
+@pytest.mark.parametrize("shape, cover, scale", [((10,), 0.3, 8.0), ((0, 5), 0.3, 8.0), ((5.5, 5), 0.3, 8.0),
+                                                 ((8, 8), 0.0, 8.0), ((8, 8), 1.0, 8.0), ((8, 8), 0.3, 0.0)])
+def test_random_clouds_rejects_bad_arguments(shape, cover, scale):
+    with pytest.raises(ValueError):
+        random_clouds(shape, cover, np.random.default_rng(0), scale=scale)
+
+
+# -- hide_cells ----------------------------------------------------------------------------------
+
+def cube(steps: int = 3, ny: int = 30, nx: int = 40) -> xr.Dataset:
+    """A smooth field; column 0-4 land (not valid, but holding values: they must never be hidden).
+
+    Step 0 is fully observed, step 1 has a rectangle of cloud over ~25% of the sea, step 2 is 80%
+    cloudy (too many to copy), step 3+ (if any) are clear.
+    """
+    y, x = np.meshgrid(np.arange(ny), np.arange(nx), indexing="ij")
+    field = np.stack([np.sin(y / 5 + t) + np.cos(x / 7) for t in range(steps)]).astype(np.float32)
+    valid = np.ones((ny, nx), bool)
+    valid[:, :5] = False
+    if steps > 1:
+        field[1, 5:20, 10:30] = np.nan  # 15 x 20 = 300 of 1050 sea cells
+    if steps > 2:
+        field[2, :, 5:33] = np.nan  # 840 of 1050
+    coords = {"time": np.arange(steps), "lat": np.linspace(40, 43, ny), "lon": np.linspace(0, 4, nx)}
+    return xr.Dataset({"sst": (("time", "lat", "lon"), field, {"units": "degC"}),
+                       "valid": (("lat", "lon"), valid)}, coords=coords, attrs={"geonp_source": "cube.nc"})
+
+
+def test_hide_cells_copies_a_donor_pattern_and_leaves_input_alone():
+    ds = cube()
+    before = ds["sst"].values.copy()
+    da = ds["sst"].chunk({"time": 1})  # dask-backed input
+    masked, hidden = hide_cells(da, ds["valid"], np.random.default_rng(0))
+    np.testing.assert_array_equal(ds["sst"].values, before)
+    assert hidden.dims == da.dims and masked.dims == da.dims and hidden.dtype == bool
+    observed = np.isfinite(before) & ds["valid"].values
+    h = hidden.values
+    assert not (h & ~observed).any()  # only observed, valid cells (land holds values but stays)
+    assert np.isnan(masked.values[h]).all()
+    np.testing.assert_array_equal(masked.values[~h], before[~h])
+    # Step 0's only acceptable donor is step 1 (25%); step 2 would hide 80% > max_hidden.
+    assert hidden.attrs["geonp_donor"][0] == 1
+    pattern = np.isnan(before[1]) & ds["valid"].values
+    np.testing.assert_array_equal(h[0], pattern & observed[0])
+
+
+def test_hide_cells_deterministic_and_respects_max_hidden():
+    ds = cube(steps=6)
+    runs = [hide_cells(ds["sst"], ds["valid"], np.random.default_rng(7)) for _ in range(2)]
+    np.testing.assert_array_equal(runs[0][1].values, runs[1][1].values)
+    np.testing.assert_array_equal(runs[0][0].values, runs[1][0].values)
+    observed = np.isfinite(ds["sst"].values) & ds["valid"].values
+    share = runs[0][1].values.sum((1, 2)) / observed.sum((1, 2))
+    assert ((share >= 0.1) & (share <= 0.5)).all()
+
+
+def test_hide_cells_one_scene_falls_back_to_clouds():
+    ds = cube(steps=1).isel(time=0)
+    masked, hidden = hide_cells(ds["sst"], ds["valid"], np.random.default_rng(0), cover=0.3)
+    assert hidden.dims == ("lat", "lon")
+    assert list(hidden.attrs["geonp_donor"]) == [DONOR_CLOUDS]
+    share = hidden.values.sum() / ds["valid"].values.sum()
+    assert 0.1 <= share <= 0.5
+    assert not (hidden.values & ~ds["valid"].values).any()
+
+
+def test_hide_cells_leaves_sparse_steps_untouched():
+    ds = cube(steps=3)
+    ds["sst"][0, :, 5:] = np.nan
+    ds["sst"][0, 0, 5:45] = 1.0  # 35 observed sea cells < 50
+    _, hidden = hide_cells(ds["sst"], ds["valid"], np.random.default_rng(0))
+    assert hidden.attrs["geonp_donor"][0] == DONOR_NONE and not hidden.values[0].any()
+
+
+# -- evaluate with a fake infill engine ----------------------------------------------------------
+
+class Oracle:
+    """A fake ``infill``: the truth plus ``error`` (random sign) with std ``std``, per model."""
+
+    def __init__(self, truth: xr.DataArray, settings: dict[str, tuple[float, float]]):
+        self.truth, self.settings, self.calls = truth.values, settings, []
+
+    def __call__(self, ds, variable, model, *, checkpoint=None, valid_mask=None, fit_steps=0, seed=0, **options):
+        if model not in self.settings:
+            raise ValueError(f"unknown model {model!r}")
+        self.calls.append({"model": model, "masked": ds[variable].values.copy(), "checkpoint": checkpoint,
+                           "valid": valid_mask, "fit_steps": fit_steps, "seed": seed, "options": options})
+        error, std = self.settings[model]
+        sign = np.where(np.random.default_rng(seed).random(self.truth.shape) < 0.5, -1.0, 1.0)
+        observed = np.isfinite(ds[variable].values)
+        mean = np.where(observed, ds[variable].values, self.truth + sign * error)
+        out = xr.Dataset({variable: (ds[variable].dims, mean),
+                          f"{variable}_std": (ds[variable].dims, np.where(observed, 0.0, std))})
+        time.sleep(0.01)
+        return out
+
+
+def test_evaluate_exact_scores_same_cells_and_timing():
+    ds = cube(steps=4)
+    # model a: |error| 0.5, std 0.3 -> |z| = 1.67: outside the 90% interval, inside the 95% one
+    fake = Oracle(ds["sst"], {"a": (0.5, 0.3), "b": (1.0, 1.0)})
+    res = evaluate(ds, "sst", ["a", "b"], infill_fn=fake, checkpoints={"a": "a.safetensors"},
+                   fit_steps={"b": 5}, seed=3, options={"device": "cpu"})
+    a, b = res["rows"]
+    assert a["model"] == "a" and b["model"] == "b"
+    assert a["n"] == b["n"] == res["hidden_cells"] > 0
+    assert a["rmse"] == pytest.approx(0.5, rel=1e-6) and a["mae"] == pytest.approx(0.5, rel=1e-6)
+    assert (a["coverage_90"], a["coverage_95"]) == (0.0, 1.0)
+    assert a["nll"] == pytest.approx(0.5 * math.log(2 * math.pi * 0.09) + 0.5 * (0.5 / 0.3) ** 2, rel=1e-6)
+    z = norm.ppf(0.95)
+    assert a["interval_score_90"] == pytest.approx(2 * z * 0.3 + 2 / 0.1 * (0.5 - z * 0.3), rel=1e-5)
+    assert b["rmse"] == pytest.approx(1.0, rel=1e-6) and b["coverage_90"] == 1.0
+    assert a["wall_s"] >= 0.01 and b["wall_s"] >= 0.01
+    # Like for like: both models saw the very same masked cube, and the options reached them.
+    np.testing.assert_array_equal(np.isnan(fake.calls[0]["masked"]), np.isnan(fake.calls[1]["masked"]))
+    assert [c["checkpoint"] for c in fake.calls] == ["a.safetensors", None]
+    assert [c["fit_steps"] for c in fake.calls] == [0, 5]
+    assert all(c["seed"] == 3 and c["options"] == {"device": "cpu"} for c in fake.calls)
+    assert isinstance(fake.calls[0]["valid"], xr.DataArray) and fake.calls[0]["valid"].dtype == bool
+    hidden = np.isnan(fake.calls[0]["masked"]) & np.isfinite(ds["sst"].values)
+    assert hidden.sum() == res["hidden_cells"]
+    observed = int((np.isfinite(ds["sst"].values) & ds["valid"].values).sum())
+    assert res["hidden_fraction"] == pytest.approx(res["hidden_cells"] / observed)
+
+
+def test_evaluate_errors_name_the_problem():
+    ds = cube()
+    fake = Oracle(ds["sst"], {"a": (0.5, 0.3)})
+    with pytest.raises(ValueError, match="unknown variable 'chl'"):
+        evaluate(ds, "chl", ["a"], infill_fn=fake)
+    with pytest.raises(ValueError, match="model 'nope'") as info:
+        evaluate(ds, "sst", ["a", "nope"], infill_fn=fake)
+    assert "\n" not in str(info.value)
+    empty = ds.assign(sst=ds["sst"].where(~ds["valid"]))
+    with pytest.raises(ValueError, match="no observed cell"):
+        evaluate(empty, "sst", ["a"], infill_fn=fake)
+
+
+# -- tables and the command behind ``geonp evaluate`` ---------------------------------------------
+
+def test_write_table_round_trips(tmp_path):
+    ds = cube(steps=4)
+    res = evaluate(ds, "sst", ["a", "b"], infill_fn=Oracle(ds["sst"], {"a": (0.5, 0.3), "b": (1.0, 1.0)}))
+    md, js = write_table([res], tmp_path / "t.md", header="# Title\n\n- device: test")
+    assert js == tmp_path / "t.json"
+    text = md.read_text()
+    assert text.startswith("# Title") and "| model | RMSE |" in text
+    assert json.loads(js.read_text())["results"][0] == json.loads(json.dumps(res))
+    table = [line for line in text.splitlines() if line.startswith("| a ") or line.startswith("| b ")]
+    for line, row in zip(table, res["rows"]):
+        cells = [c.strip().strip("*") for c in line.strip("|").split("|")]
+        assert float(cells[1]) == pytest.approx(row["rmse"], rel=1e-3)
+        assert float(cells[4]) == pytest.approx(row["crps"], rel=1e-3)
+        assert int(cells[-1]) == row["n"]
+    assert "**0.5**" in table[0]  # the best RMSE is bold
+
+
+def test_run_evaluate_tiny_netcdf(tmp_path):
+    path = tmp_path / "tiny.nc"
+    ds = cube(steps=4)
+    ds.assign(valid=ds["valid"].astype(np.int8)).rename(valid="mask").to_netcdf(path)
+    with pytest.raises(ValueError) as info:
+        run_evaluate(str(path), ["chl"], ["a"], str(tmp_path / "out.md"))
+    message = str(info.value)
+    assert "\n" not in message and str(path) in message and "'chl'" in message
+
+    fake = Oracle(ds["sst"], {"a": (0.5, 0.3)})
+    results = run_evaluate(str(path), ["sst"], ["a"], str(tmp_path / "out.md"), valid_mask="mask", infill_fn=fake)
+    assert results[0]["rows"][0]["rmse"] == pytest.approx(0.5, rel=1e-6)
+    assert (tmp_path / "out.md").exists() and (tmp_path / "out.json").exists()
+    with pytest.raises(ValueError, match=r"tiny\.nc.*model 'nope'"):
+        run_evaluate(str(path), ["sst"], ["nope"], str(tmp_path / "out.md"), valid_mask="mask", infill_fn=fake)
+
+
+# -- real clouds --------------------------------------------------------------------------------
+
+def test_hide_cells_on_real_alboran_sst():
+    from geonp.data.satellite import open_satellite
+
+    ds = open_satellite(real_file(ALBORAN), "SST", valid_mask="mask")
+    da, valid = ds["SST"].compute(), ds["valid"].compute()
+    masked, hidden = hide_cells(da, valid, np.random.default_rng(0))
+    sea = valid.values
+    observed = np.isfinite(da.transpose("time", "lat", "lon").values) & sea
+    h = hidden.transpose("time", "lat", "lon").values
+    assert not (h & ~sea).any() and not (h & ~observed).any()
+    donors = hidden.attrs["geonp_donor"]
+    for t in range(len(donors)):
+        if observed[t].sum() >= 50:
+            share = h[t].sum() / observed[t].sum()
+            assert 0.1 <= share <= 0.5, (t, share, donors[t])
+    assert (donors >= 0).sum() >= 8  # real gap patterns, not synthetic clouds, on nearly every day
+
+
+def test_evaluate_with_the_real_engine():
+    pytest.importorskip("geonp.fill.engine", reason="the infill engine is not in this tree")
+    scene = cube(steps=1).isel(time=0)  # the engine adds a time axis to a single scene: scored all the same
+    res = evaluate(scene, "sst", ["linear"], options={"device": "cpu"})
+    row = res["rows"][0]
+    assert row["n"] > 0.9 * res["hidden_cells"] and math.isfinite(row["rmse"]) and row["wall_s"] > 0
+    with pytest.raises(ValueError, match="unknown model 'nope'"):  # checked before any model runs
+        evaluate(scene, "sst", ["linear", "nope"])

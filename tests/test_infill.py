@@ -1,0 +1,97 @@
+"""The infill engine: window grid, blending, block independence, output contents, fine-tuning."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import smooth_cube
+
+import geonp
+from geonp.data.windows import Axis, WindowSpec
+from geonp.fill.output import FLAG_INFILLED, FLAG_OBSERVED, FLAG_OUTSIDE
+
+
+@pytest.mark.parametrize("n, core, overlap", [(50, 16, 6), (16, 16, 0), (37, 8, 7), (5, 3, 2)])
+def test_axis_weights_partition_unity_and_touching(n: int, core: int, overlap: int) -> None:
+    axis = Axis(n, core, overlap, halo=4)
+    total = np.zeros(n)
+    for k in range(axis.count):
+        s, e = axis.predicted(k)
+        total[s:e] += axis.weights(k)
+        assert 0 <= axis.seen(k)[0] <= s and e <= axis.seen(k)[1] <= n
+    np.testing.assert_allclose(total, 1.0)
+    for start in range(n):
+        for stop in range(start + 1, n + 1):
+            brute = [k for k in range(axis.count) if axis.predicted(k)[0] < stop and axis.predicted(k)[1] > start]
+            assert list(axis.touching(start, stop)) == brute
+
+
+def test_output_keeps_observed_flags_and_uncertainty(tiny_checkpoint: str) -> None:
+    ds = smooth_cube()
+    out = geonp.infill(ds, "sst", model="te-pt-tnp", checkpoint=tiny_checkpoint)
+    obs = np.isfinite(ds.sst.values) & ds.valid.values
+    flag, value, std = out.sst_flag.values, out.sst.values, out.sst_std.values
+    assert (flag[obs] == FLAG_OBSERVED).all() and (value[obs] == ds.sst.values[obs]).all() and (std[obs] == 0).all()
+    gaps = ~np.isfinite(ds.sst.values) & ds.valid.values
+    assert (flag[gaps] == FLAG_INFILLED).all() and np.isfinite(value[gaps]).all() and (std[gaps] > 0).all()
+    assert (flag[:, :5, :5] == FLAG_OUTSIDE).all() and np.isnan(value[:, :5, :5]).all()
+    assert np.isnan(std[:, :5, :5]).all()
+    assert out.sst_std.attrs["standard_name"] == "sea_surface_temperature standard_error"
+    assert out.sst.attrs["ancillary_variables"] == "sst_std sst_flag"
+    assert out.attrs["Conventions"] == "CF-1.11" and len(out.attrs["geonp_checkpoint_sha256"]) == 64
+
+
+def test_blocks_do_not_change_the_answer(tiny_checkpoint: str) -> None:
+    """The window grid is global: chunking the input differently gives the same output (no seams)."""
+    ds = smooth_cube()
+    whole = geonp.infill(ds.chunk({"time": 3, "lat": 30, "lon": 40}), "sst", checkpoint=tiny_checkpoint)
+    pieces = geonp.infill(ds.chunk({"time": 1, "lat": 7, "lon": 13}), "sst", checkpoint=tiny_checkpoint)
+    np.testing.assert_allclose(whole.sst.values, pieces.sst.values, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(whole.sst_std.values, pieces.sst_std.values, rtol=1e-4, atol=1e-5)
+
+
+def test_linear_field_is_recovered_by_baselines() -> None:
+    ds = smooth_cube(t=1)
+    _, rr, cc = np.meshgrid(np.arange(1), np.arange(30), np.arange(40), indexing="ij")
+    plane = (10 + 0.05 * rr - 0.03 * cc).astype(np.float32)
+    ds["sst"] = ds.sst.copy(data=np.where(np.isfinite(ds.sst.values), plane, np.nan))
+    out = geonp.infill(ds, "sst", model="linear")
+    gaps = (out.sst_flag.values == FLAG_INFILLED)
+    assert np.abs(out.sst.values[gaps] - plane[gaps]).max() < 1e-3
+
+
+def test_mixture_blending_spreads_between_disagreeing_windows(tiny_checkpoint: str) -> None:
+    """Where windows overlap the variance is the mixture's: never below the blended member variances."""
+    ds = smooth_cube(t=1, r=40, c=40)
+    spec = WindowSpec(core=(1, 8, 8), overlap=(0, 6, 6), halo=(0, 4, 4))
+    out = geonp.infill(ds, "sst", checkpoint=tiny_checkpoint, window=spec)
+    gaps = out.sst_flag.values == FLAG_INFILLED
+    assert np.isfinite(out.sst_std.values[gaps]).all() and (out.sst_std.values[gaps] > 0).all()
+
+
+def test_no_gaps_gives_the_input_with_flags_and_a_note(tiny_checkpoint: str) -> None:
+    ds = smooth_cube().fillna(1.0)
+    with pytest.warns(UserWarning, match="no gaps"):
+        out = geonp.infill(ds, "sst", checkpoint=tiny_checkpoint)
+    assert "no gaps" in out.attrs["comment"]
+    np.testing.assert_array_equal(out.sst.values[:, 5:, 5:], ds.sst.values[:, 5:, 5:])
+    assert (out.sst_flag.values[:, 5:, 5:] == FLAG_OBSERVED).all()
+
+
+def test_fit_steps_change_the_model_deterministically(tiny_checkpoint: str) -> None:
+    ds = smooth_cube()
+    base = geonp.infill(ds, "sst", checkpoint=tiny_checkpoint)
+    a = geonp.infill(ds, "sst", checkpoint=tiny_checkpoint, fit_steps=3, seed=1)
+    b = geonp.infill(ds, "sst", checkpoint=tiny_checkpoint, fit_steps=3, seed=1)
+    np.testing.assert_array_equal(a.sst.values, b.sst.values)
+    assert not np.allclose(a.sst.values, base.sst.values)
+    assert a.attrs["geonp_fit_steps"] == 3
+
+
+def test_single_scene_and_projected_grid(tiny_checkpoint: str) -> None:
+    ds = smooth_cube(t=1).isel(time=0, drop=True).rename({"lat": "y", "lon": "x"})
+    y, x = np.meshgrid(np.arange(30), np.arange(40), indexing="ij")
+    ds = ds.assign_coords(lat=(("y", "x"), 40 + 0.1 * y + 0.01 * x), lon=(("y", "x"), 0.1 * x - 0.01 * y))
+    out = geonp.infill(ds, "sst", checkpoint=tiny_checkpoint)
+    assert out.sst.dims == ("time", "y", "x") and out.sizes["time"] == 1
+    assert "lat" in out.coords and out.lat.dims == ("y", "x")

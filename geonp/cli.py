@@ -27,9 +27,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"geonp {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    demo = sub.add_parser("demo", help="run the embedded default job (offline, about a minute on 2 CPU cores)")
+    demo = sub.add_parser("demo", help="fill synthetic clouds over HadISST SST (offline, ~1 minute on 2 CPU cores)")
     demo.add_argument("-o", "--out", default="geonp-demo", help="output folder (default: %(default)s)")
-    demo.add_argument("--steps", type=int, default=600, help="training steps (default: %(default)s)")
+    demo.add_argument("--fit-steps", type=int, default=30,
+                      help="fine-tuning steps on the scene's visible cells (default: %(default)s)")
     demo.add_argument("--device", default="auto", help="auto, cpu or cuda (default: %(default)s)")
     demo.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
 
@@ -118,7 +119,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from geonp.demo import run_demo
 
-        run_demo(out=args.out, steps=args.steps, device=args.device, overwrite=args.overwrite)
+        run_demo(out=args.out, fit_steps=args.fit_steps, device=args.device, overwrite=args.overwrite)
     elif args.command == "train":
         from geonp.train import TrainConfig, train
 

@@ -1,0 +1,91 @@
+"""Train the weights bundled with geonp and export them into the package.
+
+    python -m pipelines.pretrain                      # every config in pipelines/configs/bundled/
+    python -m pipelines.pretrain --models te-pt-tnp   # one of them
+    python -m pipelines.pretrain --export-only        # re-export finished runs
+
+Each config is a ``geonp train`` configuration with ``data: {name: windows}`` (infill-shaped
+windows from synthetic random fields and real reanalysis fields, validation on ERA5 over another
+region). A run that stopped (killed, or its time budget spent) is resumed, then its
+``model.safetensors`` (which carries the window scaling in its ``infill`` header) is copied to
+``geonp/weights/<model>.safetensors`` and a row goes into ``pipelines/results/pretrain_<device>.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import torch
+import yaml
+
+from geonp.checkpoint import read_checkpoint
+from geonp.train import TrainConfig, resolve_device, train
+from pipelines.provenance import REPO, header
+
+CONFIGS = REPO / "pipelines" / "configs" / "bundled"
+WEIGHTS = REPO / "geonp" / "weights"
+
+
+def _configs(models: list[str] | None) -> list[Path]:
+    paths = sorted(CONFIGS.glob("*.yaml"))
+    chosen = [p for p in paths if models is None or yaml.safe_load(p.read_text())["model"] in models]
+    if not chosen:
+        raise SystemExit(f"no bundled config for {models} in {CONFIGS}")
+    return chosen
+
+
+def _run(path: Path, export_only: bool) -> dict:
+    cfg = TrainConfig.from_yaml(path)
+    out = REPO / cfg.out_dir
+    summary = out / "summary.json"
+    if not export_only:
+        finished = summary.exists() and json.loads(summary.read_text())["step"] >= cfg.steps
+        if not finished:
+            train(cfg, resume=(out / "train_state.safetensors").exists() or (out / "state.safetensors").exists(),
+                  progress=False)
+    model = out / "model.safetensors"
+    if not model.exists():
+        raise SystemExit(f"{model}: no trained model to export (run without --export-only)")
+    tensors, meta = read_checkpoint(model)
+    if "infill" not in meta:
+        raise SystemExit(f"{model}: no infill header; train it with data: {{name: windows}}")
+    WEIGHTS.mkdir(exist_ok=True)
+    shutil.copyfile(model, WEIGHTS / f"{cfg.model}.safetensors")
+    done = json.loads(summary.read_text())
+    return {"model": cfg.model, "preset": cfg.preset, "parameters": sum(t.numel() for t in tensors.values()),
+            "steps": done["step"], "tasks": done["step"] * cfg.batch_size, "elapsed_s": round(done["elapsed_s"]),
+            "val_nll": round(meta["val_nll"], 4), "device": done["device"], "config": str(path.relative_to(REPO)),
+            "size_kb": round((WEIGHTS / f"{cfg.model}.safetensors").stat().st_size / 1024)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="*", default=None, help="model names (default: every bundled config)")
+    parser.add_argument("--export-only", action="store_true", help="export finished runs without training")
+    args = parser.parse_args()
+    device = resolve_device("auto")
+    rows = [_run(p, args.export_only) for p in _configs(args.models)]
+    results = REPO / "pipelines" / "results" / f"pretrain_{device.type}.json"
+    old = json.loads(results.read_text())["rows"] if results.exists() else []
+    merged = {r["model"]: r for r in old} | {r["model"]: r for r in rows}
+    budget = "per config: its steps and time_budget_s (see the config files)"
+    text = header("Bundled weights (geonp/weights)", device, budget,
+                  {"data": "infill windows: synthetic random fields + ERA5/ERA5-Land/ERSST/WFDE5 (training), "
+                           "ERA5 USA + synthetic of another seed (validation)"})
+    cols = ["model", "preset", "parameters", "steps", "tasks", "elapsed_s", "val_nll", "size_kb", "device", "config"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in merged.values()]
+    note = ("\nval_nll: mean negative log-likelihood per hidden cell of the validation windows, in units of the "
+            "window's standardised values (a model that ignores the context scores about 1.42).\n")
+    md = text + "\n" + "\n".join(lines) + "\n" + note
+    results.with_suffix(".md").write_text(md)
+    results.write_text(json.dumps({"header": text, "rows": list(merged.values())}, indent=2))
+    print(md)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    main()

@@ -31,7 +31,7 @@ SCENES = {
     "olci": ("satellite/olci_chl_north_sea_2017-01.zarr", "conc_chl", {},
              {"lat": slice(400, 600), "lon": slice(800, 1100)}),
     "modis": ("satellite/modis_lst_brazil_2019-11-01.nc", "LST_Day_1km", {},
-              {"y": slice(300, 500), "x": slice(300, 500)}),
+              {"y": slice(800, 1000), "x": slice(0, 300)}),
 }
 MODELS = ["te-pt-tnp", "linear", "kriging"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from pipelines import memory, synthetic_gp
+from pipelines import infill_benchmark, memory, synthetic_gp
 
 
 def test_synthetic_gp_pipeline_writes_table(tmp_path, monkeypatch):
@@ -27,3 +27,17 @@ def test_memory_pipeline_reports_each_model(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     row = memory.measure("te-pt-tnp", memory.MODES[1], memory.torch.device("cpu"), nc=50, nt=20, unchunked=False)
     assert row["peak_bytes"] > 0 and row["seconds"] > 0
+
+
+def test_infill_benchmark_measures_a_small_cube(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "infill.md"
+    infill_benchmark.main(["--size-gb", "0.0001", "--grid", "64", "--chunk", "32", "--gap-cells", "200",
+                           "--gap-steps", "2", "--models", "linear", "--scene", "48", "--tmp", str(tmp_path),
+                           "--out", str(out)])
+    record = json.loads(out.with_suffix(".json").read_text())
+    memory = record["memory"]
+    assert memory["shape"] == [6, 64, 64] and memory["blocks"] == 24 and memory["filled"] == memory["gap_cells"] > 0
+    assert 0 < memory["import_rss"] < memory["peak_rss"] < infill_benchmark.GOAL_BYTES
+    assert record["throughput"][0]["filled"] == record["throughput"][0]["targets"] > 0
+    assert "| linear |" in out.read_text() and not list(tmp_path.glob("geonp-infill-bench-*"))

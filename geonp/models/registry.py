@@ -49,6 +49,7 @@ def _ensure_loaded() -> None:
     import geonp.models.baselines  # noqa: F401
     import geonp.models.gp  # noqa: F401
     import geonp.models.interpolation  # noqa: F401
+    import geonp.models.kriging  # noqa: F401
     import geonp.models.tnp  # noqa: F401
 
 

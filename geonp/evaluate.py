@@ -145,13 +145,13 @@ def evaluate(
         ds: the cube (``open_cube``/``open_satellite`` convention); ``ds[variable]`` has dims
             ``([time,] lat, lon)`` or ``([time,] y, x)``.
         variable: the field to evaluate.
-        models: model names for ``geonp.infill.infill`` (``"te-pt-tnp"``, ``"linear"``, ...).
+        models: model names for ``geonp.fill.engine.infill`` (``"te-pt-tnp"``, ``"linear"``, ...).
         valid_mask: the valid area (a variable of ``ds``, a file, a ``(file, variable)`` pair or a
             DataArray); None: ``ds["valid"]`` if present, else the cells observed at least once.
         checkpoints: ``{model: checkpoint path}`` for the models that need one.
         fit_steps: fine-tuning steps, for every model or ``{model: steps}`` (missing: 0).
         seed: seeds the hidden cells and each infill call.
-        infill_fn: replaces ``geonp.infill.infill`` (same signature); for tests and wrappers.
+        infill_fn: replaces ``geonp.fill.engine.infill`` (same signature); for tests and wrappers.
         options: extra keyword arguments for every infill call (``device``, ...).
         max_hidden, cover: as in ``hide_cells``.
 
@@ -314,12 +314,8 @@ def _engine(models: Sequence[str]) -> Callable[..., xr.Dataset]:
     unknown = [m for m in models if m not in available()]
     if unknown:
         raise ValueError(f"unknown model {', '.join(map(repr, unknown))}; available: {', '.join(available())}")
-    try:
-        from geonp.fill.engine import infill
-    except ModuleNotFoundError as err:
-        if not (err.name or "").startswith("geonp.fill"):
-            raise
-        from geonp.infill import infill  # the layout the engine was first planned with
+    from geonp.fill.engine import infill
+
     return infill
 
 

@@ -14,12 +14,12 @@ Writes ``pipelines/results/satellite_cv.md`` and ``.json``.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 import torch
 
 from geonp.data import open_satellite
+from geonp.data.window_source import data_folder
 from geonp.evaluate import evaluate, write_table
 from geonp.train import resolve_device
 from pipelines.provenance import REPO, header
@@ -34,11 +34,6 @@ SCENES = {
               {"y": slice(800, 1000), "x": slice(0, 300)}),
 }
 MODELS = ["te-pt-tnp", "linear", "kriging"]
-
-
-def data_folder() -> Path:
-    env = os.environ.get("GEONP_DATA")
-    return Path(env) if env else REPO.parent / "shared" / "data"
 
 
 def main() -> None:

@@ -100,13 +100,10 @@ class WindowSource:
                                            "steps_per_unit": self.spec.steps_per_unit,
                                            "window": self.spec.as_dict()}}
 
-    def _slab_shape(self) -> tuple[int, int, int]:
-        return tuple(c + o + 2 * h for c, o, h in zip(self.spec.core, self.spec.overlap, self.spec.halo))
-
     def _window(self, rng: np.random.Generator, fields: list, synthetic: float) -> WindowTask:
         while True:
             if rng.random() < synthetic or not fields:
-                values = synthetic_field(self._slab_shape(), rng)
+                values = synthetic_field(self.spec.view, rng)
                 valid, spread = np.ones(values.shape, bool), float(np.nanstd(values)) or 1.0
             else:
                 values, valid, spread = fields[int(rng.integers(len(fields)))]

@@ -76,6 +76,11 @@ class WindowSpec:
         if self.max_context < 1 or self.cells_per_unit <= 0 or self.steps_per_unit <= 0:
             raise ValueError("max_context, cells_per_unit and steps_per_unit must be positive")
 
+    @property
+    def view(self) -> tuple[int, int, int]:
+        """Cells one window sees along (time, rows, cols): its prediction region plus the halo on both sides."""
+        return tuple(c + o + 2 * h for c, o, h in zip(self.core, self.overlap, self.halo))  # type: ignore[return-value]
+
     def as_dict(self) -> dict:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 

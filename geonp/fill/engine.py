@@ -25,7 +25,7 @@ from geonp import __version__
 from geonp.data.windows import WindowSpec, canonical
 from geonp.fill.blocks import BlockResult, fill_block
 from geonp.fill.field import Field, select_variables, summarise, valid_area
-from geonp.fill.output import InfillStore, output_template
+from geonp.fill.output import InfillStore, chunk_regions, output_template
 from geonp.fill.predictor import ModelChoice, choose_model
 
 
@@ -177,7 +177,7 @@ def infill(ds: xr.Dataset, variables: str | list[str] | None = None, model: str 
         value = np.empty(f.shape, np.float32)
         std = np.empty(f.shape, np.float32)
         flag = np.empty(f.shape, np.int8)
-        for key in _blocks(f):
+        for _, key in chunk_regions(f.data.chunks):
             r = p.fill(f, key)
             value[key], std[key], flag[key] = r.value, r.std, r.flag
         dims = f.data.dims
@@ -187,12 +187,6 @@ def infill(ds: xr.Dataset, variables: str | list[str] | None = None, model: str 
     result = xr.Dataset(out, coords=template.coords)
     result.attrs = provenance(p, options.get("source", "in-memory dataset"))
     return result
-
-
-def _blocks(f: Field):
-    bounds = [np.concatenate([[0], np.cumsum(c)]) for c in f.data.chunks]
-    for i in np.ndindex(*(len(b) - 1 for b in bounds)):
-        yield tuple(slice(int(b[j]), int(b[j + 1])) for b, j in zip(bounds, i))
 
 
 def infill_to_zarr(ds: xr.Dataset, out: str | Path, variables: str | list[str] | None = None,

@@ -66,7 +66,7 @@ def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, steps:
 
 def _draw(f: Field, spec: WindowSpec, rng: np.random.Generator, elevation: np.ndarray | None) -> WindowTask | None:
     """One training window at a random place of field ``f``, reading just the slab it needs."""
-    size = [min(c + o + 2 * h, n) for c, o, h, n in zip(spec.core, spec.overlap, spec.halo, f.shape)]
+    size = [min(v, n) for v, n in zip(spec.view, f.shape)]
     key = tuple(slice(s, s + z) for s, z in ((int(rng.integers(0, n - z + 1)), z) for n, z in zip(f.shape, size)))
     with dask.config.set(scheduler="synchronous"):
         values = np.asarray(f.data[key].values, np.float64)

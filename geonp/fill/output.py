@@ -35,6 +35,13 @@ PROGRESS = "geonp_blocks_done"
 STATUS = "geonp_status"
 
 
+def chunk_regions(chunks: tuple[tuple[int, ...], ...]) -> Iterator[tuple[tuple[int, ...], tuple[slice, ...]]]:
+    """``(block index, slices)`` for every block of an array chunked as ``chunks`` (dask style), in order."""
+    bounds = [np.concatenate([[0], np.cumsum(c)]) for c in chunks]
+    for index in itertools.product(*(range(len(c)) for c in chunks)):
+        yield index, tuple(slice(int(b[i]), int(b[i + 1])) for b, i in zip(bounds, index))
+
+
 def output_template(cube: xr.Dataset, variables: list[str]) -> xr.Dataset:
     """A lazy Dataset with the output's variables, attributes and chunks (no data computed).
 
@@ -127,9 +134,8 @@ class InfillStore:
 
     def blocks(self) -> Iterator[tuple[tuple[int, ...], dict[str, slice]]]:
         """``(block index, {dim: slice})`` for every block, in order."""
-        bounds = [np.concatenate([[0], np.cumsum(c)]) for c in self.chunks]
-        for index in itertools.product(*(range(len(c)) for c in self.chunks)):
-            yield index, {d: slice(int(b[i]), int(b[i + 1])) for d, b, i in zip(self.dims, bounds, index)}
+        for index, key in chunk_regions(self.chunks):
+            yield index, dict(zip(self.dims, key))
 
     def done(self) -> np.ndarray:
         """One bool per block, True where the block is written."""

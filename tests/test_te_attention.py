@@ -75,3 +75,22 @@ def test_pseudo_locations_start_as_weighted_average_of_context():
     for b in range(2):
         present = xc[b, mask_c[b], 0]
         assert (v[b, :, 0] >= present.min() - 1e-5).all() and (v[b, :, 0] <= present.max() + 1e-5).all()
+
+
+def test_distance_prior_makes_far_keys_negligible_and_can_be_switched_off():
+    from geonp.models.te_attention import TEAttention
+
+    torch.manual_seed(0)
+    zk = torch.randn(1, 2, 16)
+    xk = torch.tensor([[[0.0, 0.0], [40.0, 0.0]]])  # one key at the query, one 40 units away
+    zq, xq = torch.randn(1, 1, 16), torch.zeros(1, 1, 2)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    near_only = torch.tensor([[True, False]])
+    with torch.no_grad():
+        on = TEAttention(16, 4, 4, 2, 8, update_locations=False, distance_prior=True)
+        both, _ = on(zq, xq, zk, xk, mask)
+        alone, _ = on(zq, xq, zk, xk, near_only)
+        torch.testing.assert_close(both, alone, atol=1e-6, rtol=1e-5)  # weight ~exp(-40^2 / 18)
+        off = TEAttention(16, 4, 4, 2, 8, update_locations=False, distance_prior=False)
+        assert not any("lengthscale" in n for n, _ in off.named_parameters())
+        assert (off(zq, xq, zk, xk, mask)[0] - off(zq, xq, zk, xk, near_only)[0]).abs().max() > 1e-3

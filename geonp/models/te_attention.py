@@ -9,6 +9,16 @@ with ``rho`` an MLP from ``H + Dx`` to ``H`` values, then a softmax over keys an
 a weighted sum of values. Tokens never see absolute locations, only differences,
 so shifting every location leaves the output unchanged.
 
+Distance prior (geonp's addition, on by default): each head's logits also get
+``-|x_n - x_m|^2 / (2 ell_h^2)`` with a learnable lengthscale ``ell_h`` per head,
+initialised log-spaced from 0.1 to 3 input units. An MLP of the differences starts out
+nearly flat, so attention begins as a plain average over all keys; with many keys
+(infill windows: hundreds of cells in 3-D) the gradient towards local attention is then
+too weak to find. Measured on infill windows (tiny te-pt-tnp, 256 context cells,
+lr 1e-3, 1 CPU thread): without the prior the training NLL stayed at 1.51 (the marginal)
+for 200 steps, te-tnp likewise for 50; with it, 1.55 -> 1.27 in 200 steps. The prior is
+a squared-distance function of the differences, so equivariance is unchanged.
+
 Query locations are updated as in Eq. 10,
 
     x_n <- x_n + (1 / N) sum_m (x_n - x_m) sum_h phi(alpha[:, n, m])[h]
@@ -53,6 +63,7 @@ class TEAttention(nn.Module):
         dim_hidden: width of the two hidden layers of ``rho`` and ``phi``.
         update_locations: apply Eq. 10 to the query locations.
         max_block_elems: memory cap, see the module docstring.
+        distance_prior: add the per-head squared-distance term, see the module docstring.
     """
 
     def __init__(
@@ -64,6 +75,7 @@ class TEAttention(nn.Module):
         dim_hidden: int,
         update_locations: bool = True,
         max_block_elems: int = DEFAULT_BLOCK_ELEMS,
+        distance_prior: bool = True,
     ) -> None:
         super().__init__()
         self.num_heads, self.head_dim, self.dim_hidden = num_heads, head_dim, dim_hidden
@@ -75,6 +87,10 @@ class TEAttention(nn.Module):
         self.to_out = nn.Linear(inner, dim)
         self.logit_mlp = mlp(num_heads + dim_x, dim_hidden, num_heads)  # rho
         self.loc_mlp = mlp(num_heads, dim_hidden, num_heads) if update_locations else None  # phi
+        # log ell_h [H]: heads start at lengthscales from fine to coarse.
+        self.log_lengthscale = (
+            nn.Parameter(torch.linspace(math.log(0.1), math.log(3.0), num_heads)) if distance_prior else None
+        )
         if self.loc_mlp is not None:
             # Start with no location updates; training switches them on as useful.
             nn.init.zeros_(self.loc_mlp[-1].weight)
@@ -125,8 +141,11 @@ class TEAttention(nn.Module):
         dots = (q @ k.transpose(-1, -2)).permute(0, 2, 3, 1)  # [B, bq, bk, H]
         # Differences are formed in full precision before any cast, so equivariance is exact.
         diff = xq[:, :, None, :] - xk[:, None, :, :]  # [B, bq, bk, Dx]
-        logits = self.logit_mlp(torch.cat([dots, diff.to(dots.dtype)], dim=-1))  # [B, bq, bk, H]
-        return logits.permute(0, 3, 1, 2).float()
+        logits = self.logit_mlp(torch.cat([dots, diff.to(dots.dtype)], dim=-1)).float()  # [B, bq, bk, H]
+        if self.log_lengthscale is not None:
+            dist2 = diff.float().square().sum(-1, keepdim=True)  # [B, bq, bk, 1]
+            logits = logits - 0.5 * dist2 * torch.exp(-2.0 * self.log_lengthscale.float())
+        return logits.permute(0, 3, 1, 2)
 
     def _attend_rows(
         self,

@@ -13,6 +13,9 @@ Gaussian. They differ in two switches:
   targets from the pseudo-tokens, costing O(M (Nc + Nt)) instead of
   O(Nc^2 + Nc Nt).
 
+TE models add a learnable distance prior to their attention logits by default
+(``distance_prior=False`` is the papers' exact form; see :mod:`geonp.models.te_attention`).
+
 Defaults are the TE-TNP paper's appendix F sizes (token size 128, 8 heads of
 16, 5 layers, M = 32); presets ``small`` and ``tiny`` make CPU training practical.
 """
@@ -122,10 +125,10 @@ class _TETransformerNP(_TransformerNP):
 
     @staticmethod
     def _te_blocks(num_layers: int, dim_model: int, num_heads: int, head_dim: int, dim_x: int, dim_hidden: int,
-                   update_locations: bool, max_block_elems: int) -> nn.ModuleList:
+                   update_locations: bool, max_block_elems: int, distance_prior: bool) -> nn.ModuleList:
         return nn.ModuleList(
-            TEAttentionBlock(dim_model, num_heads, head_dim, dim_x, dim_hidden,
-                             update_locations=update_locations, max_block_elems=max_block_elems)
+            TEAttentionBlock(dim_model, num_heads, head_dim, dim_x, dim_hidden, update_locations=update_locations,
+                             max_block_elems=max_block_elems, distance_prior=distance_prior)
             for _ in range(num_layers)
         )
 
@@ -136,9 +139,11 @@ class TETNP(_TETransformerNP):
 
     def __init__(self, dim_x: int, dim_y: int, dim_model: int = 128, num_heads: int = 8, head_dim: int = 16,
                  num_layers: int = 5, dim_kernel_hidden: int = 128, update_locations: bool = True,
-                 max_block_elems: int = DEFAULT_BLOCK_ELEMS, min_scale: float = 1e-3) -> None:
+                 max_block_elems: int = DEFAULT_BLOCK_ELEMS, min_scale: float = 1e-3,
+                 distance_prior: bool = True) -> None:
         super().__init__(dim_x, dim_y, dim_model, min_scale)
-        args = (num_layers, dim_model, num_heads, head_dim, dim_x, dim_kernel_hidden, update_locations, max_block_elems)
+        args = (num_layers, dim_model, num_heads, head_dim, dim_x, dim_kernel_hidden, update_locations, max_block_elems,
+                distance_prior)
         self.self_blocks = self._te_blocks(*args)
         self.cross_blocks = self._te_blocks(*args)
 
@@ -164,13 +169,14 @@ class TEPTTNP(_TETransformerNP):
     def __init__(self, dim_x: int, dim_y: int, dim_model: int = 128, num_heads: int = 8, head_dim: int = 16,
                  num_layers: int = 5, num_pseudo: int = 32, dim_kernel_hidden: int = 128,
                  update_locations: bool = True, max_block_elems: int = DEFAULT_BLOCK_ELEMS,
-                 min_scale: float = 1e-3) -> None:
+                 min_scale: float = 1e-3, distance_prior: bool = True) -> None:
         super().__init__(dim_x, dim_y, dim_model, min_scale)
         self.pseudo = nn.Parameter(torch.randn(num_pseudo, dim_model))  # u0 [M, Dz]
         self.pseudo_offset = nn.Parameter(torch.randn(num_pseudo, dim_x))  # v0 [M, Dx]
         self.init_q = nn.Linear(dim_model, dim_model, bias=False)  # psi's query/key maps
         self.init_k = nn.Linear(dim_model, dim_model, bias=False)
-        args = (num_layers, dim_model, num_heads, head_dim, dim_x, dim_kernel_hidden, update_locations, max_block_elems)
+        args = (num_layers, dim_model, num_heads, head_dim, dim_x, dim_kernel_hidden, update_locations, max_block_elems,
+                distance_prior)
         self.to_pseudo, self.to_context, self.to_target = (self._te_blocks(*args) for _ in range(3))
 
     def initial_pseudo_locations(self, zc: torch.Tensor, xc: torch.Tensor, mask_c: torch.Tensor) -> torch.Tensor:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
-from pipelines import infill_benchmark, memory, synthetic_gp
+from pipelines import infill_benchmark, memory, scaling, synthetic_gp
 
 
 def test_synthetic_gp_pipeline_writes_table(tmp_path, monkeypatch):
@@ -41,3 +42,20 @@ def test_infill_benchmark_measures_a_small_cube(tmp_path, monkeypatch):
     assert 0 < memory["import_rss"] < memory["peak_rss"] < infill_benchmark.GOAL_BYTES
     assert record["throughput"][0]["filled"] == record["throughput"][0]["targets"] > 0
     assert "| linear |" in out.read_text() and not list(tmp_path.glob("geonp-infill-bench-*"))
+
+
+def test_scaling_pipeline_times_cells_and_records_oom(tmp_path, monkeypatch):
+    # Cells run as subprocesses of `python -m pipelines.scaling`: from the repository root.
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    out = tmp_path / "scaling.md"
+    scaling.main(["--models", "tnp", "--sizes", "100", "200", "--sweeps", "both", "--preset", "tiny",
+                  "--out", str(out)])
+    record = json.loads(out.with_suffix(".json").read_text())["both"]["tnp"]
+    assert [record[k]["status"] for k in ("100", "200")] == ["ok", "ok"]
+    assert record["200"]["seconds"] > 0 and record["200"]["peak_bytes"] > 50 * 2**20
+    assert "## Table 3" in out.read_text()
+    # A limit below what Python + torch need: the first cell is OOM and the larger one not run.
+    scaling.main(["--models", "tnp", "--sizes", "100", "200", "--sweeps", "context", "--preset", "tiny",
+                  "--mem-limit-gb", "0.05", "--out", str(out)])
+    record = json.loads(out.with_suffix(".json").read_text())["context"]["tnp"]
+    assert record["100"]["status"].startswith("OOM") and record["200"]["status"].startswith("not run (OOM")

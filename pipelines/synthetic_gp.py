@@ -31,13 +31,14 @@ from geonp.data.synthetic import fixed_tasks, make_generator
 from geonp.metrics import mean_and_stderr, task_scores
 from geonp.models import build
 from geonp.train import TrainConfig, resolve_device, train
-from pipelines.provenance import header
+from pipelines.provenance import git_commit, header
 
 SHIFTS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 TEST_SEED = 2_000_003  # distinct from training (0) and validation (1_000_003) streams
 PAPER = {  # TE-TNP paper Table 5, full budget (500 epochs x 16,000 tasks), Δ = 0 and 1.0
     "te-pt-tnp": "-0.46 / -0.46 (M32)", "te-tnp": "-0.47 / -0.47", "tnp": "-0.48 / -0.57",
     "pt-tnp": "-0.48 / -0.63 (M32)", "cnp": "-0.69 / -1.08", "rcnp": "-0.58 / -0.58",
+    "convcnp": "-0.46 / -0.46",
 }
 
 
@@ -66,7 +67,7 @@ def run_one(args: argparse.Namespace, name: str) -> dict:
     ll = evaluate(model, tasks, device)
     return {"model": name, "preset": "paper" if name == "gp" else args.preset, "steps": steps,
             "train_s": round(train_s, 1), "eval_s": round(time.perf_counter() - start - train_s, 1),
-            "num_test_tasks": sum(len(b) for b in tasks), "log_likelihood": ll}
+            "num_test_tasks": sum(len(b) for b in tasks), "log_likelihood": ll, "commit": git_commit()}
 
 
 def write_table(args: argparse.Namespace, records: list[dict]) -> str:
@@ -76,13 +77,16 @@ def write_table(args: argparse.Namespace, records: list[dict]) -> str:
               f"({args.max_steps * args.batch_size} tasks), preset `{args.preset}`; "
               f"gp: {args.gp_fit_steps} Adam steps per task, fitted on CPU")
     lines = [header("Synthetic 1-D GP regression: test log-likelihood vs input shift Δ", device, budget), "",
-             "Mean log-likelihood per target point (nats, higher is better) ± standard error over test tasks.", "",
-             "| model | steps | train s | tasks | " + " | ".join(f"Δ={s:.1f}" for s in SHIFTS) + " | paper Δ=0 / Δ=1 |",
-             "|---" * (5 + len(SHIFTS)) + "|"]
+             "Mean log-likelihood per target point (nats, higher is better) ± standard error over test tasks. "
+             "The commit column says which run produced each row (`--reuse` keeps rows of earlier runs); "
+             "train s was measured under that run's load.", "",
+             "| model | steps | train s | tasks | " + " | ".join(f"Δ={s:.1f}" for s in SHIFTS)
+             + " | paper Δ=0 / Δ=1 | commit |",
+             "|---" * (6 + len(SHIFTS)) + "|"]
     for r in records:
         cells = [f"{m:.3f} ± {se:.3f}" for m, se in (r["log_likelihood"][f"{s:.1f}"] for s in SHIFTS)]
         lines.append(f"| {r['model']} | {r['steps']} | {r['train_s']:.0f} | {r['num_test_tasks']} | "
-                     + " | ".join(cells) + f" | {PAPER.get(r['model'], '–')} |")
+                     + " | ".join(cells) + f" | {PAPER.get(r['model'], '–')} | {r.get('commit', '–')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -100,6 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--jobs", type=int, default=1, help="models trained at once (subprocesses)")
     p.add_argument("--run-dir", default="runs/synthetic_gp")
     p.add_argument("--out", default="pipelines/results/synthetic_gp_cpu.md")
+    p.add_argument("--reuse", action="store_true",
+                   help="keep the rows of models whose record already exists in --run-dir (no retraining)")
     p.add_argument("--json-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     run_dir = Path(args.run_dir)
@@ -108,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
         (name,) = args.models
         (run_dir / f"{name}.json").write_text(json.dumps(run_one(args, name), indent=2))
         return
-    pending = list(args.models)
+    pending = [m for m in args.models if not (args.reuse and (run_dir / f"{m}.json").exists())]
     running: dict[subprocess.Popen, str] = {}
     failed = []
     while pending or running:
@@ -135,7 +141,7 @@ def _worker_command(args: argparse.Namespace, name: str) -> list[str]:
     """The subprocess that trains and scores one model with the parent's settings."""
     cmd = [sys.executable, "-m", "pipelines.synthetic_gp", "--json-only", "--models", name]
     for key, value in vars(args).items():
-        if key not in ("models", "json_only", "jobs") and value is not None:
+        if key not in ("models", "json_only", "jobs", "reuse") and value is not None:
             cmd += [f"--{key.replace('_', '-')}", str(value)]
     return cmd
 

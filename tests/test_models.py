@@ -9,7 +9,7 @@ from conftest import random_tasks
 
 from geonp.models import available, build, load, save
 
-NAMES = ["tnp", "pt-tnp", "te-tnp", "te-pt-tnp", "cnp", "rcnp", "gp"]
+NAMES = ["tnp", "pt-tnp", "te-tnp", "te-pt-tnp", "cnp", "rcnp", "gp", "convcnp"]
 TE_NAMES = ["te-tnp", "te-pt-tnp", "rcnp", "gp"]
 NON_TE_NAMES = ["tnp", "pt-tnp", "cnp"]
 

@@ -47,6 +47,7 @@ def register(name: str, presets: dict[str, dict[str, Any]] | None = None) -> Cal
 def _ensure_loaded() -> None:
     # Importing the model modules runs their @register decorators.
     import geonp.models.baselines  # noqa: F401
+    import geonp.models.convcnp  # noqa: F401
     import geonp.models.gp  # noqa: F401
     import geonp.models.interpolation  # noqa: F401
     import geonp.models.kriging  # noqa: F401

@@ -12,9 +12,11 @@ The grid is global (it depends on the cube's shape only), so a cell's prediction
 whichever block of the output it is computed in: blocks can run in any order, in parallel, or
 be resumed after a kill, and the result does not change.
 
-Model inputs are offsets from the window's centre in *grid units*: time in steps /
+Model inputs are offsets from the window's centre cell in *grid units*: time in steps /
 ``steps_per_unit``, rows and columns in cells / ``cells_per_unit`` (plus elevation in km when
-the model takes it). Working in grid units rather than degrees or metres is what lets one set
+the model takes it). The centre is rounded down to a whole cell, so every cell's input is a
+whole multiple of ``1 / cells_per_unit``: a lattice, which the ConvCNP's grid path needs.
+Working in grid units rather than degrees or metres is what lets one set
 of weights fill a 1 km satellite scene and a 1 degree reanalysis alike. Values are
 standardised per window by the context's mean and spread, shrunk towards the whole variable's
 spread when the window has few observations.
@@ -208,6 +210,7 @@ def inputs(flat: np.ndarray, shape: tuple[int, int, int], centre: tuple[float, f
            elevation: np.ndarray | None = None) -> np.ndarray:
     """Model inputs ``[N, Dx]`` of cells ``flat`` (flat indices into ``shape``): offsets in grid units."""
     t, r, c = np.unravel_index(flat, shape)
+    centre = np.floor(np.asarray(centre, dtype=np.float64))  # a whole cell: inputs on a lattice
     cols = [(t - centre[0]) / spec.steps_per_unit, (r - centre[1]) / spec.cells_per_unit,
             (c - centre[2]) / spec.cells_per_unit]
     if elevation is not None:

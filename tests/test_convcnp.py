@@ -23,13 +23,7 @@ from geonp.models.setconv import _window, task_grids, window_radius
 EXACT = {"atol": 1e-5, "rtol": 1e-5}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These tensors are small: a second intra-op thread only adds contention (10x slower on a busy CPU)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def lively(model):

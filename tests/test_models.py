@@ -9,9 +9,9 @@ from conftest import random_tasks
 
 from geonp.models import available, build, load, save
 
-NAMES = ["tnp", "pt-tnp", "te-tnp", "te-pt-tnp", "cnp", "rcnp", "gp", "convcnp"]
+NAMES = ["tnp", "pt-tnp", "te-tnp", "te-pt-tnp", "cnp", "rcnp", "gp", "tnp-kr", "tnp-kr-fast", "convcnp"]
 TE_NAMES = ["te-tnp", "te-pt-tnp", "rcnp", "gp"]
-NON_TE_NAMES = ["tnp", "pt-tnp", "cnp"]
+NON_TE_NAMES = ["tnp", "pt-tnp", "cnp", "tnp-kr", "tnp-kr-fast"]
 
 
 def tiny(name: str, dx: int = 1, dy: int = 1):

@@ -52,6 +52,7 @@ def _ensure_loaded() -> None:
     import geonp.models.interpolation  # noqa: F401
     import geonp.models.kriging  # noqa: F401
     import geonp.models.tnp  # noqa: F401
+    import geonp.models.tnpkr  # noqa: F401
 
 
 def available() -> list[str]:

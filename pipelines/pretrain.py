@@ -23,7 +23,7 @@ import yaml
 
 from geonp.checkpoint import read_checkpoint
 from geonp.train import TrainConfig, resolve_device, train
-from pipelines.provenance import REPO, header
+from pipelines.provenance import REPO, git_commit, header
 
 CONFIGS = REPO / "pipelines" / "configs" / "bundled"
 WEIGHTS = REPO / "geonp" / "weights"
@@ -58,7 +58,7 @@ def _run(path: Path, export_only: bool) -> dict:
     return {"model": cfg.model, "preset": cfg.preset, "parameters": sum(t.numel() for t in tensors.values()),
             "steps": done["step"], "tasks": done["step"] * cfg.batch_size, "elapsed_s": round(done["elapsed_s"]),
             "val_nll": round(meta["val_nll"], 4), "device": done["device"], "config": str(path.relative_to(REPO)),
-            "size_kb": round((WEIGHTS / f"{cfg.model}.safetensors").stat().st_size / 1024)}
+            "size_kb": round((WEIGHTS / f"{cfg.model}.safetensors").stat().st_size / 1024), "commit": git_commit()}
 
 
 def main() -> None:
@@ -75,9 +75,10 @@ def main() -> None:
     text = header("Bundled weights (geonp/weights)", device, budget,
                   {"data": "infill windows: synthetic random fields + ERA5/ERA5-Land/ERSST/WFDE5 (training), "
                            "ERA5 USA + synthetic of another seed (validation)"})
-    cols = ["model", "preset", "parameters", "steps", "tasks", "elapsed_s", "val_nll", "size_kb", "device", "config"]
+    cols = ["model", "preset", "parameters", "steps", "tasks", "elapsed_s", "val_nll", "size_kb", "device", "config",
+            "commit"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in merged.values()]
+    lines += ["| " + " | ".join(str(r.get(c, "–")) for c in cols) + " |" for r in merged.values()]
     note = ("\nval_nll: mean negative log-likelihood per hidden cell of the validation windows, in units of the "
             "window's standardised values (a model that ignores the context scores about 1.42).\n")
     md = text + "\n" + "\n".join(lines) + "\n" + note

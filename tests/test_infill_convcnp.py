@@ -60,6 +60,7 @@ def test_infill_with_a_convcnp_checkpoint(tmp_path):
     save(convcnp(), path, extra={"infill": {"cells_per_unit": 8.0}})
     ds = smooth_cube()
     out = geonp.infill(ds, "sst", model="convcnp", checkpoint=str(path), fit_steps=0)
+    assert f"'max_context': {1 << 30}" in out.attrs["geonp_window"]  # grid-path windows: no context thinning
     hole = out["sst_flag"].values == 1
     assert hole.any() and np.isfinite(out["sst"].values[hole]).all() and (out["sst_std"].values[hole] > 0).all()
     observed = out["sst_flag"].values == 0

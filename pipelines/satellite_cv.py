@@ -33,7 +33,7 @@ SCENES = {
     "modis": ("satellite/modis_lst_brazil_2019-11-01.nc", "LST_Day_1km", {},
               {"y": slice(800, 1000), "x": slice(0, 300)}),
 }
-MODELS = ["te-pt-tnp", "linear", "kriging"]
+MODELS = ["te-pt-tnp", "convcnp", "tnp-kr", "tnp-kr-fast", "linear", "kriging"]
 
 
 def main() -> None:

@@ -3,8 +3,8 @@
 The field is HadISST sea-surface temperature (August 2012, 1 degree, global) as shipped inside the
 cartopy wheel (``cartopy/data/netcdf/HadISST1_SST_update.nc``), so nothing is downloaded. The demo
 hides 30% of the ocean under smooth random clouds, fills the clouds with the bundled ``te-pt-tnp``
-weights (fine-tuned for a few steps on the scene's own visible cells) and with ``linear``
-interpolation, scores both on the hidden cells, and writes:
+weights (fine-tuned for a few steps on the scene's own visible cells), and with ``linear``
+interpolation and ``kriging`` as references, scores all on the hidden cells, and writes:
 
 * ``<out>/sst_filled.zarr`` — the te-pt-tnp infill (``sst``, ``sst_std``, ``sst_flag``), CF;
 * ``<out>/sst_map.png`` — observed, filled, 1-sigma and error maps;
@@ -24,17 +24,17 @@ import xarray as xr
 from geonp.data.clouds import random_clouds
 from geonp.metrics import gaussian_skill
 
-DEMO_MODELS = ("te-pt-tnp", "linear")
+DEMO_MODELS = ("te-pt-tnp", "linear", "kriging")
 CLOUD_COVER = 0.3
 CLOUD_SCALE = 4.0  # cells (degrees): clouds a few hundred km across
 DEMO_FIT_STEPS = 30
 
 
-def demo_models() -> tuple[str, str]:
-    """``(filler, reference)``: te-pt-tnp with its bundled weights, else kriging; linear as reference."""
+def demo_models() -> tuple[str, ...]:
+    """``(filler, *references)``: te-pt-tnp with its bundled weights, else kriging; linear (and kriging)."""
     from geonp.fill.predictor import bundled_checkpoint
 
-    return DEMO_MODELS if bundled_checkpoint(DEMO_MODELS[0]) else ("kriging", DEMO_MODELS[1])
+    return DEMO_MODELS if bundled_checkpoint(DEMO_MODELS[0]) else ("kriging", "linear")
 
 
 def hadisst_path() -> Path:

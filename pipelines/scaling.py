@@ -4,8 +4,9 @@ The layout follows the TNP-KR paper's Tables 1-2: one table varies the number of
 fixed context size, one the context at a fixed number of targets, and a third grows both
 together (the 10^6 context + 10^6 targets goal of ``tnp-kr-fast``). Each cell is one forward
 pass of one task (batch 1, 2-D inputs uniform on [-2, 2]^2, standard normal outputs) under
-``torch.inference_mode`` with random weights (speed does not depend on the weight values),
-after a warm-up call at 100 points, in a fresh subprocess so peaks do not mix.
+``torch.inference_mode`` with random weights (speed does not depend on the weight values) and
+TE attention blocks at infill's size, after a warm-up call at 100 points, in a fresh subprocess
+so peaks do not mix.
 
 A cell that exceeds ``--mem-limit-gb`` (resident set, watched from outside) is killed and
 recorded as OOM, like a CUDA out-of-memory error; one that runs past ``--timeout`` is recorded
@@ -28,7 +29,9 @@ from pathlib import Path
 import psutil
 import torch
 
+from geonp.fill.predictor import PREDICT_BLOCK_ELEMS
 from geonp.models import build
+from geonp.models.te_attention import set_block_elems
 from geonp.train import resolve_device
 from pipelines.provenance import header
 
@@ -63,6 +66,9 @@ def measure(name: str, preset: str, nc: int, nt: int, device: torch.device) -> d
     """One cell in this process: ``{seconds, peak_bytes}`` of one forward pass."""
     torch.manual_seed(0)
     model = build(name, dim_x=DIM_X, dim_y=1, preset=preset).to(device).eval()
+    # TE attention blocks as geonp infill sets them without autograd (the CPU presets' larger
+    # training blocks outgrow the caches: 20x slower forwards, see set_block_elems).
+    set_block_elems(model, PREDICT_BLOCK_ELEMS)
     with torch.inference_mode():
         model(*_task(100, 100, device)).loc.sum().item()  # warm-up: allocator, kernels
         inputs = _task(nc, nt, device)

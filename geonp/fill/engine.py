@@ -49,20 +49,18 @@ class Plan:
                           self.seed)
 
 
-#: Default windows for models with a grid path (ConvCNP): their cost is the grid, not the number
-#: of context cells, so larger cores waste less on overlaps and halos (a 16 x 16 core's view is
-#: 42 x 42 cells, 6.9x its area; a 64 x 64 core's 90 x 90, 2.0x) and no context is thinned.
-GRID_MODEL_WINDOW = {"core": (1, 64, 64), "max_context": 1 << 30}
-
-
 def _window_spec(window: WindowSpec | tuple | str | None, shape: tuple[int, int, int],
                  scaling: dict[str, Any], gridded: bool = False) -> WindowSpec:
     """``--window T,R,C``: the core size; default windows shrink to small cubes, explicit ones must fit.
 
-    ``gridded``: the model has a grid path, so the defaults are :data:`GRID_MODEL_WINDOW`.
+    ``gridded``: the model has a grid path (ConvCNP), whose density channel learned the context
+    density of its training windows, so it keeps their context cap (``scaling["window"]``).
+    Measured with the bundled convcnp (trained at 512): given every observed cell of 64 x 64
+    windows instead, Alboran SST RMSE was 0.311 and 90% coverage 0.67.
     """
-    base = WindowSpec(**{k: v for k, v in scaling.items() if k in ("cells_per_unit", "steps_per_unit")},
-                      **(GRID_MODEL_WINDOW if gridded else {}))
+    trained = scaling.get("window", {})
+    cap = {"max_context": int(trained["max_context"])} if gridded and "max_context" in trained else {}
+    base = WindowSpec(**{k: v for k, v in scaling.items() if k in ("cells_per_unit", "steps_per_unit")}, **cap)
     if window is None:
         return base.fitted_to(shape)
     if isinstance(window, WindowSpec):

@@ -37,13 +37,18 @@ def _configs(models: list[str] | None) -> list[Path]:
     return chosen
 
 
-def _run(path: Path, export_only: bool) -> dict:
+def _run(path: Path, export_only: bool, trained_at: str | None) -> dict:
+    """Train (unless finished or ``export_only``) and export one config; returns its table row.
+
+    ``trained_at``: the commit an earlier row recorded for this run, kept when nothing is trained now.
+    """
     cfg = TrainConfig.from_yaml(path)
     out = REPO / cfg.out_dir
     summary = out / "summary.json"
     if not export_only:
         finished = summary.exists() and json.loads(summary.read_text())["step"] >= cfg.steps
         if not finished:
+            trained_at = git_commit()
             train(cfg, resume=(out / "train_state.safetensors").exists() or (out / "state.safetensors").exists(),
                   progress=False)
     model = out / "model.safetensors"
@@ -58,7 +63,8 @@ def _run(path: Path, export_only: bool) -> dict:
     return {"model": cfg.model, "preset": cfg.preset, "parameters": sum(t.numel() for t in tensors.values()),
             "steps": done["step"], "tasks": done["step"] * cfg.batch_size, "elapsed_s": round(done["elapsed_s"]),
             "val_nll": round(meta["val_nll"], 4), "device": done["device"], "config": str(path.relative_to(REPO)),
-            "size_kb": round((WEIGHTS / f"{cfg.model}.safetensors").stat().st_size / 1024), "commit": git_commit()}
+            "size_kb": round((WEIGHTS / f"{cfg.model}.safetensors").stat().st_size / 1024),
+            "commit": trained_at or "–"}
 
 
 def main() -> None:
@@ -67,10 +73,13 @@ def main() -> None:
     parser.add_argument("--export-only", action="store_true", help="export finished runs without training")
     args = parser.parse_args()
     device = resolve_device("auto")
-    rows = [_run(p, args.export_only) for p in _configs(args.models)]
     results = REPO / "pipelines" / "results" / f"pretrain_{device.type}.json"
-    old = json.loads(results.read_text())["rows"] if results.exists() else []
-    merged = {r["model"]: r for r in old} | {r["model"]: r for r in rows}
+    old = {r["model"]: r for r in (json.loads(results.read_text())["rows"] if results.exists() else [])}
+    rows = []
+    for path in _configs(args.models):
+        name = yaml.safe_load(path.read_text())["model"]
+        rows.append(_run(path, args.export_only, old.get(name, {}).get("commit")))
+    merged = old | {r["model"]: r for r in rows}
     budget = "per config: its steps and time_budget_s (see the config files)"
     text = header("Bundled weights (geonp/weights)", device, budget,
                   {"data": "infill windows: synthetic random fields + ERA5/ERA5-Land/ERSST/WFDE5 (training), "
@@ -80,7 +89,8 @@ def main() -> None:
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(r.get(c, "–")) for c in cols) + " |" for r in merged.values()]
     note = ("\nval_nll: mean negative log-likelihood per hidden cell of the validation windows, in units of the "
-            "window's standardised values (a model that ignores the context scores about 1.42).\n")
+            "window's standardised values (a model that ignores the context scores about 1.42). commit: where "
+            "the run was trained.\n")
     md = text + "\n" + "\n".join(lines) + "\n" + note
     results.with_suffix(".md").write_text(md)
     results.write_text(json.dumps({"header": text, "rows": list(merged.values())}, indent=2))

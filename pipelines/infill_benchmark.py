@@ -51,6 +51,7 @@ from geonp.data import zarr_store
 from geonp.data.clouds import random_clouds
 from geonp.fill.output import FLAG_INFILLED, is_complete
 from geonp.fill.predictor import bundled_checkpoint
+from pipelines.memory import high_water
 from pipelines.provenance import header
 
 GOAL_BYTES = 1.5e9
@@ -166,18 +167,10 @@ def run_infill(cube: Path, out: Path, checkpoint: str, threads: int, extra: list
             "rss_trace": samples[::step]}
 
 
-def high_water(pid: int | str = "self") -> int:
-    """The kernel's peak resident set (``VmHWM``) of process ``pid``'s address space, in bytes."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 def baseline_rss(threads: int) -> int:
     """Peak RSS of a process that only imports what ``geonp infill`` imports (the floor under any run)."""
     code = ("import torch, xarray, zarr, dask.array, geonp.cli, geonp.fill.engine, geonp.models, geonp.data; "
-            "from pipelines.infill_benchmark import high_water; print(high_water())")
+            "from pipelines.memory import high_water; print(high_water())")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(threads),
                           check=True)
     return int(proc.stdout.strip().splitlines()[-1])

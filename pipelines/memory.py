@@ -38,6 +38,14 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * resource.getpagesize()
 
 
+def high_water(pid: int | str = "self") -> int:
+    """The kernel's peak resident set (``VmHWM``) of process ``pid``'s address space, in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def measure(name: str, mode: str, device: torch.device, nc: int, nt: int, unchunked: bool) -> dict:
     """One measurement in this process: returns peak extra bytes and wall seconds."""
     torch.manual_seed(0)

@@ -33,6 +33,7 @@ from geonp.fill.predictor import PREDICT_BLOCK_ELEMS
 from geonp.models import build
 from geonp.models.te_attention import set_block_elems
 from geonp.train import resolve_device
+from pipelines.memory import high_water
 from pipelines.provenance import header
 
 MODELS = ["tnp", "te-pt-tnp", "tnp-kr", "tnp-kr-fast", "convcnp"]
@@ -44,14 +45,6 @@ SWEEPS = {
     "both": ("Table 3: context and targets grow together", lambda n: (n, n)),
 }
 DIM_X = 2
-
-
-def _peak_rss_bytes() -> int:
-    """The kernel's high-water mark of this process's resident set (VmHWM)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def _task(nc: int, nt: int, device: torch.device, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -79,7 +72,7 @@ def measure(name: str, preset: str, nc: int, nt: int, device: torch.device) -> d
         dist = model(*inputs)
         dist.loc.sum().item()  # forces the computation (and a device sync)
         seconds = time.perf_counter() - start
-    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else _peak_rss_bytes()
+    peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else high_water()
     return {"seconds": seconds, "peak_bytes": peak}
 
 

@@ -165,6 +165,21 @@ def test_each_time_slice_uses_its_own_context(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_a_slice_without_context_carries_the_change_over_time(name):
+    # Targets at time 2 sit exactly on locations seen at times 0 and 1, where the field moved
+    # by 4 (values 1 then 5 +- noise): the pooled interpolant is exact there, but the target's
+    # time is not, so sigma must be about the spread across times (2), not the floor.
+    rng = np.random.default_rng(7)
+    p = rng.random((30, 2)) * 3
+    xc = np.r_[scene(p, 0.0), scene(p, 1.0)]
+    yc = np.r_[1.0 + 0.1 * rng.standard_normal((30, 1)), 5.0 + 0.1 * rng.standard_normal((30, 1))]
+    scale = run(build(name, 3, 1), xc, yc, scene(p[:5], 2.0)).scale[0, :, 0].numpy()
+    assert np.all(scale > 1.5), scale
+    same_time = run(build(name, 3, 1), xc, yc, scene(p[:5] + 0.05, 1.0)).scale[0, :, 0].numpy()
+    assert np.all(same_time < 1.0), same_time  # slices with context of their own are unaffected
+
+
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("dx", [1, 2, 3])
 @pytest.mark.parametrize("case", ["one point", "two points", "constant", "colinear"])
 def test_degenerate_tasks_give_finite_outputs(name, dx, case):

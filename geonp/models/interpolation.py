@@ -11,7 +11,8 @@ Inputs are split into *time* and *space* (``time_input``, ``space_inputs``; by d
 target uses the context points with exactly its time value when there are enough of
 them, otherwise all context points with time ignored. Other inputs (elevation, say) are
 ignored. Context points sharing a location (possible once time is ignored) are merged
-into one with their mean.
+into one with their mean, and the spread of the values merged adds to the variance of the
+targets interpolated with time ignored.
 """
 
 from __future__ import annotations
@@ -63,8 +64,9 @@ def _spans(xs: np.ndarray) -> bool:
     return n > d and np.linalg.matrix_rank(xs - xs.mean(0)) == d
 
 
-def _merge_duplicates(xs: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Unique locations of ``xs [N, Ds]`` (lexicographically sorted) and the mean ``y`` at each.
+def _merge_duplicates(xs: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Unique locations of ``xs [N, Ds]`` (lexicographically sorted), the mean ``y`` at each, and
+    the pooled variance ``[Dy]`` of the values about their location's mean (0 without repeats).
 
     Repeated locations make triangulations and kriging systems singular. The sort also puts
     the context in a canonical order, so results cannot depend on the order it came in.
@@ -74,25 +76,29 @@ def _merge_duplicates(xs: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.nda
     count = np.bincount(inv, minlength=len(uniq)).astype(np.float64)
     total = np.zeros((len(uniq), y.shape[1]))
     np.add.at(total, inv, y)
-    return uniq, total / count[:, None]
+    mean = total / count[:, None]
+    repeats = len(xs) - len(uniq)
+    within = ((y - mean[inv]) ** 2).sum(0) / repeats if repeats else np.zeros(y.shape[1])
+    return uniq, mean, within
 
 
 def time_groups(tc: np.ndarray, tt: np.ndarray, enough: Callable[[np.ndarray], bool]) -> list[tuple]:
     """Split a task with context times ``tc [Nc]`` and target times ``tt [Nt]`` into time slices.
 
-    Returns ``(context indices, target indices)`` pairs covering every target once: one per
-    target time whose same-time context indices are ``enough``, plus one using all context
-    points for the targets whose slice is not.
+    Returns ``(context indices, target indices, pooled)`` triples covering every target once:
+    one per target time whose same-time context indices are ``enough`` (``pooled`` False),
+    plus one using all context points, time ignored, for the targets whose slice is not
+    (``pooled`` True).
     """
     groups, pooled = [], []
     for t in np.unique(tt):
         ctx, tgt = np.flatnonzero(tc == t), np.flatnonzero(tt == t)
         if enough(ctx):
-            groups.append((ctx, tgt))
+            groups.append((ctx, tgt, False))
         else:
             pooled.append(tgt)
     if pooled:
-        groups.append((np.arange(len(tc)), np.concatenate(pooled)))
+        groups.append((np.arange(len(tc)), np.concatenate(pooled), True))
     return groups
 
 
@@ -159,9 +165,15 @@ class SpatialInterpolator(NeuralProcess):
         else:
             tc, tt = xc[:, self.time_input], xt[:, self.time_input]
         mean, sigma = np.empty((2, len(xt), self.dim_y))
-        for ctx, tgt in time_groups(tc, tt, lambda idx: self.enough(np.unique(xc[idx][:, space], axis=0))):
-            xs, y = _merge_duplicates(xc[ctx][:, space], yc[ctx])
+        for ctx, tgt, pooled in time_groups(tc, tt, lambda idx: self.enough(np.unique(xc[idx][:, space], axis=0))):
+            xs, y, within = _merge_duplicates(xc[ctx][:, space], yc[ctx])
             mean[tgt], sigma[tgt] = self.interpolate(xs, y, xt[tgt][:, space])
+            if pooled:
+                # The pooled field is a time average, exact at the merged locations: a target at
+                # another time also differs from it by the field's change over time, estimated
+                # from locations seen at several times. Without this, kriging's sigma at a
+                # fully clouded slice was 2e-4 K for errors of 1 K (Alboran SST, NLL 2e4).
+                sigma[tgt] = np.sqrt(sigma[tgt] ** 2 + within)
         return mean, sigma
 
 

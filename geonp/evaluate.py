@@ -33,8 +33,8 @@ MIN_HIDDEN = 0.10  # a donor should hide at least this fraction of a step's obse
 CLOUD_TRIES = 10  # synthetic cloud draws per step before settling for the nearest acceptable one
 DONOR_CLOUDS, DONOR_NONE = -1, -2  # codes in ``hidden.attrs["geonp_donor"]``
 
-COLUMNS = [("model", "model"), ("RMSE", "rmse"), ("MAE", "mae"), ("NLL", "nll"), ("CRPS", "crps"),
-           ("cov90", "coverage_90"), ("cov95", "coverage_95"), ("IS90", "interval_score_90"),
+COLUMNS = [("model", "model"), ("fit steps", "fit_steps"), ("RMSE", "rmse"), ("MAE", "mae"), ("NLL", "nll"),
+           ("CRPS", "crps"), ("cov90", "coverage_90"), ("cov95", "coverage_95"), ("IS90", "interval_score_90"),
            ("wall s", "wall_s"), ("n", "n")]
 
 

@@ -186,13 +186,14 @@ def test_write_table_round_trips(tmp_path):
     md, js = write_table([res], tmp_path / "t.md", header="# Title\n\n- device: test")
     assert js == tmp_path / "t.json"
     text = md.read_text()
-    assert text.startswith("# Title") and "| model | RMSE |" in text
+    assert text.startswith("# Title") and "| model | fit steps | RMSE |" in text
     assert json.loads(js.read_text())["results"][0] == json.loads(json.dumps(res))
     table = [line for line in text.splitlines() if line.startswith("| a ") or line.startswith("| b ")]
     for line, row in zip(table, res["rows"]):
         cells = [c.strip().strip("*") for c in line.strip("|").split("|")]
-        assert float(cells[1]) == pytest.approx(row["rmse"], rel=1e-3)
-        assert float(cells[4]) == pytest.approx(row["crps"], rel=1e-3)
+        assert int(cells[1]) == row["fit_steps"]
+        assert float(cells[2]) == pytest.approx(row["rmse"], rel=1e-3)
+        assert float(cells[5]) == pytest.approx(row["crps"], rel=1e-3)
         assert int(cells[-1]) == row["n"]
     assert "**0.5**" in table[0]  # the best RMSE is bold
 

@@ -122,3 +122,34 @@ def test_multi_output_shape_and_degenerate_contexts() -> None:
 
 def test_registered() -> None:
     assert GPBaseline.registry_name == "gp"
+
+
+def test_max_context_fits_on_the_nearest_points() -> None:
+    """With a cap, the GP equals the uncapped GP given only the ``max_context`` points nearest the targets."""
+    gen = torch.Generator().manual_seed(5)
+    xc, yc, _ = _task(gen, 1, 40, 1)
+    xt = torch.tensor([[[1.5], [1.7]]])
+    capped = GPBaseline(dim_x=1, dim_y=1, fit_steps=20, max_context=10)(xc, yc, xt)
+    near = torch.argsort((xc[0, :, 0] - 1.6).abs())[:12]  # the 10 nearest to a target are among these
+    dist = torch.minimum((xc[0, :, 0] - 1.5).abs(), (xc[0, :, 0] - 1.7).abs())
+    keep = torch.sort(torch.argsort(dist)[:10]).values
+    assert set(keep.tolist()) <= set(near.tolist())
+    ref = GPBaseline(dim_x=1, dim_y=1, fit_steps=20)(xc[:, keep], yc[:, keep], xt)
+    torch.testing.assert_close(capped.loc, ref.loc, atol=0, rtol=0)
+    torch.testing.assert_close(capped.scale, ref.scale, atol=0, rtol=0)
+    everything = GPBaseline(dim_x=1, dim_y=1, fit_steps=20)(xc, yc, xt)
+    assert not torch.equal(everything.loc, capped.loc)
+
+
+def test_presets_cap_the_context() -> None:
+    from geonp.models import build
+
+    assert build("gp", 3, 1, preset="small").max_context == 256
+    assert build("gp", 3, 1).max_context is None
+    for bad in (0, 2.5, True):
+        try:
+            GPBaseline(dim_x=1, dim_y=1, max_context=bad)
+        except ValueError as err:
+            assert "max_context" in str(err)
+        else:
+            raise AssertionError(f"max_context={bad!r} accepted")

@@ -56,7 +56,8 @@ class _TaskGP(gpytorch.models.ExactGP):
         return MultivariateNormal(self.mean_module(x), self.covar_module(x))
 
 
-@register("gp", presets={"small": {"fit_steps": 100}, "tiny": {"fit_steps": 30}})
+@register("gp", presets={"small": {"fit_steps": 100, "max_context": 256},
+                        "tiny": {"fit_steps": 30, "max_context": 128}})
 class GPBaseline(NeuralProcess):
     """Exact GP with hyper-parameters fitted per task by type-II maximum likelihood.
 
@@ -67,6 +68,11 @@ class GPBaseline(NeuralProcess):
             paper used 1000 steps at lr 0.1; the default here (200) is cheaper and
             close to converged for the small, standardised problems it sees.
         lr: Adam learning rate.
+        max_context: fit on at most this many context points per task, those nearest
+            (Euclidean, in input units) to any of its targets; None: all of them. A local
+            neighbourhood, as kriging uses: the cost is cubic in the context size; one
+            window of 1024 context points and 484 targets took 20.9 s to fit (100 steps,
+            float64, 1 CPU thread), at 256 points 0.89 s.
 
     ``dist = model(xc [B, Nc, Dx], yc [B, Nc, Dy], xt [B, Nt, Dx], mask_c, mask_t)``
     returns the predictive of *noisy* observations, ``Normal`` with ``loc``/``scale``
@@ -80,14 +86,19 @@ class GPBaseline(NeuralProcess):
     # shifting every input leaves the fit (and so the prediction) unchanged.
     translation_equivariant = True
 
-    def __init__(self, dim_x: int, dim_y: int, fit_steps: int = 200, lr: float = 0.1) -> None:
+    def __init__(self, dim_x: int, dim_y: int, fit_steps: int = 200, lr: float = 0.1,
+                 max_context: int | None = None) -> None:
         super().__init__(dim_x, dim_y)
         if fit_steps < 0:
             raise ValueError(f"fit_steps must be >= 0, got {fit_steps}")
         if lr <= 0:
             raise ValueError(f"lr must be > 0, got {lr}")
+        if max_context is not None and (isinstance(max_context, bool) or not isinstance(max_context, int)
+                                        or max_context < 1):
+            raise ValueError(f"max_context must be None or an integer >= 1, got {max_context!r}")
         self.fit_steps = fit_steps
         self.lr = lr
+        self.max_context = max_context
 
     def predict(
         self, xc: torch.Tensor, yc: torch.Tensor, xt: torch.Tensor, mask_c: torch.Tensor, mask_t: torch.Tensor
@@ -116,6 +127,8 @@ class GPBaseline(NeuralProcess):
         """
         # float64 throughout: Cholesky of a nearly-noiseless SE Gram matrix is fragile in float32.
         x, y, xs = (t.detach().double() for t in (x, y, xs))
+        if self.max_context is not None and len(x) > self.max_context:
+            x, y = nearest_context(x, y, xs, self.max_context)
         n, dy = y.shape
         # Standardise y so the fixed initialisation (lengthscale 1, outputscale 1, noise 0.1)
         # and the priors are sensible whatever the units. The variance estimate is shrunk
@@ -163,3 +176,16 @@ class GPBaseline(NeuralProcess):
             last_good = {k: v.detach().clone() for k, v in gp.state_dict().items()}
             loss.backward()
             opt.step()
+
+
+def nearest_context(x: torch.Tensor, y: torch.Tensor, xs: torch.Tensor, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``keep`` context points ``x [Nc, Dx]``, ``y [Nc, Dy]`` nearest to any target ``xs [M, Dx]``.
+
+    Distances are Euclidean in input units; ties go to the earlier point, so the choice is
+    deterministic. Targets are taken in chunks so memory stays ``O(Nc x 4096)``.
+    """
+    near = torch.full((len(x),), math.inf, dtype=x.dtype, device=x.device)
+    for chunk in xs.split(4096):
+        near = torch.minimum(near, torch.cdist(x, chunk).min(1).values)
+    idx = torch.sort(torch.argsort(near, stable=True)[:keep]).values  # keep the context's own order
+    return x[idx], y[idx]

@@ -359,6 +359,8 @@ def _fmt(value: Any, digits: int = 4) -> str:
 def _markdown(res: Mapping[str, Any]) -> str:
     """One dataset's section: a title, what was hidden, and the table."""
     rows = res["rows"]
+    # Rows a pipeline kept from earlier runs say which commit produced them.
+    columns = COLUMNS + ([("commit", "commit")] if any("commit" in r for r in rows) else [])
     best = {}
     for key in ("rmse", "crps"):  # bold only when there is something to compare
         finite = [r[key] for r in rows if r.get(key) is not None and math.isfinite(r[key])]
@@ -371,11 +373,11 @@ def _markdown(res: Mapping[str, Any]) -> str:
              f"{real + synthetic} of {res.get('steps', len(donors))} steps ({real} real gap patterns of other "
              f"steps, {synthetic} synthetic clouds), seed {res.get('seed', '?')}. Scores{units} at the hidden "
              "cells only; NLL in nats per cell; wall s: seconds per infill call.", "",
-             "| " + " | ".join(title for title, _ in COLUMNS) + " |",
-             "|---" + "|---:" * (len(COLUMNS) - 1) + "|"]
+             "| " + " | ".join(title for title, _ in columns) + " |",
+             "|---" + "|---:" * (len(columns) - 1) + "|"]
     for row in rows:
         cells = []
-        for _, key in COLUMNS:
+        for _, key in columns:
             text = _fmt(row.get(key), 3 if key == "wall_s" else 4)
             cells.append(f"**{text}**" if key in best and best[key] is not None and row.get(key) == best[key]
                          else text)

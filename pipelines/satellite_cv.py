@@ -4,6 +4,8 @@
     python -m pipelines.satellite_cv --models linear kriging  # a subset
     python -m pipelines.satellite_cv --scenes alboran --fit-steps 30
     python -m pipelines.satellite_cv --fine-tune te-pt-tnp --fine-tune-steps 200  # extra rows
+    python -m pipelines.satellite_cv --reuse --models te-pt-tnp  # rerun one model, keep the rest
+    python -m pipelines.satellite_cv --merge a.json b.json       # combine runs (e.g. CPU and GPU)
 
 Each scene's observed cells are hidden under the real cloud pattern of another day (one scene:
 synthetic clouds), every model fills the same hidden cells, and ``geonp.evaluate`` scores them
@@ -17,6 +19,8 @@ Writes ``pipelines/results/satellite_cv.md`` and ``.json``.
 from __future__ import annotations
 
 import argparse
+import json
+import re
 from pathlib import Path
 
 import torch
@@ -25,7 +29,7 @@ from geonp.data import open_satellite
 from geonp.data.window_source import data_folder
 from geonp.evaluate import evaluate, write_table
 from geonp.train import resolve_device
-from pipelines.provenance import REPO, header
+from pipelines.provenance import REPO, git_commit, header
 
 #: name -> (file under the data folder, variable, open_satellite keywords, crop as isel keywords)
 SCENES = {
@@ -49,28 +53,95 @@ def main() -> None:
                         help="also score these models after --fine-tune-steps of fine-tuning")
     parser.add_argument("--fine-tune-steps", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep the rows of models not run now from the existing table (same hidden cells)")
+    parser.add_argument("--merge", nargs="+", metavar="JSON",
+                        help="run nothing: combine these tables (same hidden cells; later files win) into --out")
     parser.add_argument("--out", default=str(REPO / "pipelines" / "results" / "satellite_cv.md"))
     args = parser.parse_args()
-    folder = data_folder()
+    if args.merge:
+        merge(args.merge, args.out)
+        return
+    runs = [(m, n) for m, n in ((args.models, args.fit_steps), (args.fine_tune, args.fine_tune_steps)) if m]
+    if not runs:
+        raise SystemExit("satellite_cv: nothing to run; give --models or --fine-tune")
+    earlier = _earlier(Path(args.out).with_suffix(".json")) if args.reuse else {}
+    folder, commit = data_folder(), git_commit()
     results = []
     for name in args.scenes:
         path, variable, kwargs, crop = SCENES[name]
         ds = open_satellite(folder / path, variable, **kwargs).isel(crop)
-        res = evaluate(ds, variable, args.models, fit_steps=args.fit_steps, seed=args.seed,
-                       options={"device": "auto"})
-        if args.fine_tune:  # the same seed hides the same cells
-            tuned = evaluate(ds, variable, args.fine_tune, fit_steps=args.fine_tune_steps, seed=args.seed,
-                             options={"device": "auto"})
-            if tuned["donors"] != res["donors"] or tuned["hidden_cells"] != res["hidden_cells"]:
-                raise RuntimeError(f"{name}: the fine-tuned rows hid other cells than the first run")
-            res["rows"] += tuned["rows"]
+        res = None
+        for models, steps in runs:  # the same seed hides the same cells in every call
+            part = evaluate(ds, variable, models, fit_steps=steps, seed=args.seed, options={"device": "auto"})
+            for row in part["rows"]:
+                row["commit"] = commit
+            if res is None:
+                res = part
+            else:
+                _same_cells(res, part, name)
+                res["rows"] += part["rows"]
         res["source"] = f"{path} {variable}, crop {_crop_text(crop)}"
+        if res["source"] in earlier:
+            keep_earlier(res, earlier[res["source"]], name)
         results.append(res)
         print(f"{name}: done", flush=True)
-    budget = "crops as stated per table; bundled weights, fine-tuned on the scene for a row's fit steps"
-    text = header("Satellite artificial-gap cross-validation", resolve_device("auto"), budget)
-    write_table(results, args.out, header=text)
-    print(Path(args.out).read_text())
+    _write(results, args.out)
+
+
+BUDGET = ("crops as stated per table; bundled weights, fine-tuned on the scene for a row's fit steps; "
+          "a row's commit is the run that produced it (`--reuse` and `--merge` keep rows of earlier runs)")
+
+
+def _write(results: list[dict], out: str, note: str = "") -> None:
+    order = {m: i for i, m in enumerate(MODELS)}
+    for res in results:
+        res["rows"].sort(key=lambda r: (order.get(r["model"], len(order)), r["fit_steps"]))
+    text = header("Satellite artificial-gap cross-validation", resolve_device("auto"), BUDGET + note)
+    write_table(results, out, header=text)
+    print(Path(out).read_text())
+
+
+def merge(files: list[str], out: str) -> None:
+    """Combine the JSON tables of several runs scene by scene; a later file's row replaces an earlier one."""
+    merged: dict[str, dict] = {}
+    devices = []
+    for f in files:
+        path = Path(f)
+        for source, res in _earlier(path).items():
+            if source in merged:
+                keep_earlier(res, merged[source], source)
+            merged[source] = res
+        found = re.search(r"- device: (.+)", json.loads(path.read_text()).get("header", ""))
+        devices.append(f"{path.name} on {found.group(1) if found else 'an unrecorded device'}")
+    _write(list(merged.values()), out, "; merged from " + ", ".join(devices))
+
+
+def _earlier(path: Path) -> dict[str, dict]:
+    """Results of an earlier run by source; rows that predate the commit column get the table's commit."""
+    if not path.exists():
+        raise SystemExit(f"{path}: no earlier table to take rows from")
+    table = json.loads(path.read_text())
+    found = re.search(r"- commit: (\S+)", table.get("header", ""))
+    out = {}
+    for res in table["results"]:
+        for row in res["rows"]:
+            row.setdefault("commit", found.group(1) if found else "unknown")
+        out[res["source"]] = res
+    return out
+
+
+def keep_earlier(res: dict, old: dict, name: str) -> None:
+    """Add to ``res`` the rows of ``old`` (same scene) for (model, fit steps) not run now."""
+    _same_cells(res, old, name)
+    ran = {(r["model"], r["fit_steps"]) for r in res["rows"]}
+    res["rows"] += [r for r in old["rows"] if (r["model"], r["fit_steps"]) not in ran]
+
+
+def _same_cells(a: dict, b: dict, name: str) -> None:
+    if (a["seed"], a["donors"], a["hidden_cells"]) != (b["seed"], b["donors"], b["hidden_cells"]):
+        raise SystemExit(f"{name}: rows to combine hid different cells (seed, donors or count differ); "
+                         "rerun every model without --reuse")
 
 
 def _crop_text(crop: dict) -> str:

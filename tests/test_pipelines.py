@@ -59,3 +59,48 @@ def test_scaling_pipeline_times_cells_and_records_oom(tmp_path, monkeypatch):
                   "--mem-limit-gb", "0.05", "--out", str(out)])
     record = json.loads(out.with_suffix(".json").read_text())["context"]["tnp"]
     assert record["100"]["status"].startswith("OOM") and record["200"]["status"].startswith("not run (OOM")
+
+
+def test_satellite_cv_reuse_keeps_rows_not_rerun(tmp_path):
+    import pytest
+
+    from pipelines import satellite_cv
+
+    def result(rows, donors=(3, -1)):
+        return {"source": "s", "seed": 0, "donors": list(donors), "hidden_cells": 10,
+                "rows": [{"model": m, "fit_steps": f, "rmse": r, "commit": c} for m, f, r, c in rows]}
+
+    old = result([("te-pt-tnp", 0, 1.0, "old"), ("kriging", 0, 2.0, "old"), ("te-pt-tnp", 200, 0.9, "old")])
+    new = result([("te-pt-tnp", 0, 0.5, "new")])
+    satellite_cv.keep_earlier(new, old, "scene")
+    assert sorted((r["model"], r["fit_steps"], r["commit"]) for r in new["rows"]) == [
+        ("kriging", 0, "old"), ("te-pt-tnp", 0, "new"), ("te-pt-tnp", 200, "old")]
+    with pytest.raises(SystemExit, match="scene: rows to combine hid different cells"):
+        satellite_cv.keep_earlier(result([]), result([], donors=(4, -1)), "scene")
+
+    path = tmp_path / "t.json"  # a table from before rows carried their commit
+    table = {"header": "# T\n\n- commit: abc1234\n", "results": [result([("linear", 0, 1.0, "x")])]}
+    del table["results"][0]["rows"][0]["commit"]
+    path.write_text(json.dumps(table))
+    assert satellite_cv._earlier(path)["s"]["rows"][0]["commit"] == "abc1234"
+
+
+def test_satellite_cv_merge_combines_runs(tmp_path):
+    from pipelines import satellite_cv
+
+    def table(name, rows, device):
+        res = {"source": "s", "variable": "sst", "units": "K", "seed": 0, "steps": 1, "observed_cells": 20,
+               "donors": [-1], "hidden_cells": 10, "hidden_fraction": 0.5,
+               "rows": [{"model": m, "fit_steps": 0, "rmse": r, "crps": r, "n": 10, "commit": c} for m, r, c in rows]}
+        path = tmp_path / name
+        path.write_text(json.dumps({"header": f"# T\n\n- device: {device}\n", "results": [res]}))
+        return str(path)
+
+    a = table("a.json", [("kriging", 2.0, "c1"), ("te-pt-tnp", 1.0, "c1")], "CPU x")
+    b = table("b.json", [("te-pt-tnp", 0.5, "c2")], "GPU y")
+    out = tmp_path / "m.md"
+    satellite_cv.merge([a, b], str(out))
+    rows = json.loads(out.with_suffix(".json").read_text())["results"][0]["rows"]
+    assert [(r["model"], r["rmse"], r["commit"]) for r in rows] == [("te-pt-tnp", 0.5, "c2"), ("kriging", 2.0, "c1")]
+    text = out.read_text()
+    assert "a.json on CPU x" in text and "b.json on GPU y" in text and "| commit |" in text

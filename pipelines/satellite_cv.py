@@ -105,16 +105,18 @@ def _write(results: list[dict], out: str, note: str = "") -> None:
 def merge(files: list[str], out: str) -> None:
     """Combine the JSON tables of several runs scene by scene; a later file's row replaces an earlier one."""
     merged: dict[str, dict] = {}
-    devices = []
+    runs = []
     for f in files:
         path = Path(f)
         for source, res in _earlier(path).items():
             if source in merged:
                 keep_earlier(res, merged[source], source)
             merged[source] = res
-        found = re.search(r"- device: (.+)", json.loads(path.read_text()).get("header", ""))
-        devices.append(f"{path.name} on {found.group(1) if found else 'an unrecorded device'}")
-    _write(list(merged.values()), out, "; merged from " + ", ".join(devices))
+        text = json.loads(path.read_text()).get("header", "")
+        said = {key: (m.group(1) if (m := re.search(rf"- {key}: (.+)", text)) else "unrecorded")
+                for key in ("command", "device", "commit")}
+        runs.append(f"{path.name}: {said['command']} at {said['commit']} on {said['device']}")
+    _write(list(merged.values()), out, "; merged from " + "; ".join(runs))
 
 
 def _earlier(path: Path) -> dict[str, dict]:

@@ -103,4 +103,4 @@ def test_satellite_cv_merge_combines_runs(tmp_path):
     rows = json.loads(out.with_suffix(".json").read_text())["results"][0]["rows"]
     assert [(r["model"], r["rmse"], r["commit"]) for r in rows] == [("te-pt-tnp", 0.5, "c2"), ("kriging", 2.0, "c1")]
     text = out.read_text()
-    assert "a.json on CPU x" in text and "b.json on GPU y" in text and "| commit |" in text
+    assert "a.json: unrecorded at unrecorded on CPU x" in text and "on GPU y" in text and "| commit |" in text

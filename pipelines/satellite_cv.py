@@ -112,9 +112,7 @@ def merge(files: list[str], out: str) -> None:
             if source in merged:
                 keep_earlier(res, merged[source], source)
             merged[source] = res
-        text = json.loads(path.read_text()).get("header", "")
-        said = {key: (m.group(1) if (m := re.search(rf"- {key}: (.+)", text)) else "unrecorded")
-                for key in ("command", "device", "commit")}
+        said = {key: _header_field(path, key) for key in ("command", "device", "commit")}
         runs.append(f"{path.name}: {said['command']} at {said['commit']} on {said['device']}")
     _write(list(merged.values()), out, "; merged from " + "; ".join(runs))
 
@@ -123,14 +121,19 @@ def _earlier(path: Path) -> dict[str, dict]:
     """Results of an earlier run by source; rows that predate the commit column get the table's commit."""
     if not path.exists():
         raise SystemExit(f"{path}: no earlier table to take rows from")
-    table = json.loads(path.read_text())
-    found = re.search(r"- commit: (\S+)", table.get("header", ""))
+    commit = _header_field(path, "commit", "unknown")
     out = {}
-    for res in table["results"]:
+    for res in json.loads(path.read_text())["results"]:
         for row in res["rows"]:
-            row.setdefault("commit", found.group(1) if found else "unknown")
+            row.setdefault("commit", commit)
         out[res["source"]] = res
     return out
+
+
+def _header_field(path: Path, key: str, missing: str = "unrecorded") -> str:
+    """The value of the ``- key: value`` line of a results table's provenance header, else ``missing``."""
+    found = re.search(rf"^- {key}: (.+)$", json.loads(path.read_text()).get("header", ""), re.MULTILINE)
+    return found.group(1).strip() if found else missing
 
 
 def keep_earlier(res: dict, old: dict, name: str) -> None:

@@ -5,14 +5,14 @@ another step of the same cube, so the test gaps have the sizes, shapes and coast
 product's own clouds. Only a cube with a single scene (or no usable donor step) falls back to
 synthetic clouds (``geonp.data.clouds.random_clouds``). Every model sees the same masked cube,
 so the scores compare like with like; only the hidden cells are scored, with
-``geonp.metrics.gaussian_skill`` (RMSE, MAE, NLL, CRPS, 90/95% coverage, 90% interval score).
+``geonp.metrics.gaussian_skill`` (RMSE, MAE, NLL, CRPS, 50/90/95% coverage, 90% interval score),
+plus two diagnostics: RMSE by distance to the nearest cell the models could see, and the PIT
+histogram. ``geonp.skill_table`` writes the tables.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
-import math
 import platform
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -26,16 +26,12 @@ import geonp
 from geonp.data.clouds import random_clouds
 from geonp.data.cube import open_cube
 from geonp.data.satellite import MaskSpec, _resolve_mask, open_satellite
-from geonp.metrics import gaussian_skill
+from geonp.metrics import DISTANCE_BINS, binned_rmse, distance_bin, distance_to_observed, gaussian_skill, pit_histogram
+from geonp.skill_table import DONOR_CLOUDS, DONOR_NONE, write_table
 
 MIN_OBSERVED = 50  # a step with fewer observed cells is too small to hide from and still fill
 MIN_HIDDEN = 0.10  # a donor should hide at least this fraction of a step's observed cells
 CLOUD_TRIES = 10  # synthetic cloud draws per step before settling for the nearest acceptable one
-DONOR_CLOUDS, DONOR_NONE = -1, -2  # codes in ``hidden.attrs["geonp_donor"]``
-
-COLUMNS = [("model", "model"), ("fit steps", "fit_steps"), ("RMSE", "rmse"), ("MAE", "mae"), ("NLL", "nll"),
-           ("CRPS", "crps"), ("cov90", "coverage_90"), ("cov95", "coverage_95"), ("IS90", "interval_score_90"),
-           ("wall s", "wall_s"), ("n", "n")]
 
 
 def hide_cells(
@@ -158,9 +154,13 @@ def evaluate(
     Returns:
         ``{"source", "variable", "units", "seed", "steps", "observed_cells", "hidden_cells",
         "hidden_fraction" (of the observed cells), "donors" (per step, see ``hide_cells``),
-        "rows"}``; each row is ``{"model", **gaussian_skill scores, "wall_s" (seconds for the
-        infill call), "fit_steps", "checkpoint"}``. Scores are in the variable's units, NLL in
-        nats per cell; ``n`` counts the hidden cells the model gave a finite mean and std > 0.
+        "hidden_by_distance" (``{bin label: hidden cells}``, bins of ``geonp.metrics.DISTANCE_BINS``),
+        "rows"}``; each row is ``{"model", **gaussian_skill scores, "rmse_by_distance"
+        (``{bin label: {"n", "rmse", "mae"}}``), "pit" (10 counts, ``pit_histogram``), "wall_s"
+        (seconds for the infill call), "fit_steps", "checkpoint"}``. Scores are in the variable's
+        units, NLL in nats per cell; ``n`` counts the hidden cells the model gave a finite mean and
+        std > 0. A hidden cell's distance is Euclidean, in grid cells, to the nearest cell of the
+        same step that is finite and valid in the masked cube (what every model sees as context).
 
     Raises:
         ValueError: one line naming the data, variable or model: an unknown variable, no observed
@@ -186,6 +186,7 @@ def evaluate(
         raise ValueError(f"{name}: no cell of {variable!r} could be hidden (every step has fewer than "
                          f"{MIN_OBSERVED} observed cells)")
     truth = da.values[hide]
+    distance = _distance_to_context(masked, valid)[hide]  # [n_hidden] grid cells; the same for every model
     masked_ds = ds.assign({variable: masked})
 
     rows = []
@@ -206,33 +207,18 @@ def evaluate(
         except ValueError:
             raise ValueError(f"{name}: model {model!r} gave no finite mean and positive std at any hidden cell "
                              f"of {variable!r}") from None
-        rows.append({"model": model, **scores, "wall_s": wall, "fit_steps": steps, "checkpoint": checkpoint})
+        # The diagnostics score the points gaussian_skill scored: a cell without a usable std counts nowhere.
+        usable = np.isfinite(truth) & np.isfinite(mean) & np.isfinite(std) & (std > 0)
+        rows.append({"model": model, **scores,
+                     "rmse_by_distance": binned_rmse(np.where(usable, mean - truth, np.nan), distance),
+                     "pit": pit_histogram(truth, mean, std), "wall_s": wall, "fit_steps": steps,
+                     "checkpoint": checkpoint})
+    per_bin = np.bincount(distance_bin(distance), minlength=len(DISTANCE_BINS))
     return {"source": name, "variable": variable, "units": str(da.attrs.get("units", "")), "seed": seed,
             "steps": len(hidden.attrs["geonp_donor"]), "observed_cells": observed, "hidden_cells": n_hidden,
-            "hidden_fraction": n_hidden / observed, "donors": hidden.attrs["geonp_donor"].tolist(), "rows": rows}
-
-
-def write_table(
-    results: Sequence[Mapping[str, Any]],
-    md_path: str | Path,
-    json_path: str | Path | None = None,
-    header: str = "",
-) -> tuple[Path, Path]:
-    """Write ``evaluate`` results as markdown (one table per dataset) and JSON (everything).
-
-    ``header`` (markdown, e.g. ``pipelines.provenance.header``) is prepended. Numbers get 4
-    significant digits; the best RMSE and CRPS of each table are bold. The JSON is
-    ``{"header", "results"}`` with non-finite numbers as null. ``json_path`` defaults to
-    ``md_path`` with the suffix ``.json``. Returns the two paths.
-    """
-    md_path = Path(md_path)
-    json_path = Path(json_path) if json_path is not None else md_path.with_suffix(".json")
-    parts = [header.rstrip() + "\n"] if header.strip() else []
-    parts += [_markdown(res) for res in results]
-    md_path.write_text("\n".join(parts))
-    json_path.write_text(json.dumps({"header": header, "results": _plain(list(results))}, indent=1,
-                                    allow_nan=False) + "\n")
-    return md_path, json_path
+            "hidden_fraction": n_hidden / observed, "donors": hidden.attrs["geonp_donor"].tolist(),
+            "hidden_by_distance": {label: int(n) for (label, _), n in zip(DISTANCE_BINS, per_bin, strict=True)},
+            "rows": rows}
 
 
 def run_evaluate(
@@ -345,52 +331,17 @@ def _resolve_valid(ds: xr.Dataset, da: xr.DataArray, spec: MaskSpec | None, name
     return (mask if mask.dtype == bool else mask > 0.5).compute()
 
 
+def _distance_to_context(masked: xr.DataArray, valid: xr.DataArray) -> np.ndarray:
+    """Distance (grid cells, on ``masked``'s dims) from each cell to the nearest cell of its step that a
+    model sees: finite in the masked field and valid."""
+    hdims = _horizontal_dims(masked, valid)
+    ordered = masked.transpose(*[d for d in masked.dims if d not in hdims], *hdims)
+    # By position, as hide_cells does: xarray's alignment could drop cells whose coordinates differ by rounding.
+    seen = np.isfinite(ordered.values) & np.asarray(valid.transpose(*hdims).values, dtype=bool)
+    distance = xr.DataArray(distance_to_observed(seen), dims=ordered.dims)
+    return distance.transpose(*masked.dims).values
+
+
 def _one_line(err: BaseException) -> str:
     text = err.args[0] if isinstance(err, KeyError) and err.args else str(err)
     return " ".join(str(text).split())
-
-
-def _fmt(value: Any, digits: int = 4) -> str:
-    if isinstance(value, (float, np.floating)):
-        return f"{float(value):.{digits}g}" if math.isfinite(value) else "–"
-    return "–" if value is None else str(value)
-
-
-def _markdown(res: Mapping[str, Any]) -> str:
-    """One dataset's section: a title, what was hidden, and the table."""
-    rows = res["rows"]
-    # Rows a pipeline kept from earlier runs say which commit produced them.
-    columns = COLUMNS + ([("commit", "commit")] if any("commit" in r for r in rows) else [])
-    best = {}
-    for key in ("rmse", "crps"):  # bold only when there is something to compare
-        finite = [r[key] for r in rows if r.get(key) is not None and math.isfinite(r[key])]
-        best[key] = min(finite) if len(finite) > 1 else None
-    donors = res.get("donors", [])
-    real, synthetic = sum(d >= 0 for d in donors), sum(d == DONOR_CLOUDS for d in donors)
-    units = f" in {res['units']}" if res.get("units") else ""
-    lines = [f"## {res['variable']} · {Path(str(res.get('source', ''))).name}", "",
-             f"Hidden: {res['hidden_cells']} cells ({100 * res['hidden_fraction']:.1f}% of the observed) in "
-             f"{real + synthetic} of {res.get('steps', len(donors))} steps ({real} real gap patterns of other "
-             f"steps, {synthetic} synthetic clouds), seed {res.get('seed', '?')}. Scores{units} at the hidden "
-             "cells only; NLL in nats per cell; wall s: seconds per infill call.", "",
-             "| " + " | ".join(title for title, _ in columns) + " |",
-             "|---" + "|---:" * (len(columns) - 1) + "|"]
-    for row in rows:
-        cells = []
-        for _, key in columns:
-            text = _fmt(row.get(key), 3 if key == "wall_s" else 4)
-            cells.append(f"**{text}**" if key in best and best[key] is not None and row.get(key) == best[key]
-                         else text)
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _plain(obj: Any) -> Any:
-    """``obj`` with numpy types as Python ones and non-finite floats as None (strict JSON)."""
-    if isinstance(obj, Mapping):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, np.ndarray)):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    return None if isinstance(obj, float) and not math.isfinite(obj) else obj

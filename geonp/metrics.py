@@ -1,5 +1,6 @@
 """Scores for probabilistic predictions: per-task log-likelihood for training, and the
-point-wise skill scores of gap-filling evaluations (RMSE, MAE, NLL, CRPS, coverage, interval score).
+point-wise skill scores of gap-filling evaluations (RMSE, MAE, NLL, CRPS, coverage, interval score),
+with two diagnostics: errors by distance to the nearest observed cell, and PIT histograms.
 
 CRPS and the interval score come from ``scoringrules`` (closed form for a Gaussian predictive).
 """
@@ -10,6 +11,7 @@ import math
 
 import numpy as np
 import torch
+from scipy import ndimage
 from scipy.stats import norm
 from torch.distributions import Normal
 
@@ -56,14 +58,13 @@ def gaussian_skill(y: np.ndarray, mean: np.ndarray, std: np.ndarray) -> dict[str
 
     NaN in any of the three drops that point. Returns, in ``y``'s units unless stated:
     ``n`` points, ``rmse``, ``mae``, ``nll`` (nats per point), ``crps`` (closed form),
-    ``coverage_90``/``coverage_95`` (fraction of ``y`` inside the central 90%/95% interval),
+    ``coverage_50``/``coverage_90``/``coverage_95`` (fraction of ``y`` inside the central
+    50%/90%/95% interval),
     ``interval_score_90`` (Gneiting & Raftery 2007, alpha = 0.1; width plus penalties).
     """
     import scoringrules as sr
 
-    y, mean, std = (np.asarray(a, dtype=np.float64).ravel() for a in (y, mean, std))
-    keep = np.isfinite(y) & np.isfinite(mean) & np.isfinite(std) & (std > 0)
-    y, mean, std = y[keep], mean[keep], std[keep]
+    y, mean, std = _scorable(y, mean, std)
     if y.size == 0:
         raise ValueError("no point with a finite truth, mean and standard deviation to score")
     err = mean - y
@@ -74,9 +75,92 @@ def gaussian_skill(y: np.ndarray, mean: np.ndarray, std: np.ndarray) -> dict[str
         "nll": float(np.mean(0.5 * np.log(2 * math.pi * std**2) + 0.5 * (err / std) ** 2)),
         "crps": float(np.mean(sr.crps_normal(y, mean, std))),
     }
-    for level in (0.90, 0.95):
+    for level in (0.50, 0.90, 0.95):
         half = norm.ppf(0.5 + level / 2) * std
         scores[f"coverage_{round(level * 100)}"] = float(np.mean(np.abs(err) <= half))
     half = norm.ppf(0.95) * std
     scores["interval_score_90"] = float(np.mean(sr.interval_score(y, mean - half, mean + half, 0.1)))
     return scores
+
+
+#: Bins of distance to the nearest observed cell, in grid cells: (label, inclusive upper edge).
+#: A hidden cell next to an observed one (edge-adjacent) is at distance 1, a diagonal one at sqrt(2).
+DISTANCE_BINS: tuple[tuple[str, float], ...] = (("1", 1.0), ("2-3", 3.0), ("4-6", 6.0), ("7-12", 12.0),
+                                                (">12", math.inf))
+
+
+def distance_to_observed(observed: np.ndarray) -> np.ndarray:
+    """Euclidean distance, in grid cells, from every cell to the nearest observed cell of its step.
+
+    Args:
+        observed: bool ``[..., R, C]``: the last two axes are the horizontal grid, any leading
+            axes are steps (time, ...); True where a model can see a value.
+
+    Returns:
+        float64 of ``observed``'s shape: 0 at observed cells, 1 next to one, sqrt(2) diagonal to
+        one, ...; ``inf`` everywhere on a step with no observed cell. Distances count cells, not
+        metres: on a lat/lon grid a cell's width shrinks with latitude and this ignores it.
+    """
+    observed = np.asarray(observed, dtype=bool)
+    if observed.ndim < 2:
+        raise ValueError(f"observed must have two horizontal axes, got shape {observed.shape}")
+    steps = observed.reshape(-1, *observed.shape[-2:])
+    out = np.full(steps.shape, np.inf)
+    for t, seen in enumerate(steps):
+        # Per step: a transform over the whole array would measure across time too. Without any
+        # observed cell, scipy measures to the array's border instead; inf says "nothing seen".
+        if seen.any():
+            out[t] = ndimage.distance_transform_edt(~seen)
+    return out.reshape(observed.shape)
+
+
+def distance_bin(distance: np.ndarray) -> np.ndarray:
+    """Index into ``DISTANCE_BINS`` of each distance (grid cells, any shape; upper edges inclusive)."""
+    edges = np.array([edge for _, edge in DISTANCE_BINS[:-1]])
+    return np.searchsorted(edges, np.asarray(distance, dtype=np.float64), side="left")
+
+
+def binned_rmse(err: np.ndarray, distance: np.ndarray) -> dict[str, dict[str, float]]:
+    """RMSE and MAE of errors ``err`` grouped by ``distance`` into ``DISTANCE_BINS``.
+
+    Args:
+        err: prediction minus truth, in the variable's units, any shape; NaN drops a point.
+        distance: the points' distances to the nearest observed cell in grid cells (same shape),
+            e.g. from ``distance_to_observed``; ``inf`` falls in ``">12"``.
+
+    Returns:
+        ``{label: {"n", "rmse", "mae"}}`` for every bin in order, ``n`` the points scored;
+        ``rmse``/``mae`` NaN for an empty bin.
+    """
+    err = np.asarray(err, dtype=np.float64).ravel()
+    distance = np.asarray(distance, dtype=np.float64).ravel()
+    if err.shape != distance.shape:
+        raise ValueError(f"err has {err.size} points but distance {distance.size}")
+    keep = np.isfinite(err) & ~np.isnan(distance)
+    which = distance_bin(distance[keep])
+    err = err[keep]
+    out = {}
+    for i, (label, _) in enumerate(DISTANCE_BINS):
+        e = err[which == i]
+        out[label] = {"n": int(e.size), "rmse": float(np.sqrt(np.mean(e**2))) if e.size else math.nan,
+                      "mae": float(np.mean(np.abs(e))) if e.size else math.nan}
+    return out
+
+
+def pit_histogram(y: np.ndarray, mean: np.ndarray, std: np.ndarray, bins: int = 10) -> list[int]:
+    """Counts of the probability integral transform ``Phi((y - mean) / std)`` in ``bins`` equal bins of [0, 1].
+
+    ``y``, ``mean``, ``std`` as in ``gaussian_skill`` (same shapes; a point with a non-finite value or
+    std <= 0 is dropped). Calibrated predictions give flat counts; too narrow ones a U (truths in
+    the tails), too wide ones a hump, a biased mean a slope. Returns ``bins`` ints, 0 to 1.
+    """
+    y, mean, std = _scorable(y, mean, std)
+    counts, _ = np.histogram(norm.cdf((y - mean) / std), bins=bins, range=(0.0, 1.0))
+    return [int(c) for c in counts]
+
+
+def _scorable(y: np.ndarray, mean: np.ndarray, std: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The points with a finite truth, mean and std > 0, as flat float64 arrays."""
+    y, mean, std = (np.asarray(a, dtype=np.float64).ravel() for a in (y, mean, std))
+    keep = np.isfinite(y) & np.isfinite(mean) & np.isfinite(std) & (std > 0)
+    return y[keep], mean[keep], std[keep]

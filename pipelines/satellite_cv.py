@@ -9,7 +9,8 @@
 
 Each scene's observed cells are hidden under the real cloud pattern of another day (one scene:
 synthetic clouds), every model fills the same hidden cells, and ``geonp.evaluate`` scores them
-(RMSE, MAE, NLL, CRPS, 90/95% coverage, interval score, wall time). The scenes are cropped so
+(RMSE, MAE, NLL, CRPS, 50/90/95% coverage, interval score, wall time), with RMSE by distance to
+the nearest observed cell and PIT histograms below each scene's table. The scenes are cropped so
 the whole table runs in minutes on 2 CPU cores; the crops are stated in the table.
 ``--fine-tune`` adds rows for models fine-tuned on each scene's own observed cells first
 (``geonp infill --fit-steps``), at the same hidden cells.
@@ -27,7 +28,8 @@ import torch
 
 from geonp.data import open_satellite
 from geonp.data.window_source import data_folder
-from geonp.evaluate import evaluate, write_table
+from geonp.evaluate import evaluate
+from geonp.skill_table import write_table
 from geonp.train import resolve_device
 from pipelines.provenance import REPO, git_commit, header
 
@@ -137,10 +139,16 @@ def _header_field(path: Path, key: str, missing: str = "unrecorded") -> str:
 
 
 def keep_earlier(res: dict, old: dict, name: str) -> None:
-    """Add to ``res`` the rows of ``old`` (same scene) for (model, fit steps) not run now."""
+    """Add to ``res`` the rows of ``old`` (same scene) for (model, fit steps) not run now.
+
+    Rows from tables older than the diagnostics lack them and print "–" there; the hidden cells'
+    counts by distance are the same for both (same cells), so ``res`` takes ``old``'s if it has none.
+    """
     _same_cells(res, old, name)
     ran = {(r["model"], r["fit_steps"]) for r in res["rows"]}
     res["rows"] += [r for r in old["rows"] if (r["model"], r["fit_steps"]) not in ran]
+    if "hidden_by_distance" in old:
+        res.setdefault("hidden_by_distance", old["hidden_by_distance"])
 
 
 def _same_cells(a: dict, b: dict, name: str) -> None:

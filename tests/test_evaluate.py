@@ -15,6 +15,7 @@ from scipy.stats import norm
 
 from geonp.data.clouds import random_clouds
 from geonp.evaluate import DONOR_CLOUDS, DONOR_NONE, evaluate, hide_cells, run_evaluate, write_table
+from geonp.metrics import DISTANCE_BINS
 
 ALBORAN = "satellite/alboran_sst_avhrr_2017-05.nc"
 
@@ -178,6 +179,62 @@ def test_evaluate_errors_name_the_problem():
         evaluate(empty, "sst", ["a"], infill_fn=fake)
 
 
+def brute_distance(masked: np.ndarray, valid: np.ndarray, hidden: np.ndarray) -> np.ndarray:
+    """Distance of every hidden cell to the nearest finite, valid cell of its step, pair by pair."""
+    out = []
+    for t in range(len(masked)):
+        seen = np.argwhere(np.isfinite(masked[t]) & valid)
+        for cell in np.argwhere(hidden[t]):
+            out.append(np.sqrt(((seen - cell) ** 2).sum(1)).min() if len(seen) else np.inf)
+    return np.array(out)
+
+
+def test_evaluate_diagnostics_by_distance_and_pit():
+    ds = cube(steps=4)
+    fake = Oracle(ds["sst"], {"a": (0.5, 0.3), "b": (1.0, 1.0)})
+    res = evaluate(ds, "sst", ["a", "b"], infill_fn=fake, seed=3)
+    masked = fake.calls[0]["masked"]
+    hidden = np.isnan(masked) & np.isfinite(ds["sst"].values)
+    # Distances against the cells a model saw (finite and valid: land holds values but is not context).
+    distance = brute_distance(masked, ds["valid"].values, hidden)
+    edges = [0.0] + [edge for _, edge in DISTANCE_BINS]
+    expected = {label: int(((distance > lo) & (distance <= hi)).sum())
+                for (label, _), lo, hi in zip(DISTANCE_BINS, edges, edges[1:])}
+    assert res["hidden_by_distance"] == expected and expected["1"] > 0 and expected["4-6"] > 0
+    a, b = res["rows"]
+    for row, error in ((a, 0.5), (b, 1.0)):
+        bins = row["rmse_by_distance"]
+        assert {k: v["n"] for k, v in bins.items()} == expected
+        for v in bins.values():  # every error is +-error, whatever the distance
+            assert (v["rmse"] == pytest.approx(error) and v["mae"] == pytest.approx(error)) if v["n"] else \
+                math.isnan(v["rmse"])
+        assert len(row["pit"]) == 10 and sum(row["pit"]) == row["n"]
+    # |z| = 1.67 for a: PIT 0.048 or 0.952, the two end bins only; |z| = 1 for b: PIT 0.16 or 0.84.
+    assert a["pit"][0] + a["pit"][9] == a["n"] and min(a["pit"][0], a["pit"][9]) > 0
+    assert b["pit"][1] + b["pit"][8] == b["n"]
+    assert a["coverage_50"] == b["coverage_50"] == 0.0
+    # Distances are taken on the horizontal grid whatever the dims' order.
+    turned = ds.transpose("lat", "lon", "time")
+    again = evaluate(turned, "sst", ["a"], infill_fn=Oracle(turned["sst"], {"a": (0.5, 0.3)}), seed=3)
+    assert again["hidden_by_distance"] == expected
+
+
+def test_evaluate_diagnostics_count_only_scored_cells():
+    ds = cube(steps=4)
+    oracle = Oracle(ds["sst"], {"a": (0.5, 0.3)})
+
+    def patchy(masked_ds, variable, model, **kwargs):  # no usable std on the first 12 rows
+        out = oracle(masked_ds, variable, model, **kwargs)
+        out[f"{variable}_std"][:, :12] = np.nan
+        return out
+
+    res = evaluate(ds, "sst", ["a"], infill_fn=patchy, seed=3)
+    row = res["rows"][0]
+    assert 0 < row["n"] < res["hidden_cells"]
+    assert sum(v["n"] for v in row["rmse_by_distance"].values()) == sum(row["pit"]) == row["n"]
+    assert sum(res["hidden_by_distance"].values()) == res["hidden_cells"]
+
+
 # -- tables and the command behind ``geonp evaluate`` ---------------------------------------------
 
 def test_write_table_round_trips(tmp_path):
@@ -187,7 +244,8 @@ def test_write_table_round_trips(tmp_path):
     assert js == tmp_path / "t.json"
     text = md.read_text()
     assert text.startswith("# Title") and "| model | fit steps | RMSE |" in text
-    assert json.loads(js.read_text())["results"][0] == json.loads(json.dumps(res))
+    # Strict JSON: an empty distance bin's NaN RMSE is written as null.
+    assert json.loads(js.read_text())["results"][0] == json.loads(json.dumps(res), parse_constant=lambda _: None)
     table = [line for line in text.splitlines() if line.startswith("| a ") or line.startswith("| b ")]
     for line, row in zip(table, res["rows"]):
         cells = [c.strip().strip("*") for c in line.strip("|").split("|")]
@@ -196,6 +254,32 @@ def test_write_table_round_trips(tmp_path):
         assert float(cells[5]) == pytest.approx(row["crps"], rel=1e-3)
         assert int(cells[-1]) == row["n"]
     assert "**0.5**" in table[0]  # the best RMSE is bold
+
+
+def test_write_table_has_distance_and_calibration_tables_and_renders_old_rows(tmp_path):
+    ds = cube(steps=4)
+    res = evaluate(ds, "sst", ["a", "b"], infill_fn=Oracle(ds["sst"], {"a": (0.5, 0.3), "b": (1.0, 1.0)}))
+    for key in ("rmse_by_distance", "pit", "coverage_50"):  # b as written before the diagnostics existed
+        del res["rows"][1][key]
+    res["rows"][1]["commit"] = "abc1234"
+    text = write_table([res], tmp_path / "t.md")[0].read_text()
+    assert "| model | fit steps | RMSE | MAE | NLL | CRPS | cov50 | cov90 | cov95 |" in text
+    assert "RMSE in degC by distance to the nearest observed cell (cells)" in text and "Calibration" in text
+    n = res["hidden_by_distance"]
+    assert f"| model | fit steps | 1 (n={n['1']}) | 2-3 (n={n['2-3']}) | 4-6 (n={n['4-6']}) |" in text
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if "(n=" in line)
+    a_row, b_row = lines[header + 2:header + 4]  # after the header and the separator
+    assert a_row.startswith("| a | 0 | 0.5 |") and b_row == "| b | 0 | – | – | – | – | – |"
+    pit = " ".join(map(str, res["rows"][0]["pit"]))
+    assert f"| a | 0 | 0 | 0 | 1 | {pit} |" in text and "| b | 0 | – | 1 | 1 | – |" in text
+    assert "| commit |" in text and "abc1234" in text
+
+    for row in res["rows"]:  # a whole table from before the diagnostics: the main table only
+        row.pop("rmse_by_distance", None), row.pop("pit", None), row.pop("coverage_50", None)
+    del res["hidden_by_distance"]
+    text = write_table([res], tmp_path / "old.md")[0].read_text()
+    assert "| b | 0 |" in text and "(n=" not in text and "Calibration" not in text
 
 
 def test_run_evaluate_tiny_netcdf(tmp_path):

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from geonp.metrics import gaussian_skill
+from geonp.metrics import DISTANCE_BINS, binned_rmse, distance_to_observed, gaussian_skill, pit_histogram
 
 
 def test_calibrated_gaussian_scores_match_theory():
@@ -19,6 +19,7 @@ def test_calibrated_gaussian_scores_match_theory():
     assert s["nll"] == pytest.approx(0.5 * math.log(2 * math.pi * 9) + 0.5, rel=0.01)
     # CRPS of N(mu, s^2) averaged over its own draws is s / sqrt(pi).
     assert s["crps"] == pytest.approx(3.0 / math.sqrt(math.pi), rel=0.01)
+    assert s["coverage_50"] == pytest.approx(0.50, abs=0.003)
     assert s["coverage_90"] == pytest.approx(0.90, abs=0.003)
     assert s["coverage_95"] == pytest.approx(0.95, abs=0.003)
 
@@ -38,3 +39,56 @@ def test_nan_points_are_dropped_and_nothing_to_score_is_an_error():
     assert s["n"] == 1 and s["rmse"] == 0.0
     with pytest.raises(ValueError, match="no point"):
         gaussian_skill(np.array([np.nan]), np.zeros(1), np.ones(1))
+
+
+# -- diagnostics: distance to the nearest observed cell, PIT ------------------------------------
+
+def test_distance_to_observed_exact_on_a_small_grid():
+    observed = np.zeros((2, 5, 5), bool)
+    observed[0, 2, 2] = True  # step 1 has no observed cell at all
+    d = distance_to_observed(observed)
+    assert d.shape == observed.shape and d.dtype == np.float64
+    assert d[0, 2, 2] == 0.0
+    assert d[0, 2, 3] == 1.0 and d[0, 1, 2] == 1.0  # edge neighbours
+    assert d[0, 3, 3] == pytest.approx(math.sqrt(2))  # diagonal
+    assert d[0, 2, 4] == 2.0 and d[0, 0, 0] == pytest.approx(math.sqrt(8))
+    assert np.isinf(d[1]).all()
+    # Steps are independent: an observed cell at step 0 is not near the same cell of step 1.
+    observed[1, 0, 0] = True
+    assert distance_to_observed(observed)[1, 2, 2] == pytest.approx(math.sqrt(8))
+    # A single scene (no step axis) works; fewer than two axes does not.
+    np.testing.assert_array_equal(distance_to_observed(observed[0]), d[0])
+    with pytest.raises(ValueError, match="two horizontal axes"):
+        distance_to_observed(np.ones(4, bool))
+
+
+def test_binned_rmse_puts_edge_distances_in_the_right_bins():
+    distance = np.array([1.0, 1.0 + 1e-9, 3.0, 3.0 + 1e-9, 6.0, 6.0 + 1e-9, 12.0, 12.0 + 1e-9, np.inf, 2.0])
+    err = np.array([1.0, 1.0, -3.0, 2.0, 2.0, -4.0, 4.0, 5.0, -5.0, np.nan])  # NaN: dropped
+    bins = binned_rmse(err, distance)
+    assert list(bins) == [label for label, _ in DISTANCE_BINS] == ["1", "2-3", "4-6", "7-12", ">12"]
+    assert [b["n"] for b in bins.values()] == [1, 2, 2, 2, 2]
+    assert bins["1"]["rmse"] == 1.0
+    assert bins["2-3"]["rmse"] == pytest.approx(math.sqrt(5)) and bins["2-3"]["mae"] == 2.0  # 1 and -3
+    assert bins["4-6"]["rmse"] == 2.0  # 2 (at 3+) and 2 (at 6)
+    assert bins["7-12"]["rmse"] == 4.0  # -4 (at 6+) and 4 (at 12)
+    assert bins[">12"]["rmse"] == 5.0  # 5 (at 12+) and -5 (no observed cell: inf)
+    empty = binned_rmse(np.array([1.0]), np.array([1.0]))["7-12"]
+    assert empty["n"] == 0 and math.isnan(empty["rmse"]) and math.isnan(empty["mae"])
+
+
+def test_pit_histogram_flat_when_calibrated_u_when_too_narrow():
+    rng = np.random.default_rng(2)
+    n = 100_000
+    y, mean = rng.normal(1.0, 2.0, n), np.full(n, 1.0)
+    flat = pit_histogram(y, mean, np.full(n, 2.0))
+    assert len(flat) == 10 and sum(flat) == n
+    assert all(abs(c - n / 10) <= 0.1 * n / 10 for c in flat)
+    narrow = pit_histogram(y, mean, np.full(n, 1.0))  # half the true spread: truths pile up in the tails
+    assert sum(narrow) == n and min(narrow[0], narrow[-1]) > 2 * max(narrow[3:7])
+    wide = pit_histogram(y, mean, np.full(n, 4.0))  # twice the spread: a hump
+    assert max(wide[0], wide[-1]) < min(wide[4:6]) / 2
+    assert gaussian_skill(y, mean, np.full(n, 2.0))["coverage_50"] == pytest.approx(0.5, abs=0.01)
+    assert gaussian_skill(y, mean, np.full(n, 1.0))["coverage_50"] < 0.35
+    # Points gaussian_skill would drop are dropped here too; other bin counts work.
+    assert pit_histogram(np.array([0.0, np.nan, 0.0]), np.zeros(3), np.array([1.0, 1.0, 0.0]), bins=4) == [0, 0, 1, 0]

@@ -104,3 +104,36 @@ def test_satellite_cv_merge_combines_runs(tmp_path):
     assert [(r["model"], r["rmse"], r["commit"]) for r in rows] == [("te-pt-tnp", 0.5, "c2"), ("kriging", 2.0, "c1")]
     text = out.read_text()
     assert "a.json: unrecorded at unrecorded on CPU x" in text and "on GPU y" in text and "| commit |" in text
+
+
+def test_satellite_cv_renders_committed_table_and_mixes_old_and_new_rows(tmp_path):
+    from pipelines import satellite_cv
+    from pipelines.provenance import REPO
+
+    committed = REPO / "pipelines" / "results" / "satellite_cv.json"  # rows from before the diagnostics
+    before = committed.read_text()
+    out = tmp_path / "old.md"
+    satellite_cv.merge([str(committed)], str(out))
+    assert committed.read_text() == before
+    text = out.read_text()
+    assert text.count("| model | fit steps | RMSE |") == len(json.loads(before)["results"])
+    assert "| cov50 |" in text and "(n=" not in text  # a missing value prints "–", absent diagnostics no table
+
+    def table(name, rows, extra):
+        res = {"source": "s", "variable": "sst", "units": "K", "seed": 0, "steps": 1, "observed_cells": 20,
+               "donors": [-1], "hidden_cells": 10, "hidden_fraction": 0.5, **extra,
+               "rows": [{"model": m, "fit_steps": 0, "rmse": 1.0, "n": 10, "commit": "c", **r} for m, r in rows]}
+        path = tmp_path / name
+        path.write_text(json.dumps({"header": "# T\n", "results": [res]}))
+        return str(path)
+
+    new_row = {"coverage_50": 0.5, "pit": [1] * 10,
+               "rmse_by_distance": {"1": {"n": 4, "rmse": 0.5, "mae": 0.4}, ">12": {"n": 6, "rmse": 2.0, "mae": 1.5}}}
+    new = table("new.json", [("te-pt-tnp", new_row)], {"hidden_by_distance": {"1": 4, ">12": 6}})
+    old = table("old.json", [("kriging", {})], {})
+    for files in ([new, old], [old, new]):  # whichever file wins, the counts by distance stay
+        satellite_cv.merge(files, str(out))
+        text = out.read_text()
+        assert "| te-pt-tnp | 0 | 0.5 | – | – | – | 2 |" in text and "| kriging | 0 | – | – | – | – | – |" in text
+        assert "| 1 (n=4) | 2-3 | 4-6 | 7-12 | >12 (n=6) |" in text
+        assert "| te-pt-tnp | 0 | 0.5 | – | – | 1 1 1 1 1 1 1 1 1 1 |" in text

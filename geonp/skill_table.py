@@ -1,0 +1,121 @@
+"""Skill tables of ``geonp.evaluate`` results: markdown for people, JSON for everything.
+
+Per dataset, three markdown tables: the main scores (RMSE, MAE, NLL, CRPS, coverage, interval
+score, wall time), RMSE by distance to the nearest observed cell, and calibration (central 50/90/95%
+coverage and the PIT histogram). Results written before the diagnostics existed (no
+``rmse_by_distance``, ``pit`` or ``coverage_50`` in their rows) still render: a missing value
+prints as "–", and a dataset none of whose rows has the diagnostics gets only the main table.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from geonp.metrics import DISTANCE_BINS
+
+#: Codes of a result's ``donors`` (one per step) besides a donor step's index (>= 0): the step got
+#: synthetic clouds, or nothing was hidden. ``geonp.evaluate.hide_cells`` writes them.
+DONOR_CLOUDS, DONOR_NONE = -1, -2
+
+COLUMNS = [("model", "model"), ("fit steps", "fit_steps"), ("RMSE", "rmse"), ("MAE", "mae"), ("NLL", "nll"),
+           ("CRPS", "crps"), ("cov50", "coverage_50"), ("cov90", "coverage_90"), ("cov95", "coverage_95"),
+           ("IS90", "interval_score_90"), ("wall s", "wall_s"), ("n", "n")]
+CALIBRATION = [("cov50", "coverage_50"), ("cov90", "coverage_90"), ("cov95", "coverage_95")]
+
+
+def write_table(
+    results: Sequence[Mapping[str, Any]],
+    md_path: str | Path,
+    json_path: str | Path | None = None,
+    header: str = "",
+) -> tuple[Path, Path]:
+    """Write ``evaluate`` results as markdown (three tables per dataset) and JSON (everything).
+
+    ``header`` (markdown, e.g. ``pipelines.provenance.header``) is prepended. Numbers get 4
+    significant digits; the best RMSE and CRPS of the main table, and the best RMSE of each
+    distance bin, are bold. The JSON is ``{"header", "results"}`` with non-finite numbers as null.
+    ``json_path`` defaults to ``md_path`` with the suffix ``.json``. Returns the two paths.
+    """
+    md_path = Path(md_path)
+    json_path = Path(json_path) if json_path is not None else md_path.with_suffix(".json")
+    parts = [header.rstrip() + "\n"] if header.strip() else []
+    parts += [markdown(res) for res in results]
+    md_path.write_text("\n".join(parts))
+    json_path.write_text(json.dumps({"header": header, "results": _plain(list(results))}, indent=1,
+                                    allow_nan=False) + "\n")
+    return md_path, json_path
+
+
+def markdown(res: Mapping[str, Any]) -> str:
+    """One dataset's section: a title, what was hidden, the main table and the diagnostics tables."""
+    rows = res["rows"]
+    # Rows a pipeline kept from earlier runs say which commit produced them.
+    columns = COLUMNS + ([("commit", "commit")] if any("commit" in r for r in rows) else [])
+    donors = res.get("donors", [])
+    real, synthetic = sum(d >= 0 for d in donors), sum(d == DONOR_CLOUDS for d in donors)
+    units = f" in {res['units']}" if res.get("units") else ""
+    lines = [f"## {res['variable']} · {Path(str(res.get('source', ''))).name}", "",
+             f"Hidden: {res['hidden_cells']} cells ({100 * res['hidden_fraction']:.1f}% of the observed) in "
+             f"{real + synthetic} of {res.get('steps', len(donors))} steps ({real} real gap patterns of other "
+             f"steps, {synthetic} synthetic clouds), seed {res.get('seed', '?')}. Scores{units} at the hidden "
+             "cells only; NLL in nats per cell; wall s: seconds per infill call.", ""]
+    lines += _table(columns, [[row.get(key) for _, key in columns] for row in rows],
+                    bold={columns.index(c) for c in (("RMSE", "rmse"), ("CRPS", "crps"))})
+    if any("rmse_by_distance" in r for r in rows) or "hidden_by_distance" in res:
+        lines += ["", f"RMSE{units} by distance to the nearest observed cell (cells), same time step; n: hidden "
+                  "cells in the bin.", ""]
+        counts = res.get("hidden_by_distance", {})
+        bins = [(f"{label} (n={counts[label]})" if label in counts else label, label) for label, _ in DISTANCE_BINS]
+        body = [[row["model"], row.get("fit_steps")]
+                + [row.get("rmse_by_distance", {}).get(label, {}).get("rmse") for _, label in bins] for row in rows]
+        lines += _table([("model", ""), ("fit steps", "")] + bins, body, bold=set(range(2, 2 + len(bins))))
+    if any("pit" in r or "coverage_50" in r for r in rows):
+        lines += ["", "Calibration: coverage of the central 50/90/95% intervals; PIT counts in 10 equal bins from "
+                  "0 to 1 (flat: calibrated; U: too narrow; hump: too wide; slope: biased).", ""]
+        body = [[row["model"], row.get("fit_steps")] + [row.get(key) for _, key in CALIBRATION]
+                + [" ".join(map(str, row["pit"])) if row.get("pit") else None] for row in rows]
+        lines += _table([("model", ""), ("fit steps", "")] + CALIBRATION + [("PIT", "")], body)
+    return "\n".join(lines) + "\n"
+
+
+def _table(columns: Sequence[tuple[str, str]], body: Sequence[Sequence[Any]], bold: Collection[int] = ()) -> list[str]:
+    """Markdown lines of a table: titles from ``columns``, one list of values per row.
+
+    In the columns named by ``bold`` (indices) the smallest finite value is bold, when there are at
+    least two to compare.
+    """
+    best = {}
+    for j in bold:
+        finite = [r[j] for r in body if isinstance(r[j], (int, float, np.number)) and math.isfinite(r[j])]
+        best[j] = min(finite) if len(finite) > 1 else None
+    lines = ["| " + " | ".join(title for title, _ in columns) + " |", "|---" + "|---:" * (len(columns) - 1) + "|"]
+    for values in body:
+        cells = []
+        for j, value in enumerate(values):
+            text = _fmt(value, 3 if columns[j][1] == "wall_s" else 4)
+            cells.append(f"**{text}**" if best.get(j) is not None and value == best[j] else text)
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _fmt(value: Any, digits: int = 4) -> str:
+    if isinstance(value, (float, np.floating)):
+        return f"{float(value):.{digits}g}" if math.isfinite(value) else "–"
+    return "–" if value is None else str(value)
+
+
+def _plain(obj: Any) -> Any:
+    """``obj`` with numpy types as Python ones and non-finite floats as None (strict JSON)."""
+    if isinstance(obj, Mapping):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, np.ndarray)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    return None if isinstance(obj, float) and not math.isfinite(obj) else obj

@@ -61,6 +61,7 @@ class TrainConfig:
     val_seed: int = 1_000_003
     device: str = "auto"
     time_budget_s: float | None = None
+    init_from: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "checkpoint_every", "log_every", "val_every", "val_tasks"):
@@ -154,6 +155,8 @@ class _Run:
         self.model = build(cfg.model, self.generator.dim_x, self.generator.dim_y, preset=cfg.preset, **cfg.model_args)
         if not self.model.trainable:
             raise ValueError(f"model {cfg.model!r} has no trainable weights (its hyper-parameters are fitted per task)")
+        if cfg.init_from is not None:
+            self.initialised = initialise_from(self.model, cfg.init_from)
         self.model.to(device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.rng = torch.Generator().manual_seed(cfg.seed)
@@ -188,6 +191,31 @@ class _Run:
         self.step, self.elapsed = int(meta["step"]), float(meta["elapsed_s"])
         if "data_state" in meta and hasattr(self.generator, "load_state_dict"):
             self.generator.load_state_dict(meta["data_state"])
+
+
+def initialise_from(model: NeuralProcess, path: str | Path) -> list[str]:
+    """Copy into ``model`` every weight of checkpoint ``path`` with the same name and shape.
+
+    For growing a trained model (e.g. adding local attention blocks, which start as the
+    identity): the weights the checkpoint lacks keep their fresh initialisation. Returns the
+    names of the weights copied. Raises ValueError (one line) for a missing file, another model
+    or nothing in common.
+    """
+    from geonp.models.registry import load_with_meta
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config init_from: {path}: no such file")
+    source, meta = load_with_meta(path)
+    held = meta["model"]["name"]
+    if held != model.registry_name:
+        raise ValueError(f"config init_from: {path} holds model {held!r}, not {model.registry_name!r}")
+    own = model.state_dict()
+    copied = {k: v for k, v in source.state_dict().items() if k in own and own[k].shape == v.shape}
+    if not copied:
+        raise ValueError(f"config init_from: {path} shares no weight with the configured model")
+    model.load_state_dict(copied, strict=False)
+    return sorted(copied)
 
 
 def _loss(model: NeuralProcess, batch, device: torch.device) -> torch.Tensor:

@@ -65,14 +65,38 @@ def synthetic_field(shape: tuple[int, int, int], rng: np.random.Generator) -> np
 
 
 def _load(entry: dict[str, Any], folder: Path) -> tuple[np.ndarray, np.ndarray, float]:
-    """``(values [T, R, C], valid [T, R, C], spread)`` of one ``{path, variable}`` entry."""
-    from geonp.data.cube import open_cube
+    """``(values [T, R, C], valid [T, R, C], spread)`` of one training-field entry.
 
-    path = Path(entry["path"])
-    path = path if path.is_absolute() else folder / path
-    ds = open_cube(path, [entry["variable"]])
-    values = np.asarray(canonical(ds, entry["variable"], str(path)).values, np.float64)
-    valid = np.broadcast_to(np.isfinite(values).any(0), values.shape)  # land of an SST field stays out
+    Keys: ``path`` (or ``paths``: files concatenated along time, e.g. daily files), ``variable``;
+    optional ``satellite`` (true, or ``open_satellite`` keywords such as ``{valid_mask: mask}``:
+    product QC applied and the valid area from the product), ``isel`` (``{dim: [start, stop]}``:
+    the part of the field to use) and ``exclude`` (a list of such boxes, in the dims of the
+    selected part, whose cells are never used: e.g. the cells an evaluation hides).
+    """
+    from geonp.data.cube import open_cube
+    from geonp.data.satellite import open_satellite
+
+    paths = [Path(p) for p in (entry["paths"] if "paths" in entry else [entry["path"]])]
+    paths = [p if p.is_absolute() else folder / p for p in paths]
+    variable, satellite = entry["variable"], entry.get("satellite", False)
+    parts = []
+    for path in paths:
+        if satellite:
+            ds = open_satellite(path, variable, **(satellite if isinstance(satellite, dict) else {}))
+        else:
+            ds = open_cube(path, [variable])
+        ds = ds.isel({d: slice(*v) for d, v in entry.get("isel", {}).items()})
+        da = canonical(ds, variable, str(path))
+        valid = np.ones(da.shape[1:], bool) if "valid" not in ds else np.asarray(ds["valid"].values, bool)
+        parts.append((np.asarray(da.values, np.float64), valid, da.dims))
+    values = np.concatenate([v for v, _, _ in parts])
+    dims = parts[0][2]
+    for box in entry.get("exclude", []):
+        values[tuple(slice(*box[d]) if d in box else slice(None) for d in dims)] = np.nan
+    if satellite:
+        valid = np.broadcast_to(parts[0][1], values.shape)
+    else:  # land of an SST field stays out
+        valid = np.broadcast_to(np.isfinite(values).any(0), values.shape)
     return values, valid, float(np.nanstd(values)) or 1.0
 
 
@@ -85,17 +109,21 @@ class WindowSource:
         synthetic: probability that a training window comes from a synthetic field.
         window: :class:`WindowSpec` keywords (core, overlap, halo, max_context, cells_per_unit).
         seed: the synthetic validation seed offset (training randomness comes from ``sample``'s rng).
+        real_clouds: probability that a window's hidden cells are another time step's real gaps
+            (see :func:`~geonp.data.windows.training_window`) rather than synthetic clouds.
     """
 
     dim_x, dim_y = 3, 1
 
     def __init__(self, files: list[dict] | None = None, val_files: list[dict] | None = None,
-                 synthetic: float = 0.5, window: dict | None = None, seed: int = 0) -> None:
+                 synthetic: float = 0.5, window: dict | None = None, seed: int = 0,
+                 real_clouds: float = 0.0) -> None:
         self.spec = WindowSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in (window or {}).items()})
         folder = data_folder()
         self.fields = [_load(e, folder) for e in files or []]
         self.val_fields = [_load(e, folder) for e in val_files or []]
         self.synthetic = synthetic if self.fields else 1.0
+        self.real_clouds = real_clouds
         self.checkpoint_meta = {"infill": {"cells_per_unit": self.spec.cells_per_unit,
                                            "steps_per_unit": self.spec.steps_per_unit,
                                            "window": self.spec.as_dict()}}
@@ -107,7 +135,7 @@ class WindowSource:
                 valid, spread = np.ones(values.shape, bool), float(np.nanstd(values)) or 1.0
             else:
                 values, valid, spread = fields[int(rng.integers(len(fields)))]
-            task = training_window(values, valid, self.spec, rng, spread)
+            task = training_window(values, valid, self.spec, rng, spread, real_clouds=self.real_clouds)
             if task is not None:
                 return task
 

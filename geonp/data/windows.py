@@ -236,13 +236,17 @@ def _thin(ci: np.ndarray, shape: tuple[int, int, int], focus: tuple[slice, slice
 
 def training_window(values: np.ndarray, valid: np.ndarray, spec: WindowSpec, rng: np.random.Generator,
                     spread: float, elevation: np.ndarray | None = None, cover: tuple[float, float] = (0.1, 0.7),
-                    ) -> WindowTask | None:
+                    real_clouds: float = 0.0) -> WindowTask | None:
     """One self-supervised task from a ``[T, R, C]`` array (NaN = missing), or None if too sparse.
 
-    The window is placed at random; a smooth cloud mask covering a fraction ``U(cover)`` of the
-    prediction region (at the window's central time step) hides observed cells, which become the
-    targets (``yt`` holds their standardised truths); the other observed cells in view are the
-    context. ``valid`` is ``[T, R, C]`` (True where data may exist); ``elevation`` ``[R, C]`` m.
+    The window is placed at random; at its central time step a part of the observed cells of the
+    prediction region is hidden and becomes the targets (``yt`` holds their standardised truths);
+    the other observed cells in view, the other time steps' included, are the context. With
+    probability ``real_clouds`` (and when ``values`` has another time step whose gaps hide between
+    5% and 95% of those cells) the hidden cells are another step's real gaps laid over this one,
+    so the model learns to fill a day under another day's clouds from its history; otherwise a
+    smooth synthetic cloud mask covers a fraction ``U(cover)`` of the region. ``valid`` is
+    ``[T, R, C]`` (True where data may exist); ``elevation`` ``[R, C]`` m.
     """
     shape = values.shape
     size = [min(c + o, n) for c, o, n in zip(spec.core, spec.overlap, shape)]
@@ -253,11 +257,21 @@ def training_window(values: np.ndarray, valid: np.ndarray, spec: WindowSpec, rng
     view = tuple(slice(a, b) for a, b in zip(lo, hi))
     v = values[view]
     observed = np.isfinite(v) & valid[view]
-    clouds = random_clouds((size[1], size[2]), float(rng.uniform(*cover)), rng, float(rng.uniform(2.0, 8.0)))
-    target = np.zeros(v.shape, bool)
     region = (t_mid - lo[0], slice(start[1] - lo[1], start[1] - lo[1] + size[1]),
               slice(start[2] - lo[2], start[2] - lo[2] + size[2]))
-    target[region] = clouds & observed[region]
+    here = observed[region]
+    clouds = None
+    if real_clouds > 0 and shape[0] > 1 and rng.random() < real_clouds:
+        donor = int(rng.integers(shape[0] - 1))
+        donor += donor >= t_mid  # any step but this one
+        rows, cols = slice(start[1], start[1] + size[1]), slice(start[2], start[2] + size[2])
+        gaps = ~np.isfinite(values[donor, rows, cols]) & valid[donor, rows, cols]
+        share = (gaps & here).sum() / max(here.sum(), 1)
+        clouds = gaps if 0.05 <= share <= 0.95 else None
+    if clouds is None:
+        clouds = random_clouds((size[1], size[2]), float(rng.uniform(*cover)), rng, float(rng.uniform(2.0, 8.0)))
+    target = np.zeros(v.shape, bool)
+    target[region] = clouds & here
     context = observed & ~target
     if target.sum() < MIN_POINTS or context.sum() < MIN_POINTS:
         return None

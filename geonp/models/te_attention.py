@@ -141,11 +141,16 @@ class TEAttention(nn.Module):
         dots = (q @ k.transpose(-1, -2)).permute(0, 2, 3, 1)  # [B, bq, bk, H]
         # Differences are formed in full precision before any cast, so equivariance is exact.
         diff = xq[:, :, None, :] - xk[:, None, :, :]  # [B, bq, bk, Dx]
-        logits = self.logit_mlp(torch.cat([dots, diff.to(dots.dtype)], dim=-1)).float()  # [B, bq, bk, H]
+        return self.pair_logits(dots, diff).permute(0, 3, 1, 2)
+
+    def pair_logits(self, dots: torch.Tensor, diff: torch.Tensor) -> torch.Tensor:
+        """The TE logits of (query, key) pairs: ``dots [..., H]`` (scaled q.k per head) and
+        ``diff [..., Dx]`` (x_query - x_key) -> ``[..., H]`` float32."""
+        logits = self.logit_mlp(torch.cat([dots, diff.to(dots.dtype)], dim=-1)).float()
         if self.log_lengthscale is not None:
-            dist2 = diff.float().square().sum(-1, keepdim=True)  # [B, bq, bk, 1]
+            dist2 = diff.float().square().sum(-1, keepdim=True)  # [..., 1]
             logits = logits - 0.5 * dist2 * torch.exp(-2.0 * self.log_lengthscale.float())
-        return logits.permute(0, 3, 1, 2)
+        return logits
 
     def _attend_rows(
         self,

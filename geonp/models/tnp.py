@@ -30,6 +30,7 @@ from geonp.models.attention import AttentionBlock
 from geonp.models.base import NeuralProcess
 from geonp.models.layers import mlp
 from geonp.models.likelihood import GaussianHead
+from geonp.models.local_attention import TELocalAttentionBlock, nearest_neighbours
 from geonp.models.registry import register
 from geonp.models.te_attention import DEFAULT_BLOCK_ELEMS, TEAttentionBlock
 
@@ -169,7 +170,8 @@ class TEPTTNP(_TETransformerNP):
     def __init__(self, dim_x: int, dim_y: int, dim_model: int = 128, num_heads: int = 8, head_dim: int = 16,
                  num_layers: int = 5, num_pseudo: int = 32, dim_kernel_hidden: int = 128,
                  update_locations: bool = True, max_block_elems: int = DEFAULT_BLOCK_ELEMS,
-                 min_scale: float = 1e-3, distance_prior: bool = True) -> None:
+                 min_scale: float = 1e-3, distance_prior: bool = True, num_neighbours: int = 0,
+                 neighbour_weights: list[float] | None = None, local_context: bool = False) -> None:
         super().__init__(dim_x, dim_y, dim_model, min_scale)
         self.pseudo = nn.Parameter(torch.randn(num_pseudo, dim_model))  # u0 [M, Dz]
         self.pseudo_offset = nn.Parameter(torch.randn(num_pseudo, dim_x))  # v0 [M, Dx]
@@ -178,6 +180,18 @@ class TEPTTNP(_TETransformerNP):
         args = (num_layers, dim_model, num_heads, head_dim, dim_x, dim_kernel_hidden, update_locations, max_block_elems,
                 distance_prior)
         self.to_pseudo, self.to_context, self.to_target = (self._te_blocks(*args) for _ in range(3))
+        if neighbour_weights is not None and len(neighbour_weights) != dim_x:
+            raise ValueError(f"neighbour_weights needs one weight per input dimension ({dim_x}), "
+                             f"got {list(neighbour_weights)}")
+        self.num_neighbours = num_neighbours
+        self.register_buffer("neighbour_weights", None if neighbour_weights is None
+                             else torch.tensor(neighbour_weights, dtype=torch.float32), persistent=False)
+        local = lambda: nn.ModuleList(  # noqa: E731
+            TELocalAttentionBlock(dim_model, num_heads, head_dim, dim_x, dim_kernel_hidden, distance_prior,
+                                  max_block_elems) for _ in range(num_layers))
+        # Targets (and optionally context points) also attend to their k nearest context points.
+        self.target_local = local() if num_neighbours > 0 else None
+        self.context_local = local() if num_neighbours > 0 and local_context else None
 
     def initial_pseudo_locations(self, zc: torch.Tensor, xc: torch.Tensor, mask_c: torch.Tensor) -> torch.Tensor:
         """Eq. 11: ``zc [B, Nc, Dz], xc [B, Nc, Dx] -> v [B, M, Dx]``."""
@@ -193,8 +207,18 @@ class TEPTTNP(_TETransformerNP):
         u = self.pseudo.expand(b, -1, -1)  # [B, M, Dz]
         v = self.initial_pseudo_locations(zc, xc, mask_c)  # [B, M, Dx]
         all_u = torch.ones(u.shape[:2], dtype=torch.bool, device=u.device)
-        for to_u, to_c, to_t in zip(self.to_pseudo, self.to_context, self.to_target):
+        near_t = near_c = None
+        if self.target_local is not None:  # chosen once, from the input locations
+            near_t = nearest_neighbours(xt, xc, mask_c, self.num_neighbours, self.neighbour_weights)  # [B, Nt, K]
+        if self.context_local is not None:
+            near_c = nearest_neighbours(xc, xc, mask_c, self.num_neighbours, self.neighbour_weights)  # [B, Nc, K]
+        for i, (to_u, to_c, to_t) in enumerate(zip(self.to_pseudo, self.to_context, self.to_target)):
             u, v = to_u(u, v, zc, xc, mask_c)
-            zc, xc = to_c(zc, xc, u, v, all_u)
+            zc_new, xc_new = to_c(zc, xc, u, v, all_u)
+            if near_c is not None:
+                zc_new = self.context_local[i](zc_new, xc_new, zc_new, xc_new, *near_c)
             zt, xt = to_t(zt, xt, u, v, all_u)
+            if near_t is not None:
+                zt = self.target_local[i](zt, xt, zc_new, xc_new, *near_t)
+            zc, xc = zc_new, xc_new
         return self.head(self.decoder(zt))

@@ -1,0 +1,120 @@
+"""Local TE attention (targets -> their k nearest context points): neighbour search, the model
+properties every TE model must keep, and growing a trained model with it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import random_tasks
+
+from geonp.models import build, save
+from geonp.models.local_attention import nearest_neighbours
+from geonp.train import initialise_from
+
+
+def local_model(dx: int = 2, k: int = 4, local_context: bool = True, seed: int = 0, **kw):
+    """A tiny te-pt-tnp with local attention whose zero-initialised branches are switched on."""
+    torch.manual_seed(seed)
+    model = build("te-pt-tnp", dx, 1, preset="tiny", num_neighbours=k, local_context=local_context, **kw)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "_local" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    return model.eval()
+
+
+def test_nearest_neighbours_match_a_brute_force_search():
+    g = torch.Generator().manual_seed(1)
+    xq, xk = torch.rand(2, 7, 3, generator=g), torch.rand(2, 11, 3, generator=g)
+    mask = torch.ones(2, 11, dtype=torch.bool)
+    mask[1, 4:] = False  # task 1 has 4 keys: fewer than k
+    weights = torch.tensor([0.25, 1.0, 0.0])  # time counted a quarter, the last input ignored
+    index, valid = nearest_neighbours(xq, xk, mask, 5, weights)
+    assert index.shape == valid.shape == (2, 7, 5)
+    for b in range(2):
+        keys = np.flatnonzero(mask[b].numpy())
+        d = (((xq[b, :, None] - xk[b, None, keys]) * weights) ** 2).sum(-1).numpy()
+        for i in range(7):
+            want = keys[np.argsort(d[i], kind="stable")[:5]]
+            got = index[b, i][valid[b, i]].numpy()
+            np.testing.assert_array_equal(got, want)
+    assert valid[0].all() and valid[1, :, :4].all() and not valid[1, :, 4:].any()
+
+
+def test_local_attention_keeps_translation_equivariance_and_padding():
+    xc, yc, xt, mask_c = random_tasks(dx=2)
+    model = local_model(neighbour_weights=[0.5, 1.0])
+    tau = torch.tensor([3.7, -1.3])
+    with torch.no_grad():
+        a, b = model(xc, yc, xt, mask_c), model(xc + tau, yc, xt + tau, mask_c)
+        one = model(xc[:1, :7], yc[:1, :7], xt[:1])  # task 0 without its padding
+    torch.testing.assert_close(a.loc, b.loc, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(a.scale, b.scale, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(a.loc[:1], one.loc, atol=1e-5, rtol=1e-5)
+
+
+def test_local_attention_changes_predictions_once_switched_on():
+    xc, yc, xt, mask_c = random_tasks(dx=2)
+    torch.manual_seed(0)
+    plain = build("te-pt-tnp", 2, 1, preset="tiny").eval()
+    model = local_model()
+    with torch.no_grad():
+        assert (plain(xc, yc, xt, mask_c).loc - model(xc, yc, xt, mask_c).loc).abs().max() > 1e-3
+
+
+def test_query_chunks_give_the_same_values_and_gradients():
+    xc, yc, xt, mask_c = random_tasks(b=2, nc=23, nt=17, dx=2)
+    model = local_model(k=6).train()
+    results = []
+    for elems in (2**30, 64):  # one chunk vs. one query at a time
+        for module in model.modules():
+            if hasattr(module, "max_block_elems"):
+                module.max_block_elems = elems
+        model.zero_grad()
+        dist = model(xc, yc, xt, mask_c)
+        (-dist.log_prob(torch.ones_like(dist.loc)).mean()).backward()
+        grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+        results.append((dist.loc.detach(), grads))
+    torch.testing.assert_close(results[0][0], results[1][0], atol=1e-5, rtol=1e-4)
+    for a, b in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-3)
+
+
+def test_a_target_on_a_context_point_sees_that_point():
+    """The nearest context point reaches the target through the local path: changing its value
+    moves the prediction there more than changing the farthest point's."""
+    g = torch.Generator().manual_seed(3)
+    xc = torch.rand(1, 40, 2, generator=g) * 4
+    yc = torch.randn(1, 40, 1, generator=g)
+    xt = xc[:, :1].clone()
+    model = local_model(k=4)
+    far = int(((xc[0] - xt[0, 0]) ** 2).sum(-1).argmax())
+    with torch.no_grad():
+        base = model(xc, yc, xt).loc
+        near_y, far_y = yc.clone(), yc.clone()
+        near_y[0, 0] += 1.0
+        far_y[0, far] += 1.0
+        near_change = (model(xc, near_y, xt).loc - base).abs().item()
+        far_change = (model(xc, far_y, xt).loc - base).abs().item()
+    assert near_change > far_change
+
+
+def test_growing_a_trained_model_starts_from_its_predictions(tmp_path):
+    xc, yc, xt, mask_c = random_tasks(dx=2)
+    torch.manual_seed(0)
+    trained = build("te-pt-tnp", 2, 1, preset="tiny")
+    save(trained, tmp_path / "trained.safetensors")
+    torch.manual_seed(1)
+    grown = build("te-pt-tnp", 2, 1, preset="tiny", num_neighbours=8, local_context=True)
+    copied = initialise_from(grown, tmp_path / "trained.safetensors")
+    assert len(copied) == len(trained.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(grown.eval()(xc, yc, xt, mask_c).loc, trained.eval()(xc, yc, xt, mask_c).loc)
+    with pytest.raises(ValueError, match="holds model 'te-pt-tnp', not 'te-tnp'"):
+        initialise_from(build("te-tnp", 2, 1, preset="tiny"), tmp_path / "trained.safetensors")
+
+
+def test_neighbour_weights_must_match_the_inputs():
+    with pytest.raises(ValueError, match="one weight per input dimension"):
+        build("te-pt-tnp", 3, 1, preset="tiny", num_neighbours=4, neighbour_weights=[1.0, 1.0])

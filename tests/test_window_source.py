@@ -1,0 +1,82 @@
+"""Training windows: real clouds from another day, and the training-field entries
+(satellite QC, parts of a field, excluded boxes, daily files joined along time)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+from conftest import real_file
+
+from geonp.data.window_source import WindowSource, _load
+from geonp.data.windows import WindowSpec, training_window
+
+
+def _history(t: int = 6, r: int = 40, c: int = 40) -> tuple[np.ndarray, np.ndarray]:
+    """A field whose step ``k`` misses every column ``c`` with ``(c + 3k) % 8 < 3``: each step's
+    gaps are whole columns, and any other step's gaps hide some of its observed columns."""
+    rr, cc = np.meshgrid(np.arange(r), np.arange(c), indexing="ij")
+    values = np.stack([np.sin(rr / 6) + np.cos(cc / 9) + 0.1 * k for k in range(t)]).astype(np.float64)
+    for k in range(t):
+        values[k, :, (np.arange(c) + 3 * k) % 8 < 3] = np.nan
+    return values, np.ones(values.shape, bool)
+
+
+def test_real_clouds_are_another_steps_gaps():
+    values, valid = _history()
+    spec = WindowSpec(core=(1, 16, 16), overlap=(0, 4, 4), halo=(2, 6, 6))
+    rng = np.random.default_rng(0)
+    seen = 0
+    for _ in range(40):
+        task = training_window(values, valid, spec, rng, 1.0, real_clouds=1.0)
+        if task is None:
+            continue
+        # Targets sit on one step, in whole columns of the prediction region (20 rows): the
+        # donor's gap pattern, never a smooth synthetic blob.
+        assert np.ptp(task.xt[:, 0]) == 0
+        cols = np.unique(task.xt[:, 2])
+        assert all(np.sum(task.xt[:, 2] == c) == 20 for c in cols)
+        # The rest of the history is context: other steps are present.
+        assert np.unique(task.xc[:, 0]).size > 1
+        seen += 1
+    assert seen > 10
+
+
+def test_without_real_clouds_the_stream_is_unchanged():
+    values, valid = _history()
+    spec = WindowSpec()
+    a = training_window(values, valid, spec, np.random.default_rng(5), 1.0)
+    b = training_window(values, valid, spec, np.random.default_rng(5), 1.0, real_clouds=0.0)
+    np.testing.assert_array_equal(a.xt, b.xt)
+    np.testing.assert_array_equal(a.yc, b.yc)
+
+
+def test_field_entries_select_exclude_and_join(tmp_path):
+    rng = np.random.default_rng(0)
+    for day in range(3):
+        ds = xr.Dataset({"sm": (("time", "lat", "lon"), rng.random((1, 10, 12)))},
+                        coords={"time": pd.date_range(f"2020-01-0{day + 1}", periods=1),
+                                "lat": np.linspace(40, 49, 10), "lon": np.linspace(0, 11, 12)})
+        ds["sm"][0, :2, :2] = np.nan
+        ds.to_netcdf(tmp_path / f"d{day}.nc")
+    entry = {"paths": [f"d{d}.nc" for d in range(3)], "variable": "sm", "isel": {"lon": [2, 12]},
+             "exclude": [{"lat": [4, 6], "lon": [0, 3]}]}
+    values, valid, spread = _load(entry, tmp_path)
+    assert values.shape == (3, 10, 10)
+    assert np.isnan(values[:, 4:6, :3]).all() and np.isfinite(values[:, 4:6, 3:]).all()
+    assert np.isfinite(values[:, :2, :]).all()  # the gaps at lon 0-1 were cut away by isel
+    assert valid.shape == values.shape and spread > 0
+
+
+def test_satellite_entries_use_the_products_valid_area():
+    path = real_file("satellite/alboran_sst_avhrr_2017-05.nc")
+    entry = {"path": path, "variable": "SST", "satellite": {"valid_mask": "mask"},
+             "isel": {"time": [6, 10], "lon": [150, 301]}}
+    values, valid, _ = _load(entry, None)
+    assert values.shape == (4, 201, 151)
+    land = ~valid[0]
+    assert land.any() and np.isnan(values[:, land]).all()
+    assert (valid & np.isnan(values)).any()  # clouds over the sea are gaps to learn from
+    source = WindowSource(files=[entry], synthetic=0.0, real_clouds=1.0)
+    batch = source.sample(4, __import__("torch").Generator().manual_seed(0))
+    assert batch.mask_t.sum() > 0

@@ -19,7 +19,7 @@ def local_model(dx: int = 2, k: int = 4, local_context: bool = True, seed: int =
     model = build("te-pt-tnp", dx, 1, preset="tiny", num_neighbours=k, local_context=local_context, **kw)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "_local" in name:
+            if any(part in name for part in ("_local", "value_skip", "kriging")):
                 p.add_(0.2 * torch.randn_like(p))
     return model.eval()
 
@@ -44,7 +44,7 @@ def test_nearest_neighbours_match_a_brute_force_search():
 
 def test_local_attention_keeps_translation_equivariance_and_padding():
     xc, yc, xt, mask_c = random_tasks(dx=2)
-    model = local_model(neighbour_weights=[0.5, 1.0])
+    model = local_model(neighbour_weights=[0.5, 1.0], value_skip=True, local_kriging=True)
     tau = torch.tensor([3.7, -1.3])
     with torch.no_grad():
         a, b = model(xc, yc, xt, mask_c), model(xc + tau, yc, xt + tau, mask_c)
@@ -54,18 +54,23 @@ def test_local_attention_keeps_translation_equivariance_and_padding():
     torch.testing.assert_close(a.loc[:1], one.loc, atol=1e-5, rtol=1e-5)
 
 
-def test_local_attention_changes_predictions_once_switched_on():
+@pytest.mark.parametrize("skip", [False, True])
+def test_local_attention_changes_predictions_once_switched_on(skip):
     xc, yc, xt, mask_c = random_tasks(dx=2)
     torch.manual_seed(0)
     plain = build("te-pt-tnp", 2, 1, preset="tiny").eval()
-    model = local_model()
+    model = local_model(value_skip=skip)
     with torch.no_grad():
         assert (plain(xc, yc, xt, mask_c).loc - model(xc, yc, xt, mask_c).loc).abs().max() > 1e-3
+        if skip:  # the skip path is live: zeroing it changes the prediction
+            before = model(xc, yc, xt, mask_c).loc
+            model.value_skip.weight.zero_()
+            assert (model(xc, yc, xt, mask_c).loc - before).abs().max() > 1e-4
 
 
 def test_query_chunks_give_the_same_values_and_gradients():
     xc, yc, xt, mask_c = random_tasks(b=2, nc=23, nt=17, dx=2)
-    model = local_model(k=6).train()
+    model = local_model(k=6, value_skip=True, local_kriging=True).train()
     results = []
     for elems in (2**30, 64):  # one chunk vs. one query at a time
         for module in model.modules():
@@ -106,7 +111,8 @@ def test_growing_a_trained_model_starts_from_its_predictions(tmp_path):
     trained = build("te-pt-tnp", 2, 1, preset="tiny")
     save(trained, tmp_path / "trained.safetensors")
     torch.manual_seed(1)
-    grown = build("te-pt-tnp", 2, 1, preset="tiny", num_neighbours=8, local_context=True)
+    grown = build("te-pt-tnp", 2, 1, preset="tiny", num_neighbours=8, local_context=True, value_skip=True,
+                  local_kriging=True)
     copied = initialise_from(grown, tmp_path / "trained.safetensors")
     assert len(copied) == len(trained.state_dict())
     with torch.no_grad():
@@ -118,3 +124,38 @@ def test_growing_a_trained_model_starts_from_its_predictions(tmp_path):
 def test_neighbour_weights_must_match_the_inputs():
     with pytest.raises(ValueError, match="one weight per input dimension"):
         build("te-pt-tnp", 3, 1, preset="tiny", num_neighbours=4, neighbour_weights=[1.0, 1.0])
+
+
+def test_local_kriging_is_ordinary_kriging():
+    """With its initial covariance the head reproduces PyKrige's ordinary kriging (Gaussian model)."""
+    from pykrige.ok import OrdinaryKriging
+
+    from geonp.models.local_kriging import INIT_LENGTHSCALE, INIT_NUGGET, INIT_SILL, LocalKriging
+
+    g = torch.Generator().manual_seed(0)
+    xc = torch.rand(1, 30, 2, generator=g)
+    yc = torch.sin(3 * xc[..., :1]) + torch.cos(2 * xc[..., 1:])
+    xt = torch.rand(1, 5, 2, generator=g)
+    index, valid = nearest_neighbours(xt, xc, torch.ones(1, 30, dtype=torch.bool), 30)
+    mean, logvar = LocalKriging(8, 2)(torch.zeros(1, 5, 8), xt, xc, yc, index, valid)
+    nugget = INIT_NUGGET + 1e-4  # the head's jitter acts as nugget too
+    # PyKrige's Gaussian variogram is sill (1 - exp(-h^2 / (4/7 range)^2)): range = ell sqrt(2) 7/4.
+    ok = OrdinaryKriging(xc[0, :, 0].numpy(), xc[0, :, 1].numpy(), yc[0, :, 0].numpy(), variogram_model="gaussian",
+                         variogram_parameters={"sill": INIT_SILL + nugget, "nugget": nugget,
+                                               "range": INIT_LENGTHSCALE * np.sqrt(2) * 7 / 4}, exact_values=False)
+    z, var = ok.execute("points", xt[0, :, 0].numpy().astype(float), xt[0, :, 1].numpy().astype(float))
+    np.testing.assert_allclose(mean[0, :, 0].detach().numpy(), z, atol=1e-4)
+    np.testing.assert_allclose(logvar[0, :, 0].exp().detach().numpy(), var, atol=1e-3)
+
+
+def test_local_kriging_ignores_absent_neighbours():
+    from geonp.models.local_kriging import LocalKriging
+
+    xc, yc, xt, mask_c = random_tasks(b=1, nc=12, nt=4, dx=2)
+    index, valid = nearest_neighbours(xt, xc, mask_c, 12)  # task 0 has 7 present points: 5 absent slots
+    head = LocalKriging(8, 2)
+    a = head(torch.zeros(1, 4, 8), xt, xc, yc, index, valid)
+    index7, valid7 = nearest_neighbours(xt, xc[:, :7], mask_c[:, :7], 7)
+    b = head(torch.zeros(1, 4, 8), xt, xc[:, :7], yc[:, :7], index7, valid7)
+    torch.testing.assert_close(a[0], b[0], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(a[1], b[1], atol=1e-5, rtol=1e-4)

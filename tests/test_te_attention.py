@@ -94,3 +94,33 @@ def test_distance_prior_makes_far_keys_negligible_and_can_be_switched_off():
         off = TEAttention(16, 4, 4, 2, 8, update_locations=False, distance_prior=False)
         assert not any("lengthscale" in n for n, _ in off.named_parameters())
         assert (off(zq, xq, zk, xk, mask)[0] - off(zq, xq, zk, xk, near_only)[0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("name", ["te-tnp", "te-pt-tnp"])
+@pytest.mark.parametrize("offset", [0.0, 250.0])
+def test_fast_path_matches_the_reference_in_values_and_gradients(name, offset, monkeypatch):
+    """The split/folded kernel MLPs compute the reference form's function (1e-5 in fp32), far from
+    the origin too (the fast path centres locations first)."""
+    from geonp.models.te_attention import TEAttention
+
+    xc, yc, xt, mask_c = random_tasks(b=2, nc=23, nt=17, dx=3)
+    xc, xt = xc + offset, xt + offset
+    torch.manual_seed(0)
+    model = build(name, 3, 1, preset="tiny")
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, TEAttention) and module.loc_mlp is not None:
+                torch.nn.init.normal_(module.loc_mlp[-1].weight, std=0.3)  # switch Eq. 10 on
+    results = []
+    for fast in (False, True):
+        monkeypatch.setattr(TEAttention, "fast", fast)
+        model.zero_grad()
+        dist = model(xc, yc, xt, mask_c)
+        (-dist.log_prob(torch.ones_like(dist.loc)).mean()).backward()
+        grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+        results.append((dist.loc.detach(), dist.scale.detach(), grads))
+    (loc1, scale1, g1), (loc2, scale2, g2) = results
+    torch.testing.assert_close(loc2, loc1, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(scale2, scale1, atol=1e-5, rtol=1e-5)
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)

@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -56,6 +57,10 @@ _NEG = -1e30  # finite "minus infinity" so fully padded key blocks never give in
 class TEAttention(nn.Module):
     """TE multi-head attention ``queries (zq, xq) <- keys (zk, xk)``.
 
+    ``fast`` (class attribute, default True) selects the CPU-friendly formulation of the same
+    function (split first layer of ``rho``, folded last layer of ``phi``, see ``_logits_fast``);
+    False runs the direct form, kept as the reference the tests hold the fast one to.
+
     Args:
         dim: token size ``Dz``.
         num_heads, head_dim: ``H`` and ``Dh``.
@@ -65,6 +70,8 @@ class TEAttention(nn.Module):
         max_block_elems: memory cap, see the module docstring.
         distance_prior: add the per-head squared-distance term, see the module docstring.
     """
+
+    fast: bool = True
 
     def __init__(
         self,
@@ -110,6 +117,13 @@ class TEAttention(nn.Module):
         b, h, nq, _ = q.shape
         nk = k.shape[2]
         n_valid = mask_k.sum(-1).clamp(min=1).to(xq.dtype)  # [B]
+        xq_in = xq
+        if self.fast:
+            # Centre the locations on the keys' mean: a translation, so nothing changes but the
+            # magnitude of the coordinates, which keeps the split first layer (see _logits_fast)
+            # exact to rounding of the differences rather than of absolute positions.
+            x0 = (xk * mask_k[..., None]).sum(1, keepdim=True) / n_valid[:, None, None]  # [B, 1, Dx]
+            xq, xk = xq - x0, xk - x0
         width = max(self.dim_hidden, h)
         bk = min(nk, _KEY_BLOCK)
         grad = torch.is_grad_enabled()
@@ -133,15 +147,34 @@ class TEAttention(nn.Module):
             outs.append(out)
             dxs.append(dx)
         out = torch.cat(outs, dim=2).transpose(1, 2).reshape(b, nq, -1)  # [B, Nq, H * Dh]
-        new_xq = xq + torch.cat(dxs, dim=1) if self.loc_mlp is not None else xq
+        new_xq = xq_in + torch.cat(dxs, dim=1) if self.loc_mlp is not None else xq_in
         return self.to_out(out), new_xq
 
     def _logits(self, q: torch.Tensor, xq: torch.Tensor, k: torch.Tensor, xk: torch.Tensor) -> torch.Tensor:
         # q [B, H, bq, Dh], k [B, H, bk, Dh], xq [B, bq, Dx], xk [B, bk, Dx] -> logits [B, H, bq, bk] (float32)
+        if self.fast:
+            return self._logits_fast(q, xq, k, xk)
         dots = (q @ k.transpose(-1, -2)).permute(0, 2, 3, 1)  # [B, bq, bk, H]
         # Differences are formed in full precision before any cast, so equivariance is exact.
         diff = xq[:, :, None, :] - xk[:, None, :, :]  # [B, bq, bk, Dx]
         return self.pair_logits(dots, diff).permute(0, 3, 1, 2)
+
+    def _logits_fast(self, q: torch.Tensor, xq: torch.Tensor, k: torch.Tensor, xk: torch.Tensor) -> torch.Tensor:
+        """``_logits`` with the kernel MLP's first layer split: it is linear in ``(q.k, x_q - x_k)``,
+        so its location part is ``W_x x_q - W_x x_k``, one projection per query and one per key
+        instead of one per pair, and the ``[.., H + Dx]`` input is never built."""
+        first = self.logit_mlp[0]
+        h = self.num_heads
+        w_dots, w_x = first.weight[:, :h], first.weight[:, h:]  # [J, H], [J, Dx]
+        dots = (q @ k.transpose(-1, -2)).permute(0, 2, 3, 1)  # [B, bq, bk, H]
+        per_q = F.linear(xq.to(dots.dtype), w_x, first.bias)  # [B, bq, J]
+        per_k = F.linear(xk.to(dots.dtype), w_x)  # [B, bk, J]
+        hidden = F.linear(dots, w_dots) + (per_q[:, :, None, :] - per_k[:, None, :, :])  # [B, bq, bk, J]
+        logits = self.logit_mlp[1:](hidden).float()  # [B, bq, bk, H]
+        if self.log_lengthscale is not None:
+            dist2 = (xq[:, :, None, :] - xk[:, None, :, :]).float().square().sum(-1, keepdim=True)
+            logits = logits - 0.5 * dist2 * torch.exp(-2.0 * self.log_lengthscale.float())
+        return logits.permute(0, 3, 1, 2)
 
     def pair_logits(self, dots: torch.Tensor, diff: torch.Tensor) -> torch.Tensor:
         """The TE logits of (query, key) pairs: ``dots [..., H]`` (scaled q.k per head) and
@@ -184,7 +217,15 @@ class TEAttention(nn.Module):
         for i, s in enumerate(range(0, nk, bk)):
             alpha = torch.exp(blocks[i] - log_norm[..., None])  # [B, H, bq, bk]; 0 at padding
             out = out + alpha @ v[:, :, s:s + bk].float()
-            if self.loc_mlp is not None:
+            if self.loc_mlp is not None and self.fast:
+                # phi's last layer is summed over heads right away: fold the sum into its weights,
+                # and sum_k w (x_q - x_k) = x_q sum_k w - sum_k w x_k needs no per-pair differences.
+                last = self.loc_mlp[-1]
+                hidden = self.loc_mlp[:-1](alpha.permute(0, 2, 3, 1).to(q.dtype))  # [B, bq, bk, J]
+                w = F.linear(hidden, last.weight.sum(0, keepdim=True), last.bias.sum().view(1))[..., 0].float()
+                w = w * mask_k[:, None, s:s + bk]  # [B, bq, bk]
+                dx = dx + xq.float() * w.sum(-1, keepdim=True) - w @ xk[:, s:s + bk].float()
+            elif self.loc_mlp is not None:
                 diff = xq[:, :, None, :] - xk[:, None, s:s + bk, :]  # [B, bq, bk, Dx]
                 w = self.loc_mlp(alpha.permute(0, 2, 3, 1).to(q.dtype)).sum(-1).float()  # [B, bq, bk]
                 w = w * mask_k[:, None, s:s + bk]

@@ -31,6 +31,7 @@ from geonp.models.base import NeuralProcess
 from geonp.models.layers import mlp
 from geonp.models.likelihood import GaussianHead
 from geonp.models.local_attention import TELocalAttentionBlock, nearest_neighbours
+from geonp.models.local_kriging import LocalKriging
 from geonp.models.registry import register
 from geonp.models.te_attention import DEFAULT_BLOCK_ELEMS, TEAttentionBlock
 
@@ -171,7 +172,8 @@ class TEPTTNP(_TETransformerNP):
                  num_layers: int = 5, num_pseudo: int = 32, dim_kernel_hidden: int = 128,
                  update_locations: bool = True, max_block_elems: int = DEFAULT_BLOCK_ELEMS,
                  min_scale: float = 1e-3, distance_prior: bool = True, num_neighbours: int = 0,
-                 neighbour_weights: list[float] | None = None, local_context: bool = False) -> None:
+                 neighbour_weights: list[float] | None = None, local_context: bool = False,
+                 value_skip: bool = False, local_kriging: bool = False) -> None:
         super().__init__(dim_x, dim_y, dim_model, min_scale)
         self.pseudo = nn.Parameter(torch.randn(num_pseudo, dim_model))  # u0 [M, Dz]
         self.pseudo_offset = nn.Parameter(torch.randn(num_pseudo, dim_x))  # v0 [M, Dx]
@@ -192,6 +194,20 @@ class TEPTTNP(_TETransformerNP):
         # Targets (and optionally context points) also attend to their k nearest context points.
         self.target_local = local() if num_neighbours > 0 else None
         self.context_local = local() if num_neighbours > 0 and local_context else None
+        # value_skip: the last local layer's per-head weighted means of the neighbours' raw values
+        # join the target tokens before the decoder (zero-initialised: a grown model starts unchanged).
+        self.value_skip = nn.Linear(num_heads * dim_y, dim_model) if num_neighbours > 0 and value_skip else None
+        if self.value_skip is not None:
+            nn.init.zeros_(self.value_skip.weight)
+            nn.init.zeros_(self.value_skip.bias)
+        # local_kriging: ordinary kriging of each target from its neighbours (geonp.models.local_kriging);
+        # its mean and log variance join the target tokens, and gain * its mean the predicted mean.
+        self.kriging = LocalKriging(dim_model, dim_x) if num_neighbours > 0 and local_kriging else None
+        if self.kriging is not None:
+            self.kriging_in = nn.Linear(dim_y + 1, dim_model)
+            nn.init.zeros_(self.kriging_in.weight)
+            nn.init.zeros_(self.kriging_in.bias)
+            self.kriging_gain = nn.Parameter(torch.zeros(()))
 
     def initial_pseudo_locations(self, zc: torch.Tensor, xc: torch.Tensor, mask_c: torch.Tensor) -> torch.Tensor:
         """Eq. 11: ``zc [B, Nc, Dz], xc [B, Nc, Dx] -> v [B, M, Dx]``."""
@@ -203,6 +219,7 @@ class TEPTTNP(_TETransformerNP):
 
     def predict(self, xc, yc, xt, mask_c, mask_t) -> Normal:
         b = xc.shape[0]
+        x_context, x_target = xc, xt  # the input locations, before Eq. 10 moves them
         zc, zt = self._tokens(yc, xt)
         u = self.pseudo.expand(b, -1, -1)  # [B, M, Dz]
         v = self.initial_pseudo_locations(zc, xc, mask_c)  # [B, M, Dx]
@@ -216,9 +233,18 @@ class TEPTTNP(_TETransformerNP):
             u, v = to_u(u, v, zc, xc, mask_c)
             zc_new, xc_new = to_c(zc, xc, u, v, all_u)
             if near_c is not None:
-                zc_new = self.context_local[i](zc_new, xc_new, zc_new, xc_new, *near_c)
+                zc_new, _ = self.context_local[i](zc_new, xc_new, zc_new, xc_new, *near_c)
             zt, xt = to_t(zt, xt, u, v, all_u)
             if near_t is not None:
-                zt = self.target_local[i](zt, xt, zc_new, xc_new, *near_t)
+                last = i == len(self.to_target) - 1
+                zt, y_mean = self.target_local[i](zt, xt, zc_new, xc_new, *near_t,
+                                                  yc if last and self.value_skip is not None else None)
+                if y_mean is not None:
+                    zt = zt + self.value_skip(y_mean)  # [B, Nt, Dz]
             zc, xc = zc_new, xc_new
-        return self.head(self.decoder(zt))
+        if self.kriging is None:
+            return self.head(self.decoder(zt))
+        k_mean, k_logvar = self.kriging(zt, x_target, x_context, yc, *near_t)  # [B, Nt, Dy], [B, Nt, 1]
+        raw = self.decoder(zt + self.kriging_in(torch.cat([k_mean, k_logvar], -1).to(zt.dtype)))
+        loc, pre_scale = raw.split(self.dim_y, dim=-1)
+        return self.head(torch.cat([loc + self.kriging_gain * k_mean, pre_scale], -1))

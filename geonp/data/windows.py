@@ -173,7 +173,8 @@ class WindowTask:
 def window_task(values: np.ndarray, context: np.ndarray, target: np.ndarray, centre: tuple[float, float, float],
                 spec: WindowSpec, spread: float, elevation: np.ndarray | None = None,
                 rng: np.random.Generator | None = None, truth: np.ndarray | None = None,
-                focus: tuple[slice, slice] | None = None) -> WindowTask:
+                focus: tuple[slice, slice] | None = None,
+                far: tuple[np.ndarray, np.ndarray] | None = None) -> WindowTask:
     """Encode one window of a ``[T, R, C]`` slab.
 
     Args:
@@ -190,17 +191,25 @@ def window_task(values: np.ndarray, context: np.ndarray, target: np.ndarray, cen
             ``spec.max_context`` is thinned by distance to it. It must not depend on which of the
             region's cells are targets, or the same window would see different context in
             different output blocks.
+        far: ``(xf [Nf, Dx], yf [Nf])`` context points beyond the view, appended after the
+            near cells: model inputs (as :func:`inputs` makes them) and values in user units
+            (see :mod:`geonp.data.far_context`). They take ``Nf`` of ``spec.max_context``.
     """
     ci = np.flatnonzero(context)
     ti = np.flatnonzero(target)
-    if ci.size > spec.max_context:
-        ci = _thin(ci, values.shape, focus or _box(target), spec.max_context, rng)
+    nf = 0 if far is None else far[1].size
+    if ci.size > spec.max_context - nf:
+        ci = _thin(ci, values.shape, focus or _box(target), spec.max_context - nf, rng)
     yc = values.reshape(-1)[ci].astype(np.float64)
+    if nf:
+        yc = np.concatenate([yc, np.asarray(far[1], np.float64)])
     offset = float(yc.mean()) if yc.size else 0.0
     ss = float(((yc - offset) ** 2).sum())
     scale = float(np.sqrt((ss + SHRINK_POINTS * spread**2) / max(yc.size - 1 + SHRINK_POINTS, 1.0)))
     scale = scale if scale > 0 else 1.0
     xc = inputs(ci, values.shape, centre, spec, elevation)
+    if nf:
+        xc = np.concatenate([xc, np.asarray(far[0], np.float32)])
     xt = inputs(ti, values.shape, centre, spec, elevation)
     yt = None if truth is None else ((truth.reshape(-1)[ti] - offset) / scale).astype(np.float32)
     return WindowTask(xc, ((yc - offset) / scale).astype(np.float32), xt, ti, offset, scale, yt)

@@ -3,6 +3,9 @@
 A block is a ``[time, rows, cols]`` box of the output (one input chunk). Its windows (see
 :mod:`geonp.data.windows`) read a slab reaching ``overlap + halo`` cells beyond the block, so
 every target sees context on all sides, and each window predicts only the block's own cells.
+Where the halo does not surround a window's targets (gaps wider than the halo), the window also
+gets far points, coarsened block means from the field's pyramid (:mod:`geonp.data.far_context`);
+they depend on the cube and the window only, so blocks stay independent.
 Where windows overlap their Gaussian predictions are combined as a mixture with the tapered
 weights: mean ``sum w mu``, variance ``sum w (sigma^2 + mu^2) - mean^2``, which keeps the
 uncertainty honest when two windows disagree.
@@ -17,7 +20,8 @@ import dask
 import numpy as np
 import torch
 
-from geonp.data.windows import WindowSpec, WindowTask, axes, window_task
+from geonp.data.far_context import FAR_SHARE, Slab, far_points, finest_level, slab_margin
+from geonp.data.windows import WindowSpec, WindowTask, axes, inputs, window_task
 from geonp.fill.field import Field
 from geonp.fill.output import FLAG_INFILLED, FLAG_OBSERVED, FLAG_OUTSIDE
 from geonp.fill.predictor import predict_windows
@@ -43,7 +47,9 @@ def fill_block(field: Field, key: tuple[slice, slice, slice], model: NeuralProce
     """Fill the cells ``key`` (slices along time, rows, cols) of ``field``.
 
     ``elevation`` is the whole grid's ``[rows, cols]`` elevation in metres when the model takes
-    it. Deterministic: the same block gives the same values whatever ran before it.
+    it. Deterministic: the same block gives the same values whatever ran before it. Windows whose
+    halo does not surround their targets add far points (:func:`far_points`); a gap cell gets the
+    global mean (counted in ``without_context``) only when its window has no observation in reach.
     """
     # A block without gaps needs no context: read just the block, not the slab of every window
     # around it (about a dozen chunk reads instead of one on a mostly observed cube).
@@ -53,11 +59,15 @@ def fill_block(field: Field, key: tuple[slice, slice, slice], model: NeuralProce
         return _compose(values, valid, observed, missing, none, none, none, field)
     grid = axes(field.shape, spec)
     touching = [a.touching(s.start, s.stop) for a, s in zip(grid, key)]
-    lo = [min(a.seen(k)[0] for k in ks) for a, ks in zip(grid, touching)]
-    hi = [max(a.seen(k)[1] for k in ks) for a, ks in zip(grid, touching)]
+    # Beyond the views, the few cells the far ring summarises raw (blocks straddling a view's edge).
+    margin = (0, *slab_margin(spec.halo[1:]))
+    lo = [max(min(a.seen(k)[0] for k in ks) - m, 0) for a, ks, m in zip(grid, touching, margin)]
+    hi = [min(max(a.seen(k)[1] for k in ks) + m, a.n) for a, ks, m in zip(grid, touching, margin)]
     slab_key = tuple(slice(a, b) for a, b in zip(lo, hi))
     values, valid, observed, missing = _read(field, slab_key)
     elev = None if elevation is None else elevation[slab_key[1], slab_key[2]]
+    slab = Slab(values, observed, missing, tuple(lo), field.shape)
+    finest = finest_level(spec.halo[1:])
 
     own = tuple(slice(s.start - o, s.stop - o) for s, o in zip(key, lo))  # the block, in slab coordinates
     gaps = np.zeros(values.shape, bool)
@@ -87,12 +97,19 @@ def fill_block(field: Field, key: tuple[slice, slice, slice], model: NeuralProce
         if not target.any():
             continue
         context = observed[view]
-        if not context.any():
-            continue  # left to the no-context fallback in _compose
+        far_cells, far_values = far_points(lambda: field.pyramid(finest), slab, pred, seen[0], spec.halo[1:],
+                                           max(spec.max_context // FAR_SHARE, 1))
+        if not context.any() and not far_values.size:
+            continue  # no observation in reach on the window's time steps: the fallback in _compose
         centre = tuple((p0 + p1 - 1) / 2 - s0 for (p0, p1), (s0, _) in zip(pred, seen))
+        far = None
+        if far_values.size:  # inputs over the whole cube: the same lattice and scaling as the near cells
+            flat = np.ravel_multi_index(tuple(far_cells.T), field.shape)
+            whole_centre = tuple((p0 + p1 - 1) / 2 for p0, p1 in pred)  # ``centre`` in cube cells
+            far = (inputs(flat, field.shape, whole_centre, spec, elevation), far_values)
         rng = np.random.default_rng([seed, *ks])
         task = window_task(values[view], context, target, centre, spec, field.spread,
-                           None if elev is None else elev[view[1], view[2]], rng, focus=region[1:])
+                           None if elev is None else elev[view[1], view[2]], rng, focus=region[1:], far=far)
         cells = np.unravel_index(task.targets, target.shape)
         w = np.ones(task.targets.size)
         for axis, k, (p0, _), (s0, _), c in zip(grid, ks, pred, seen, cells):

@@ -22,10 +22,11 @@ import torch
 import xarray as xr
 
 from geonp import __version__
+from geonp.data.far_context import FAR_SHARE, MIN_FAR, OPENING
 from geonp.data.windows import WindowSpec, canonical
 from geonp.fill.blocks import BlockResult, fill_block
 from geonp.fill.field import Field, select_variables, summarise, valid_area
-from geonp.fill.output import InfillStore, chunk_regions, output_template
+from geonp.fill.output import WITHOUT_CONTEXT, InfillStore, chunk_regions, output_template
 from geonp.fill.predictor import ModelChoice, choose_model
 
 
@@ -163,7 +164,13 @@ def _request(p: Plan, source: str) -> dict[str, Any]:
     return {"source": str(source), "variables": [f.name for f in p.fields], "model": p.choice.name,
             "checkpoint_sha256": p.choice.sha256, "fit_steps": p.fit_steps, "window": p.spec.as_dict(),
             "seed": p.seed, "elevation": p.elevation is not None,
-            "valid_cells": [int(f.valid.sum()) for f in p.fields]}
+            "valid_cells": [int(f.valid.sum()) for f in p.fields],
+            # How windows reach beyond their halo: a store filled under another rule is not resumed.
+            "far_context": {"min_far": MIN_FAR, "opening": OPENING, "share": FAR_SHARE}}
+
+
+def _without_context_text(totals: dict[str, int]) -> str:
+    return ", ".join(f"{v} {n}" for v, n in totals.items())
 
 
 def infill(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = "te-pt-tnp", *,
@@ -173,6 +180,9 @@ def infill(ds: xr.Dataset, variables: str | list[str] | None = None, model: str 
     ``options`` are :func:`plan`'s keywords (checkpoint, valid_mask, elevation, window, device,
     batch_size, seed, fit_steps). Dims of the output are ``(time, rows, cols)`` (time of length
     one for a single scene). ``v_std`` is 0 at observed cells and NaN outside the valid area.
+    The global attribute ``geonp_gaps_without_context_<v>`` counts the gap cells of ``v`` that had
+    no observation in reach on their window's time steps and got ``v``'s global mean and spread
+    (a warning says so when there are any).
     """
     say = _stderr if progress else None
     p = plan(ds, variables, model, **options)
@@ -181,19 +191,26 @@ def infill(ds: xr.Dataset, variables: str | list[str] | None = None, model: str 
     _finetune(p, None, say)
     template = output_template(xr.Dataset({f.name: f.data for f in p.fields}), [f.name for f in p.fields])
     out = {}
+    totals = {}
     for f in p.fields:
         value = np.empty(f.shape, np.float32)
         std = np.empty(f.shape, np.float32)
         flag = np.empty(f.shape, np.int8)
+        totals[f.name] = 0
         for _, key in chunk_regions(f.data.chunks):
             r = p.fill(f, key)
             value[key], std[key], flag[key] = r.value, r.std, r.flag
+            totals[f.name] += r.without_context
         dims = f.data.dims
         out[f.name] = (dims, value, template[f.name].attrs)
         out[f"{f.name}_std"] = (dims, std, template[f"{f.name}_std"].attrs)
         out[f"{f.name}_flag"] = (dims, flag, template[f"{f.name}_flag"].attrs)
     result = xr.Dataset(out, coords=template.coords)
     result.attrs = provenance(p, options.get("source", "in-memory dataset"))
+    result.attrs.update({f"{WITHOUT_CONTEXT}_{v}": n for v, n in totals.items()})
+    if any(totals.values()):
+        warnings.warn(f"gap cells without any observation in reach, filled with the global mean: "
+                      f"{_without_context_text(totals)}", stacklevel=2)
     return result
 
 
@@ -220,25 +237,30 @@ def infill_to_zarr(ds: xr.Dataset, out: str | Path, variables: str | list[str] |
     todo = [(i, region) for (i, region), done in zip(store.blocks(), store.done().ravel()) if not done]
     run = _distributed if scheduler else _sequential
     run(p, store, todo, scheduler, say)
-    store.finish()
+    totals = store.finish()  # summed over every block in the store, those of an earlier run included
+    message = f"gap cells filled with the global mean (no observation in reach): {_without_context_text(totals)}"
     if say:
-        say(f"wrote {out}")
+        say(f"wrote {out}; {message}")
+    elif any(totals.values()):  # shown even with --quiet, like the notes
+        _stderr(f"geonp: note: {message}")
     return out
 
 
-def _block_values(p: Plan, region: dict[str, slice]) -> dict[str, np.ndarray]:
-    values = {}
+def _block_values(p: Plan, region: dict[str, slice]) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """One block's output arrays, and its gap cells filled without context per variable."""
+    values, without = {}, {}
     for f in p.fields:
         r = p.fill(f, tuple(region[d] for d in f.data.dims))
         values.update({f.name: r.value, f"{f.name}_std": r.std, f"{f.name}_flag": r.flag})
-    return values
+        without[f.name] = r.without_context
+    return values, without
 
 
 def _sequential(p: Plan, store: InfillStore, todo: list, scheduler: str | None, say) -> None:
     from tqdm import tqdm
 
     for index, region in tqdm(todo, desc="infill blocks", unit="block", disable=say is None, file=sys.stderr):
-        store.write_block(index, region, _block_values(p, region))
+        store.write_block(index, region, *_block_values(p, region))
 
 
 def _distributed(p: Plan, store: InfillStore, todo: list, scheduler: str | None, say) -> None:
@@ -256,7 +278,7 @@ def _distributed(p: Plan, store: InfillStore, todo: list, scheduler: str | None,
 
 
 def _fill_and_write(p: Plan, store: InfillStore, index: tuple[int, ...], region: dict[str, slice]) -> None:
-    store.write_block(index, region, _block_values(p, region))
+    store.write_block(index, region, *_block_values(p, region))
 
 
 def _stderr(message: str) -> None:

@@ -9,6 +9,7 @@ the statistics of every variable in a single dask traversal.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 
 import dask
@@ -16,6 +17,7 @@ import numpy as np
 import xarray as xr
 
 from geonp.data.cube import field_variables, horizontal_dims
+from geonp.data.far_context import Pyramid, build_pyramid
 
 
 @dataclass
@@ -35,10 +37,18 @@ class Field:
     spread: float = 1.0
     observed: int = 0
     gaps: int = 0
+    _pyramids: dict[int, Pyramid] = dataclass_field(default_factory=dict, repr=False, compare=False)
 
     @property
     def shape(self) -> tuple[int, int, int]:
         return tuple(self.data.shape)  # type: ignore[return-value]
+
+    def pyramid(self, finest: int) -> Pyramid:
+        """Block summaries of the observed cells for far context (:mod:`geonp.data.far_context`),
+        from blocks of ``2**finest`` cells up; one pass over the cube on first use, then kept."""
+        if finest not in self._pyramids:
+            self._pyramids[finest] = build_pyramid(self.data, self.valid, finest)
+        return self._pyramids[finest]
 
     def valid_slab(self, key: tuple[slice, slice, slice]) -> np.ndarray:
         """The valid mask over ``key``, broadcast to ``[T, R, C]``."""

@@ -9,9 +9,12 @@ mean elsewhere), ``v_std`` (1-sigma predictive standard deviation, same units, C
 Blocks follow the input's chunks. The store is created up front (metadata only, with
 ``geonp_status = "incomplete"``) together with a small ``geonp_blocks_done`` array holding one
 byte per block in its own chunk, so writers of different blocks never touch the same object.
-A block's data is written first and its byte second: a process killed in between redoes that
-block on the next run, which writes the same values again. ``finish`` flips the status to
-``complete`` last.
+Beside it ``geonp_gaps_without_context`` holds, per block and filled variable, how many gap cells
+had no observation in reach and got the variable's global mean, so that a resumed run reports the
+whole store's total. A block's data and count are written first and its byte last: a process
+killed in between redoes that block on the next run, which writes the same values again.
+``finish`` totals the counts into global attributes ``geonp_gaps_without_context_<v>`` and flips
+the status to ``complete`` last.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from geonp.data import zarr_store
 FLAG_OBSERVED, FLAG_INFILLED, FLAG_OUTSIDE = 0, 1, 2
 FLAG_FILL = -1  # int8 fill value of a flag not yet written
 PROGRESS = "geonp_blocks_done"
+WITHOUT_CONTEXT = "geonp_gaps_without_context"
 STATUS = "geonp_status"
 
 
@@ -99,6 +103,7 @@ class InfillStore:
         self.dims = template[first].dims
         self.chunks = template[first].chunks
         self.variables = list(template.data_vars)
+        self.filled = [v for v in self.variables if f"{v}_flag" in self.variables]
         self.resumed = False
         if self.path.exists():
             if overwrite:
@@ -110,7 +115,13 @@ class InfillStore:
         ds = template.copy()
         ds.attrs = {**dict(attrs or {}), STATUS: "incomplete", "geonp_request": self.request}
         grid = tuple(len(c) for c in self.chunks)
-        ds[PROGRESS] = (tuple(f"{d}_block" for d in self.dims), dsa.zeros(grid, dtype=np.uint8, chunks=1))
+        block_dims = tuple(f"{d}_block" for d in self.dims)
+        ds[PROGRESS] = (block_dims, dsa.zeros(grid, dtype=np.uint8, chunks=1))
+        ds[WITHOUT_CONTEXT] = ((*block_dims, "filled_variable"),
+                               dsa.zeros((*grid, len(self.filled)), dtype=np.int64,
+                                         chunks=(1,) * len(grid) + (max(len(self.filled), 1),)),
+                               {"long_name": "gap cells filled with the variable's global mean (no context in reach)",
+                                "filled_variable": " ".join(self.filled)})
         # Floats get NaN as fill value. Flags and progress bytes get none: a _FillValue would make
         # xarray decode them to floats; unwritten chunks read as zarr's default 0 in an incomplete
         # store, which its geonp_status already marks as not to be trusted.
@@ -143,22 +154,42 @@ class InfillStore:
         return np.asarray(group[PROGRESS][...]).astype(bool)
 
     def write_block(self, index: tuple[int, ...], region: Mapping[str, slice],
-                    values: Mapping[str, np.ndarray]) -> None:
-        """Write every output variable of one block, then mark the block done."""
+                    values: Mapping[str, np.ndarray], without_context: Mapping[str, int] | None = None) -> None:
+        """Write every output variable of one block and its gap cells without context per filled
+        variable (0 where not given), then mark the block done."""
         group = zarr.open_group(str(self.path), mode="r+", use_consolidated=False)
         if set(values) != set(self.variables):
             raise ValueError(f"block values must hold {sorted(self.variables)}, got {sorted(values)}")
         key = tuple(region[d] for d in self.dims)
         for name, array in values.items():
             group[name][key] = np.asarray(array, dtype=group[name].dtype)
+        if self.filled:
+            counts = dict(without_context or {})
+            group[WITHOUT_CONTEXT][index] = np.array([counts.get(v, 0) for v in self.filled], np.int64)
         group[PROGRESS][index] = 1
 
-    def finish(self, attrs: Mapping[str, Any] | None = None) -> None:
-        """Mark the store complete (refuses while a block is missing) and reconsolidate."""
+    def without_context(self) -> dict[str, int]:
+        """Gap cells filled without context so far, per filled variable, over the written blocks."""
+        group = zarr.open_group(str(self.path), mode="r", use_consolidated=False)
+        if not self.filled:
+            return {}
+        counts = np.asarray(group[WITHOUT_CONTEXT][...]).reshape(-1, len(self.filled))
+        done = np.asarray(group[PROGRESS][...]).astype(bool).reshape(-1)
+        return {v: int(n) for v, n in zip(self.filled, counts[done].sum(0))}
+
+    def finish(self, attrs: Mapping[str, Any] | None = None) -> dict[str, int]:
+        """Mark the store complete (refuses while a block is missing) and reconsolidate.
+
+        Returns the gap cells filled without context per variable, also written as global
+        attributes ``geonp_gaps_without_context_<v>``.
+        """
         missing = int((~self.done()).sum())
         if missing:
             raise RuntimeError(f"{self.path}: {missing} blocks are not written; the store stays incomplete")
-        zarr_store.update_attrs(self.path, {**dict(attrs or {}), STATUS: "complete"})
+        totals = self.without_context()
+        counts = {f"{WITHOUT_CONTEXT}_{v}": n for v, n in totals.items()}
+        zarr_store.update_attrs(self.path, {**dict(attrs or {}), **counts, STATUS: "complete"})
+        return totals
 
 
 def is_complete(path: str | Path) -> bool:

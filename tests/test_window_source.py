@@ -80,3 +80,35 @@ def test_satellite_entries_use_the_products_valid_area():
     source = WindowSource(files=[entry], synthetic=0.0, real_clouds=1.0)
     batch = source.sample(4, __import__("torch").Generator().manual_seed(0))
     assert batch.mask_t.sum() > 0
+
+
+def test_thinning_keeps_the_target_day_first_when_asked():
+    from geonp.data.windows import window_task
+
+    values = np.random.default_rng(0).random((7, 20, 20))
+    context = np.ones(values.shape, bool)
+    target = np.zeros(values.shape, bool)
+    target[3, 8:12, 8:12] = True
+    context &= ~target
+    centre = (3, 9.5, 9.5)
+    focus = (slice(8, 12), slice(8, 12))
+    plain = window_task(values, context, target, centre, WindowSpec(max_context=300), 1.0, focus=focus)
+    timed = window_task(values, context, target, centre, WindowSpec(max_context=300, time_cells=4.0), 1.0,
+                        focus=focus)
+    day = lambda task: np.abs(task.xc[:, 0])  # steps from the target day  # noqa: E731
+    assert day(plain).max() == 3  # space only: cells of every day are kept alike
+    # A step away counts 4 cells: the target day and its neighbours fill the cap first.
+    assert day(timed).max() <= 2 and np.mean(day(timed) == 0) > np.mean(day(plain) == 0)
+
+
+def test_infill_reads_the_history_the_model_was_trained_with(tmp_path):
+    from conftest import smooth_cube
+
+    import geonp
+    from geonp.models import build, save
+
+    path = tmp_path / "history.safetensors"
+    save(build("te-pt-tnp", 3, 1, preset="tiny"), path,
+         extra={"infill": {"cells_per_unit": 8.0, "window": {"halo": [2, 10, 10], "time_cells": 4.0}}})
+    out = geonp.infill(smooth_cube(t=5), "sst", model="te-pt-tnp", checkpoint=str(path))
+    assert "'halo': [2, 10, 10]" in out.attrs["geonp_window"] and "'time_cells': 4.0" in out.attrs["geonp_window"]

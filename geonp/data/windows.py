@@ -57,6 +57,9 @@ class WindowSpec:
             cells from the prediction region are thinned (deterministically).
         cells_per_unit: grid cells per model input unit along rows/cols.
         steps_per_unit: time steps per model input unit.
+        time_cells: when thinning context, a time step away from the window's centre counts as
+            this many cells of distance (0: only the distance in space counts). With a long
+            history (a time halo of several steps) this keeps the target day's own cells first.
     """
 
     core: tuple[int, int, int] = (1, 16, 16)
@@ -65,6 +68,7 @@ class WindowSpec:
     max_context: int = 1024
     cells_per_unit: float = 8.0
     steps_per_unit: float = 1.0
+    time_cells: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("core", "overlap", "halo"):
@@ -91,7 +95,8 @@ class WindowSpec:
         core = tuple(min(c, n) for c, n in zip(self.core, shape))
         overlap = tuple(min(o, c - 1 if c > 1 else 0) for o, c in zip(self.overlap, core))
         halo = tuple(min(h, n) for h, n in zip(self.halo, shape))
-        return WindowSpec(core, overlap, halo, self.max_context, self.cells_per_unit, self.steps_per_unit)
+        return WindowSpec(core, overlap, halo, self.max_context, self.cells_per_unit, self.steps_per_unit,
+                          self.time_cells)
 
 
 @dataclass(frozen=True)
@@ -199,7 +204,8 @@ def window_task(values: np.ndarray, context: np.ndarray, target: np.ndarray, cen
     ti = np.flatnonzero(target)
     nf = 0 if far is None else far[1].size
     if ci.size > spec.max_context - nf:
-        ci = _thin(ci, values.shape, focus or _box(target), spec.max_context - nf, rng)
+        ci = _thin(ci, values.shape, focus or _box(target), spec.max_context - nf, rng,
+                   int(np.floor(centre[0])), spec.time_cells)
     yc = values.reshape(-1)[ci].astype(np.float64)
     if nf:
         yc = np.concatenate([yc, np.asarray(far[1], np.float64)])
@@ -234,11 +240,14 @@ def _box(mask: np.ndarray) -> tuple[slice, slice]:
 
 
 def _thin(ci: np.ndarray, shape: tuple[int, int, int], focus: tuple[slice, slice], keep: int,
-          rng: np.random.Generator | None) -> np.ndarray:
-    """Keep the ``keep`` context cells nearest (Chebyshev, in cells) to the ``focus`` box."""
-    _, r, c = np.unravel_index(ci, shape)
+          rng: np.random.Generator | None, t_centre: int = 0, time_cells: float = 0.0) -> np.ndarray:
+    """Keep the ``keep`` context cells nearest (Chebyshev, in cells) to the ``focus`` box, a time
+    step away from ``t_centre`` counting as ``time_cells`` cells (0: time is ignored)."""
+    t, r, c = np.unravel_index(ci, shape)
     rows, cols = focus
     dist = np.maximum(np.maximum(rows.start - r, r - (rows.stop - 1)), np.maximum(cols.start - c, c - (cols.stop - 1)))
+    if time_cells:
+        dist = np.maximum(dist, np.abs(t - t_centre) * time_cells)
     jitter = (rng or np.random.default_rng(0)).random(ci.size)  # breaks ties without a spatial bias
     return np.sort(ci[np.argsort(np.maximum(dist, 0) + jitter, kind="stable")[:keep]])
 

@@ -54,6 +54,9 @@ def _window_spec(window: WindowSpec | tuple | str | None, shape: tuple[int, int,
                  scaling: dict[str, Any], gridded: bool = False) -> WindowSpec:
     """``--window T,R,C``: the core size; default windows shrink to small cubes, explicit ones must fit.
 
+    The halo and the thinning rule (``time_cells``) are the checkpoint's training windows'
+    (``scaling["window"]``), so a model trained with a history of several steps reads one.
+
     ``gridded``: the model has a grid path (ConvCNP), whose density channel learned the context
     density of its training windows, so it keeps their context cap (``scaling["window"]``).
     Measured with the bundled convcnp (trained at 512): given every observed cell of 64 x 64
@@ -61,7 +64,11 @@ def _window_spec(window: WindowSpec | tuple | str | None, shape: tuple[int, int,
     """
     trained = scaling.get("window", {})
     cap = {"max_context": int(trained["max_context"])} if gridded and "max_context" in trained else {}
-    base = WindowSpec(**{k: v for k, v in scaling.items() if k in ("cells_per_unit", "steps_per_unit")}, **cap)
+    # The context a model was trained to read: its time/space halo and how its context was thinned
+    # (a model trained on a scene's history needs that history at infill too).
+    seen = {k: tuple(trained[k]) if k == "halo" else float(trained[k]) for k in ("halo", "time_cells") if k in trained}
+    base = WindowSpec(**{k: v for k, v in scaling.items() if k in ("cells_per_unit", "steps_per_unit")}, **cap,
+                      **seen)
     if window is None:
         return base.fitted_to(shape)
     if isinstance(window, WindowSpec):
@@ -74,7 +81,7 @@ def _window_spec(window: WindowSpec | tuple | str | None, shape: tuple[int, int,
             raise ValueError(f"--window: expected T,R,C (or R,C), got {window!r}")
         overlap = tuple(min(o, max(c - 1, 0)) for o, c in zip(base.overlap, parts))
         spec = WindowSpec(tuple(parts), overlap, base.halo, base.max_context, base.cells_per_unit,
-                          base.steps_per_unit)
+                          base.steps_per_unit, base.time_cells)
     if any(c > n for c, n in zip(spec.core, shape)):
         raise ValueError(f"--window {','.join(map(str, spec.core))}: larger than the cube "
                          f"({','.join(map(str, shape))} as time,rows,cols)")

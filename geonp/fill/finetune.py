@@ -32,11 +32,14 @@ def batch_loss(model: NeuralProcess, tasks: list[WindowTask], device: torch.devi
 
 def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, steps: int, device: torch.device,
              seed: int = 0, elevation: np.ndarray | None = None, say: Callable[[str], None] | None = None,
-             batch_size: int = 8, lr: float = 1e-4) -> NeuralProcess:
+             batch_size: int = 8, lr: float = 1e-4,
+             on_step: Callable[[int, NeuralProcess], None] | None = None) -> NeuralProcess:
     """A fine-tuned copy of ``model`` after ``steps`` Adam steps on windows of ``fields``.
 
     Each window reads only its own slab of the cube, so memory does not grow with the cube.
-    Deterministic for a given seed.
+    Deterministic for a given seed: the first ``n`` steps of a longer run are an ``n``-step run,
+    so ``on_step(step, model)`` (called after every step, ``model`` in training mode) can take
+    snapshots for a fine-tuning curve in one run.
     """
     rng = np.random.default_rng([seed, 7919])
     torch.manual_seed(seed)
@@ -59,6 +62,8 @@ def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, steps:
         torch.nn.utils.clip_grad_norm_(tuned.parameters(), 1.0)
         opt.step()
         losses.append(loss.item())
+        if on_step is not None:
+            on_step(step + 1, tuned)
         if say and (step + 1) % max(1, steps // 5) == 0:
             say(f"fine-tuning: step {step + 1}/{steps}, NLL {np.mean(losses[-max(1, steps // 5):]):.3f}")
     return set_block_elems(tuned.eval(), PREDICT_BLOCK_ELEMS)

@@ -1,0 +1,107 @@
+"""Self-supervised fine-tuning on the scene itself (``--fit-steps``): skill against fit steps and
+learning rate, to choose the default.
+
+    python -m pipelines.finetune_curve                                  # bundled te-pt-tnp
+    python -m pipelines.finetune_curve --checkpoint runs/x/model.safetensors --steps 0 30 100
+
+Each scene of the accuracy ablation's validation split (``pipelines.accuracy_ablation.VALIDATION``:
+crops neither training nor the satellite_cv test touches) is masked as ``geonp evaluate`` masks
+it (same seed, same hidden cells); the model is fine-tuned on the masked scene's observed cells
+with each learning rate once, up to the largest step count, and snapshotted at every requested
+count (a run's first ``n`` steps are the ``n``-step run: ``finetune`` is deterministic), and each
+snapshot fills the hidden cells. Fit seconds are the fine-tuning time up to that step (1 thread).
+Writes ``pipelines/results/finetune_curve.md`` and ``.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from geonp.checkpoint import read_checkpoint
+from geonp.data import open_satellite
+from geonp.data.window_source import data_folder
+from geonp.evaluate import _resolve_valid, evaluate, hide_cells
+from geonp.fill.engine import plan
+from geonp.fill.finetune import finetune
+from geonp.models import save
+from pipelines.accuracy_ablation import VALIDATION
+from pipelines.provenance import REPO, header
+
+SEED = 1  # the validation split's seed in the accuracy ablation
+
+
+def curve(scene: str, checkpoint: str, model: str, steps: list[int], lrs: list[float]) -> list[dict]:
+    path, variable, kwargs, crop = VALIDATION[scene]
+    ds = open_satellite(data_folder() / path, variable, **kwargs).isel(crop)
+    da = ds[variable].compute()
+    valid = _resolve_valid(ds, da, None, scene)
+    masked, _ = hide_cells(da, valid, np.random.default_rng(SEED))  # what evaluate() hides with this seed
+    masked_ds = ds.assign({variable: masked})
+    _, meta = read_checkpoint(checkpoint)
+    extra = {k: v for k, v in meta.items() if k not in ("kind", "model")}
+    rows = []
+
+    def score(snapshot: torch.nn.Module, fit: int, lr: float | None, fit_s: float) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            saved = Path(tmp) / "snapshot.safetensors"
+            save(snapshot, saved, extra=extra)
+            res = evaluate(ds, variable, [model], checkpoints={model: str(saved)}, seed=SEED,
+                           options={"device": "cpu"})
+        r = res["rows"][0]
+        rows.append({"scene": scene, "fit_steps": fit, "lr": lr, "rmse": r["rmse"], "crps": r["crps"],
+                     "coverage_90": r["coverage_90"], "nll": r["nll"], "fit_s": fit_s, "infill_s": r["wall_s"]})
+        print(f"{scene} steps {fit} lr {lr}: RMSE {r['rmse']:.4g} CRPS {r['crps']:.4g} "
+              f"cov90 {r['coverage_90']:.3f} (fit {fit_s:.0f} s)", flush=True)
+
+    p = plan(masked_ds, variable, model, checkpoint=checkpoint, valid_mask=valid, device="cpu", seed=SEED)
+    score(p.choice.model, 0, None, 0.0)
+    for lr in lrs:
+        snaps: dict[int, tuple[torch.nn.Module, float]] = {}
+        start = time.perf_counter()
+
+        def keep(step: int, m: torch.nn.Module, snaps: dict = snaps, start: float = start) -> None:
+            if step in steps:
+                snaps[step] = (copy.deepcopy(m).eval(), time.perf_counter() - start)
+
+        finetune(p.choice.model, p.fields, p.spec, max(steps), torch.device("cpu"), SEED, p.elevation, lr=lr,
+                 on_step=keep)
+        for step in sorted(snaps):
+            score(snaps[step][0], step, lr, snaps[step][1])
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="te-pt-tnp")
+    parser.add_argument("--checkpoint", default=str(REPO / "geonp" / "weights" / "te-pt-tnp.safetensors"))
+    parser.add_argument("--scenes", nargs="*", default=list(VALIDATION), choices=list(VALIDATION))
+    parser.add_argument("--steps", nargs="*", type=int, default=[30, 100, 300, 1000])
+    parser.add_argument("--lrs", nargs="*", type=float, default=[1e-4, 3e-4, 1e-3])
+    parser.add_argument("--out", default=str(REPO / "pipelines" / "results" / "finetune_curve.md"))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    rows = [r for s in args.scenes for r in curve(s, args.checkpoint, args.model, sorted(args.steps), args.lrs)]
+    text = header("Fine-tuning on the scene: skill against fit steps and learning rate", torch.device("cpu"),
+                  f"{args.model} from {Path(args.checkpoint).name}; validation crops of the accuracy ablation "
+                  f"(seed {SEED}); batches of 8 windows; fit s: fine-tuning seconds up to that step")
+    lines = [text, "", "| scene | fit steps | lr | RMSE | CRPS | cov90 | NLL | fit s | infill s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['scene']} | {r['fit_steps']} | {r['lr'] if r['lr'] else '–'} | {r['rmse']:.4g} | "
+                     f"{r['crps']:.4g} | {r['coverage_90']:.3f} | {r['nll']:.3f} | {r['fit_s']:.0f} | "
+                     f"{r['infill_s']:.0f} |")
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    Path(args.out).with_suffix(".json").write_text(json.dumps({"header": text, "rows": rows}, indent=1))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

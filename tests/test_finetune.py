@@ -1,0 +1,36 @@
+"""Self-supervised fine-tuning on the cube (``--fit-steps``): deterministic, snapshot-able, and it learns."""
+
+from __future__ import annotations
+
+import torch
+from conftest import smooth_cube
+
+from geonp.fill.engine import plan
+from geonp.fill.finetune import finetune
+
+
+def _plan(checkpoint):
+    return plan(smooth_cube(t=3), "sst", "te-pt-tnp", checkpoint=checkpoint, device="cpu", seed=3)
+
+
+def test_the_first_steps_of_a_longer_run_are_the_shorter_run(tiny_checkpoint, one_thread):
+    p = _plan(tiny_checkpoint)
+    snaps = {}
+    finetune(p.choice.model, p.fields, p.spec, 6, torch.device("cpu"), 3, batch_size=4,
+             on_step=lambda step, m: snaps.__setitem__(step, {k: v.clone() for k, v in m.state_dict().items()}))
+    short = finetune(p.choice.model, p.fields, p.spec, 4, torch.device("cpu"), 3, batch_size=4)
+    assert sorted(snaps) == [1, 2, 3, 4, 5, 6]
+    for k, v in short.state_dict().items():
+        torch.testing.assert_close(v, snaps[4][k], atol=0, rtol=0)
+    assert any(not torch.equal(v, snaps[6][k]) for k, v in short.state_dict().items())
+
+
+def test_fine_tuning_lowers_the_loss_on_the_cubes_own_cells(tiny_checkpoint, one_thread):
+    p = _plan(tiny_checkpoint)
+    losses = []
+    messages = []
+    finetune(p.choice.model, p.fields, p.spec, 40, torch.device("cpu"), 3, batch_size=4, lr=1e-3,
+             say=messages.append)
+    for line in messages:  # "fine-tuning: step N/40, NLL x"
+        losses.append(float(line.rsplit(" ", 1)[-1]))
+    assert len(losses) == 5 and losses[-1] < losses[0]

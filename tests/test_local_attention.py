@@ -112,7 +112,7 @@ def test_growing_a_trained_model_starts_from_its_predictions(tmp_path):
     save(trained, tmp_path / "trained.safetensors")
     torch.manual_seed(1)
     grown = build("te-pt-tnp", 2, 1, preset="tiny", num_neighbours=8, local_context=True, value_skip=True,
-                  local_kriging=True)
+                  local_kriging=True, kriging_mix="gain")
     copied = initialise_from(grown, tmp_path / "trained.safetensors")
     assert len(copied) == len(trained.state_dict())
     with torch.no_grad():
@@ -130,7 +130,7 @@ def test_local_kriging_is_ordinary_kriging():
     """With its initial covariance the head reproduces PyKrige's ordinary kriging (Gaussian model)."""
     from pykrige.ok import OrdinaryKriging
 
-    from geonp.models.local_kriging import INIT_LENGTHSCALE, INIT_NUGGET, INIT_SILL, LocalKriging
+    from geonp.models.local_kriging import INIT_LENGTHSCALES, INIT_NUGGET, INIT_SILL, LocalKriging
 
     g = torch.Generator().manual_seed(0)
     xc = torch.rand(1, 30, 2, generator=g)
@@ -140,9 +140,9 @@ def test_local_kriging_is_ordinary_kriging():
     mean, logvar = LocalKriging(8, 2)(torch.zeros(1, 5, 8), xt, xc, yc, index, valid)
     nugget = INIT_NUGGET + 1e-4  # the head's jitter acts as nugget too
     # PyKrige's Gaussian variogram is sill (1 - exp(-h^2 / (4/7 range)^2)): range = ell sqrt(2) 7/4.
+    params = {"sill": INIT_SILL + nugget, "nugget": nugget, "range": INIT_LENGTHSCALES["gaussian"] * np.sqrt(2) * 7 / 4}
     ok = OrdinaryKriging(xc[0, :, 0].numpy(), xc[0, :, 1].numpy(), yc[0, :, 0].numpy(), variogram_model="gaussian",
-                         variogram_parameters={"sill": INIT_SILL + nugget, "nugget": nugget,
-                                               "range": INIT_LENGTHSCALE * np.sqrt(2) * 7 / 4}, exact_values=False)
+                         variogram_parameters=params, exact_values=False)
     z, var = ok.execute("points", xt[0, :, 0].numpy().astype(float), xt[0, :, 1].numpy().astype(float))
     np.testing.assert_allclose(mean[0, :, 0].detach().numpy(), z, atol=1e-4)
     np.testing.assert_allclose(logvar[0, :, 0].exp().detach().numpy(), var, atol=1e-3)
@@ -159,3 +159,28 @@ def test_local_kriging_ignores_absent_neighbours():
     b = head(torch.zeros(1, 4, 8), xt, xc[:, :7], yc[:, :7], index7, valid7)
     torch.testing.assert_close(a[0], b[0], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(a[1], b[1], atol=1e-5, rtol=1e-4)
+
+
+def test_kriging_gate_starts_halfway_and_the_exponential_kernel_interpolates():
+    """The gate mixes decoder and kriging means half and half at the start; the exponential head is
+    (nearly) exact at a context point when its nugget is negligible."""
+    from geonp.models.local_kriging import LocalKriging
+
+    xc, yc, xt, mask_c = random_tasks(dx=2)
+    torch.manual_seed(0)
+    model = build("te-pt-tnp", 2, 1, preset="tiny", num_neighbours=4, local_kriging=True,
+                  kriging_neighbours=8).eval()
+    assert model.kriging.kernel == "exponential" and model.kriging_neighbours == 8
+    with torch.no_grad():
+        mixed = model(xc, yc, xt, mask_c).loc
+        model.kriging_gate.bias.fill_(-30.0)  # gate shut: the decoder alone
+        alone = model(xc, yc, xt, mask_c).loc
+        model.kriging_gate.bias.fill_(30.0)  # gate open: the kriging mean alone
+        kriged = model(xc, yc, xt, mask_c).loc
+    torch.testing.assert_close(mixed, (alone + kriged) / 2, atol=1e-5, rtol=1e-5)
+    head = LocalKriging(8, 2, "exponential")
+    with torch.no_grad():
+        head.covariance[-1].bias[-1] = -12.0  # nugget ~ 6e-6
+    index, valid = nearest_neighbours(xc[1:], xc[1:], mask_c[1:], 6)
+    mean, _ = head(torch.zeros(1, 12, 8), xc[1:], xc[1:], yc[1:], index, valid)
+    torch.testing.assert_close(mean, yc[1:], atol=1e-2, rtol=0)  # the 1e-4 jitter smooths a little

@@ -173,7 +173,8 @@ class TEPTTNP(_TETransformerNP):
                  update_locations: bool = True, max_block_elems: int = DEFAULT_BLOCK_ELEMS,
                  min_scale: float = 1e-3, distance_prior: bool = True, num_neighbours: int = 0,
                  neighbour_weights: list[float] | None = None, local_context: bool = False,
-                 value_skip: bool = False, local_kriging: bool = False) -> None:
+                 value_skip: bool = False, local_kriging: bool = False, kriging_kernel: str = "exponential",
+                 kriging_neighbours: int = 0, kriging_mix: str = "gate") -> None:
         super().__init__(dim_x, dim_y, dim_model, min_scale)
         self.pseudo = nn.Parameter(torch.randn(num_pseudo, dim_model))  # u0 [M, Dz]
         self.pseudo_offset = nn.Parameter(torch.randn(num_pseudo, dim_x))  # v0 [M, Dx]
@@ -200,14 +201,27 @@ class TEPTTNP(_TETransformerNP):
         if self.value_skip is not None:
             nn.init.zeros_(self.value_skip.weight)
             nn.init.zeros_(self.value_skip.bias)
-        # local_kriging: ordinary kriging of each target from its neighbours (geonp.models.local_kriging);
-        # its mean and log variance join the target tokens, and gain * its mean the predicted mean.
-        self.kriging = LocalKriging(dim_model, dim_x) if num_neighbours > 0 and local_kriging else None
-        if self.kriging is not None:
+        # local_kriging: ordinary kriging of each target from its kriging_neighbours (default
+        # num_neighbours) nearest context points (geonp.models.local_kriging); its mean and log
+        # variance join the target tokens, and the predicted mean mixes it in: "gate", a per-target
+        # weight g = sigmoid(w . [token, log variance] + b) starting at 1/2, mean = (1 - g) decoder +
+        # g kriging; or "gain", decoder + a learned scalar (from 0) times kriging.
+        if kriging_mix not in ("gate", "gain"):
+            raise ValueError(f"kriging_mix must be 'gate' or 'gain', got {kriging_mix!r}")
+        self.kriging_neighbours = kriging_neighbours or num_neighbours
+        self.kriging_mix = kriging_mix
+        self.kriging = None
+        if num_neighbours > 0 and local_kriging:
+            self.kriging = LocalKriging(dim_model, dim_x, kriging_kernel, neighbour_weights)
             self.kriging_in = nn.Linear(dim_y + 1, dim_model)
             nn.init.zeros_(self.kriging_in.weight)
             nn.init.zeros_(self.kriging_in.bias)
-            self.kriging_gain = nn.Parameter(torch.zeros(()))
+            if kriging_mix == "gain":
+                self.kriging_gain = nn.Parameter(torch.zeros(()))
+            else:
+                self.kriging_gate = nn.Linear(dim_model + 1, dim_y)
+                nn.init.zeros_(self.kriging_gate.weight)
+                nn.init.zeros_(self.kriging_gate.bias)
 
     def initial_pseudo_locations(self, zc: torch.Tensor, xc: torch.Tensor, mask_c: torch.Tensor) -> torch.Tensor:
         """Eq. 11: ``zc [B, Nc, Dz], xc [B, Nc, Dx] -> v [B, M, Dx]``."""
@@ -224,9 +238,11 @@ class TEPTTNP(_TETransformerNP):
         u = self.pseudo.expand(b, -1, -1)  # [B, M, Dz]
         v = self.initial_pseudo_locations(zc, xc, mask_c)  # [B, M, Dx]
         all_u = torch.ones(u.shape[:2], dtype=torch.bool, device=u.device)
-        near_t = near_c = None
-        if self.target_local is not None:  # chosen once, from the input locations
-            near_t = nearest_neighbours(xt, xc, mask_c, self.num_neighbours, self.neighbour_weights)  # [B, Nt, K]
+        near_t = near_c = near_k = None
+        if self.target_local is not None:  # chosen once, from the input locations, nearest first
+            k = max(self.num_neighbours, self.kriging_neighbours if self.kriging is not None else 0)
+            near_k = nearest_neighbours(xt, xc, mask_c, k, self.neighbour_weights)  # [B, Nt, K]
+            near_t = tuple(t[..., :self.num_neighbours] for t in near_k)
         if self.context_local is not None:
             near_c = nearest_neighbours(xc, xc, mask_c, self.num_neighbours, self.neighbour_weights)  # [B, Nc, K]
         for i, (to_u, to_c, to_t) in enumerate(zip(self.to_pseudo, self.to_context, self.to_target)):
@@ -244,7 +260,13 @@ class TEPTTNP(_TETransformerNP):
             zc, xc = zc_new, xc_new
         if self.kriging is None:
             return self.head(self.decoder(zt))
-        k_mean, k_logvar = self.kriging(zt, x_target, x_context, yc, *near_t)  # [B, Nt, Dy], [B, Nt, 1]
+        near = tuple(t[..., :self.kriging_neighbours] for t in near_k)
+        k_mean, k_logvar = self.kriging(zt, x_target, x_context, yc, *near)  # [B, Nt, Dy], [B, Nt, 1]
         raw = self.decoder(zt + self.kriging_in(torch.cat([k_mean, k_logvar], -1).to(zt.dtype)))
-        loc, pre_scale = raw.split(self.dim_y, dim=-1)
-        return self.head(torch.cat([loc + self.kriging_gain * k_mean, pre_scale], -1))
+        loc, pre_scale = raw.float().split(self.dim_y, dim=-1)
+        if self.kriging_mix == "gain":
+            loc = loc + self.kriging_gain * k_mean
+        else:
+            g = torch.sigmoid(self.kriging_gate(torch.cat([zt, k_logvar.to(zt.dtype)], -1)).float())  # [B, Nt, Dy]
+            loc = loc + g * (k_mean - loc)
+        return self.head(torch.cat([loc, pre_scale], -1))

@@ -13,10 +13,9 @@ import shlex
 import sys
 
 from geonp import __version__
+from geonp.fill import FIT_STEPS
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
-#: ``geonp infill --fit-steps`` default: a short self-supervised fine-tune on the input's own cells.
-DEFAULT_FIT_STEPS = 30
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="fill synthetic clouds over HadISST SST (offline, ~1 minute on 2 CPU cores)")
     demo.add_argument("-o", "--out", default="geonp-demo", help="output folder (default: %(default)s)")
-    demo.add_argument("--fit-steps", type=int, default=30,
+    demo.add_argument("--fit-steps", type=int, default=FIT_STEPS,
                       help="fine-tuning steps on the scene's visible cells (default: %(default)s)")
     demo.add_argument("--device", default="auto", help="auto, cpu or cuda (default: %(default)s)")
     demo.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
@@ -58,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
                              "'observed' (cells observed at least once); default: INPUT's 'valid' or everywhere")
     infill.add_argument("--satellite", action="store_true",
                         help="open INPUT as a satellite product (QC flags to gaps, product valid area)")
-    infill.add_argument("--fit-steps", type=int, default=DEFAULT_FIT_STEPS,
+    infill.add_argument("--fit-steps", type=int, default=FIT_STEPS,
                         help="fine-tune on INPUT's own observations for N steps first (default: %(default)s)")
     infill.add_argument("--device", default="auto", help="auto, cpu or cuda (default: %(default)s)")
     infill.add_argument("--batch-size", type=int, default=16, help="windows per model call (default: %(default)s)")

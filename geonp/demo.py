@@ -22,12 +22,12 @@ import numpy as np
 import xarray as xr
 
 from geonp.data.clouds import random_clouds
+from geonp.fill import FIT_STEPS
 from geonp.metrics import gaussian_skill
 
 DEMO_MODELS = ("te-pt-tnp", "linear", "kriging")
 CLOUD_COVER = 0.3
 CLOUD_SCALE = 4.0  # cells (degrees): clouds a few hundred km across
-DEMO_FIT_STEPS = 30
 
 
 def demo_models() -> tuple[str, ...]:
@@ -64,7 +64,7 @@ def cloudy_scene(seed: int = 0) -> tuple[xr.Dataset, np.ndarray, xr.DataArray]:
     return ds, hidden, truth
 
 
-def run_demo(out: str | Path = "geonp-demo", fit_steps: int = DEMO_FIT_STEPS, device: str = "auto",
+def run_demo(out: str | Path = "geonp-demo", fit_steps: int = FIT_STEPS, device: str = "auto",
              overwrite: bool = False, verbose: bool = True) -> dict:
     """Run the demo into folder ``out``; returns (and writes) the summary."""
     from geonp.fill.engine import infill, infill_to_zarr

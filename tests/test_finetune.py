@@ -34,3 +34,18 @@ def test_fine_tuning_lowers_the_loss_on_the_cubes_own_cells(tiny_checkpoint, one
     for line in messages:  # "fine-tuning: step N/40, NLL x"
         losses.append(float(line.rsplit(" ", 1)[-1]))
     assert len(losses) == 5 and losses[-1] < losses[0]
+
+
+def test_the_cli_and_the_python_api_share_one_fit_steps_default(tiny_checkpoint, one_thread):
+    import inspect
+
+    import geonp
+    from geonp.cli import _parser
+    from geonp.demo import run_demo
+    from geonp.fill import FIT_STEPS
+
+    assert inspect.signature(plan).parameters["fit_steps"].default == FIT_STEPS
+    assert inspect.signature(run_demo).parameters["fit_steps"].default == FIT_STEPS
+    assert _parser().parse_args(["infill", "in.nc", "-o", "out.zarr"]).fit_steps == FIT_STEPS
+    out = geonp.infill(smooth_cube(t=2, r=20, c=20), "sst", checkpoint=tiny_checkpoint)
+    assert out.attrs["geonp_fit_steps"] == FIT_STEPS

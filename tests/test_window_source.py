@@ -110,5 +110,5 @@ def test_infill_reads_the_history_the_model_was_trained_with(tmp_path):
     path = tmp_path / "history.safetensors"
     save(build("te-pt-tnp", 3, 1, preset="tiny"), path,
          extra={"infill": {"cells_per_unit": 8.0, "window": {"halo": [2, 10, 10], "time_cells": 4.0}}})
-    out = geonp.infill(smooth_cube(t=5), "sst", model="te-pt-tnp", checkpoint=str(path))
+    out = geonp.infill(smooth_cube(t=5), "sst", model="te-pt-tnp", checkpoint=str(path), fit_steps=0)
     assert "'halo': [2, 10, 10]" in out.attrs["geonp_window"] and "'time_cells': 4.0" in out.attrs["geonp_window"]

@@ -24,6 +24,7 @@ import xarray as xr
 from geonp import __version__
 from geonp.data.far_context import FAR_SHARE, MIN_FAR, OPENING
 from geonp.data.windows import WindowSpec, canonical
+from geonp.fill import FIT_STEPS
 from geonp.fill.blocks import BlockResult, fill_block
 from geonp.fill.field import Field, select_variables, summarise, valid_area
 from geonp.fill.output import WITHOUT_CONTEXT, InfillStore, chunk_regions, output_template
@@ -91,7 +92,7 @@ def _window_spec(window: WindowSpec | tuple | str | None, shape: tuple[int, int,
 def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = "te-pt-tnp", *,
          checkpoint: str | Path | None = None, valid_mask: str | Path | xr.DataArray | None = None,
          elevation: str | Path | None = None, window: WindowSpec | tuple | str | None = None,
-         device: str = "auto", batch_size: int = 16, seed: int = 0, fit_steps: int = 0,
+         device: str = "auto", batch_size: int = 16, seed: int = 0, fit_steps: int = FIT_STEPS,
          source: str = "the input", command: str | None = None) -> Plan:
     """Check the request against the cube and load the model; raises ValueError with one line."""
     from geonp.train import resolve_device

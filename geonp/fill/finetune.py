@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from geonp.data.windows import WindowSpec, WindowTask, collate_windows, training_window
+from geonp.fill import FIT_LR
 from geonp.fill.field import Field
 from geonp.fill.predictor import PREDICT_BLOCK_ELEMS, TRAIN_BLOCK_ELEMS
 from geonp.models.base import NeuralProcess
@@ -32,7 +33,7 @@ def batch_loss(model: NeuralProcess, tasks: list[WindowTask], device: torch.devi
 
 def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, steps: int, device: torch.device,
              seed: int = 0, elevation: np.ndarray | None = None, say: Callable[[str], None] | None = None,
-             batch_size: int = 8, lr: float = 1e-4,
+             batch_size: int = 8, lr: float = FIT_LR,
              on_step: Callable[[int, NeuralProcess], None] | None = None) -> NeuralProcess:
     """A fine-tuned copy of ``model`` after ``steps`` Adam steps on windows of ``fields``.
 

@@ -11,14 +11,14 @@ kriging solution as a feature and lets it learn where to trust it and by how muc
   predicted from the target's token by a small MLP (so each target gets a kernel suited to its
   window, as kriging fits a variogram per window);
 * the weights solve the ordinary-kriging system on the target's neighbours (the local mean is
-  estimated, not assumed zero):  ``[K + t I, 1; 1^T, 0] [w; m] = [k_*; 1]``;
+  estimated, not assumed zero):  ``[K + t I, 1; 1^T, 0] [w; m] = [k_*; 1]``, through one
+  Cholesky factor of ``K + t I``;
 * it returns the kriging mean ``w^T y`` and the log kriging variance of an observation
-  ``s + t - w^T k_* - m``; the model adds both to its target tokens and the mean, scaled by a
-  learnable gain, to its predicted mean (both start at zero, so growing a trained model with this
-  head starts from its old predictions).
+  ``s + t - w^T k_* - m``; the model adds both to its target tokens and mixes the kriging mean
+  into its predicted mean (see ``kriging_mix`` in :class:`geonp.models.tnp.TEPTTNP`).
 
 Only differences of inputs enter, so the head keeps translation equivariance. Cost: one
-``(k+1) x (k+1)`` solve per target, ``O(Nt k^3)``.
+``k x k`` Cholesky factorisation per target, ``O(Nt k^3)``.
 """
 
 from __future__ import annotations
@@ -86,23 +86,25 @@ class LocalKriging(nn.Module):
         xg = torch.where(valid[..., None], gather_rows(xc, index), 0.0).float()  # [B, Nt, K, Dx]
         yg = torch.where(valid[..., None], gather_rows(yc, index), 0.0).float()  # [B, Nt, K, Dy]
         ok = valid.float()  # [B, Nt, K]
-        scaled = xg / ell[:, :, None, :]
-        d_nn = (scaled[:, :, :, None, :] - scaled[:, :, None, :, :]).square().sum(-1)  # [B, Nt, K, K]
-        d_tn = ((xt.float()[:, :, None, :] - xg) / ell[:, :, None, :]).square().sum(-1)  # [B, Nt, K]
+        # Offsets from the target in lengthscales; pairwise squared distances as |a|^2 + |b|^2 - 2 a.b
+        # (one batched matmul instead of a [B, Nt, K, K, Dx] difference tensor; centred on the
+        # target, so the cancellation is small).
+        scaled = (xg - xt.float()[:, :, None, :]) / ell[:, :, None, :]  # [B, Nt, K, Dx]
+        d_tn = scaled.square().sum(-1)  # [B, Nt, K]
+        d_nn = (d_tn[..., :, None] + d_tn[..., None, :] - 2 * scaled @ scaled.transpose(-1, -2)).clamp(min=0)
         pair = ok[..., :, None] * ok[..., None, :]
-        k_nn = sill[..., None, None] * correlation(d_nn, self.kernel) * pair
+        k_nn = sill[..., None, None] * correlation(d_nn, self.kernel) * pair  # [B, Nt, K, K]
         k_tn = sill[..., None] * correlation(d_tn, self.kernel) * ok  # [B, Nt, K]
         eye = torch.eye(k_nn.shape[-1], device=k_nn.device)
         # Absent neighbours get a unit diagonal and no tie to anything: their weight solves to 0.
         k_nn = k_nn + eye * ((nugget[..., None, None] + _JITTER) * ok[..., None] + (1 - ok[..., None]))
-        b, nt, kk = k_tn.shape
-        system = k_nn.new_zeros(b, nt, kk + 1, kk + 1)
-        system[..., :kk, :kk] = k_nn
-        system[..., :kk, kk] = ok
-        system[..., kk, :kk] = ok
-        rhs = torch.cat([k_tn, k_tn.new_ones(b, nt, 1)], -1)[..., None]  # [B, Nt, K + 1, 1]
-        sol = torch.linalg.solve(system, rhs)[..., 0]  # [B, Nt, K + 1]
-        w, lagrange = sol[..., :kk], sol[..., kk]
+        # Ordinary kriging through one Cholesky factor: w = K^-1 (k_* - m 1) with the Lagrange
+        # multiplier m = (1^T K^-1 k_* - 1) / (1^T K^-1 1) making the weights sum to one.
+        chol = torch.linalg.cholesky(k_nn)
+        rhs = torch.stack([k_tn, ok], -1)  # [B, Nt, K, 2]
+        a, b = torch.cholesky_solve(rhs, chol).unbind(-1)  # K^-1 k_*, K^-1 1: [B, Nt, K]
+        lagrange = ((ok * a).sum(-1) - 1) / (ok * b).sum(-1).clamp(min=1e-12)  # [B, Nt]
+        w = a - lagrange[..., None] * b
         mean = torch.einsum("btk,btky->bty", w, yg)  # [B, Nt, Dy]
         var = sill + nugget - (w * k_tn).sum(-1) - lagrange  # [B, Nt]
         return mean, var.clamp(min=1e-6).log()[..., None]

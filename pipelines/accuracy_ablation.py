@@ -9,7 +9,8 @@ Variants live in ``pipelines/configs/accuracy/variants.yaml``: each is a ``geonp
 configuration (the base config ``base.yaml`` with the variant's overrides merged in, usually
 growing the bundled weights with ``init_from``) trained for the same number of steps (the
 minutes each took on one CPU thread are in the table: the cost of the variant), or an existing
-checkpoint (``checkpoint:``), or a model without weights. Runs live in
+checkpoint (``checkpoint:``; ``mean: kriging|decoder`` forces a gated local-kriging model's
+mean to one of its two parts), or a model without weights. Runs live in
 ``runs/accuracy/<variant>`` and resume where they stopped.
 
 The split (stated in the README): *test* = the cells ``pipelines/satellite_cv.py`` hides (seed
@@ -34,6 +35,7 @@ from typing import Any
 import torch
 import yaml
 
+from geonp.checkpoint import read_checkpoint, write_checkpoint
 from geonp.data import open_satellite
 from geonp.data.window_source import data_folder
 from geonp.data.windows import WindowSpec
@@ -81,8 +83,22 @@ def load_variants() -> dict[str, dict]:
     return out
 
 
+def forced_mean(checkpoint: Path, mean: str, out: Path) -> Path:
+    """A copy of a gated local-kriging checkpoint whose mean is the kriging mean alone (``mean:
+    kriging``) or the decoder's alone (``decoder``): the gate's weights zeroed, its bias +-30."""
+    tensors, meta = read_checkpoint(checkpoint)
+    if "kriging_gate.bias" not in tensors:
+        raise SystemExit(f"{checkpoint}: no kriging gate to force (mean: {mean})")
+    tensors["kriging_gate.weight"] = torch.zeros_like(tensors["kriging_gate.weight"])
+    tensors["kriging_gate.bias"] = torch.full_like(tensors["kriging_gate.bias"], 30.0 if mean == "kriging" else -30.0)
+    return write_checkpoint(out, tensors, meta)
+
+
 def checkpoint_of(name: str, v: dict) -> tuple[str | None, dict]:
     """Train a variant when it has a config (resuming), return ``(checkpoint or None, training facts)``."""
+    if "checkpoint" in v and "mean" in v:
+        out = REPO / "runs" / "accuracy" / name / "model.safetensors"
+        return str(forced_mean(REPO / v["checkpoint"], v["mean"], out)), {}
     if "checkpoint" in v:
         return str(REPO / v["checkpoint"]), {}
     if "config" not in v:

@@ -88,19 +88,25 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "pipelines" / "results" / "finetune_curve.md"))
     args = parser.parse_args()
     torch.set_num_threads(1)
-    rows = [r for s in args.scenes for r in curve(s, args.checkpoint, args.model, sorted(args.steps), args.lrs)]
     text = header("Fine-tuning on the scene: skill against fit steps and learning rate", torch.device("cpu"),
                   f"{args.model} from {Path(args.checkpoint).name}; validation crops of the accuracy ablation "
                   f"(seed {SEED}); batches of 8 windows; fit s: fine-tuning seconds up to that step")
+    rows: list[dict] = []
+    for scene in args.scenes:  # the table is rewritten after each scene: a stopped run keeps its scenes
+        rows += curve(scene, args.checkpoint, args.model, sorted(args.steps), args.lrs)
+        write(rows, text, Path(args.out))
+    print(Path(args.out).read_text())
+
+
+def write(rows: list[dict], text: str, out: Path) -> None:
     lines = [text, "", "| scene | fit steps | lr | RMSE | CRPS | cov90 | NLL | fit s | infill s |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['scene']} | {r['fit_steps']} | {r['lr'] if r['lr'] else '–'} | {r['rmse']:.4g} | "
                      f"{r['crps']:.4g} | {r['coverage_90']:.3f} | {r['nll']:.3f} | {r['fit_s']:.0f} | "
                      f"{r['infill_s']:.0f} |")
-    Path(args.out).write_text("\n".join(lines) + "\n")
-    Path(args.out).with_suffix(".json").write_text(json.dumps({"header": text, "rows": rows}, indent=1))
-    print("\n".join(lines))
+    out.write_text("\n".join(lines) + "\n")
+    out.with_suffix(".json").write_text(json.dumps({"header": text, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -110,14 +110,17 @@ def test_satellite_cv_renders_committed_table_and_mixes_old_and_new_rows(tmp_pat
     from pipelines import satellite_cv
     from pipelines.provenance import REPO
 
-    committed = REPO / "pipelines" / "results" / "satellite_cv.json"  # rows from before the diagnostics
+    committed = REPO / "pipelines" / "results" / "satellite_cv.json"  # rows with and without diagnostics
     before = committed.read_text()
     out = tmp_path / "old.md"
     satellite_cv.merge([str(committed)], str(out))
     assert committed.read_text() == before
     text = out.read_text()
-    assert text.count("| model | fit steps | RMSE |") == len(json.loads(before)["results"])
-    assert "| cov50 |" in text and "(n=" not in text  # a missing value prints "–", absent diagnostics no table
+    results = json.loads(before)["results"]
+    assert text.count("| model | fit steps | RMSE |") == len(results)
+    with_distance = sum(any("rmse_by_distance" in r for r in res["rows"]) for res in results)
+    assert text.count("| model | fit steps | 1 (n=") == with_distance  # absent diagnostics: no table
+    assert text.count("| model | fit steps | cov50 |") == len(results)
 
     def table(name, rows, extra):
         res = {"source": "s", "variable": "sst", "units": "K", "seed": 0, "steps": 1, "observed_cells": 20,

@@ -39,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue the run in the config's out_dir")
     train.add_argument("--steps", type=int, default=None, help="total steps (overrides the config)")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    train.add_argument("--ddp", type=int, default=None, metavar="N",
+                       help="data-parallel over N processes on this machine (torchrun --standalone; one GPU "
+                            "each on CUDA, gloo on CPU); several nodes: run torchrun yourself (README)")
 
     infill = sub.add_parser(
         "infill", help="fill the gaps of a cube into a CF Zarr store with a 1-sigma uncertainty layer and flags",
@@ -122,7 +125,9 @@ def _run(args: argparse.Namespace) -> int:
     elif args.command == "train":
         from geonp.train import TrainConfig, train
 
-        cfg = TrainConfig.from_yaml(args.config)
+        cfg = TrainConfig.from_yaml(args.config)  # checked here, before starting N processes
+        if args.ddp is not None:
+            return _train_ddp(args)
         if args.device is not None:
             cfg.device = args.device
         if args.steps is not None:
@@ -165,6 +170,24 @@ def _run(args: argparse.Namespace) -> int:
             return EXIT_FAILURE
         print(f"ERA5 store ready: {out}")
     return EXIT_OK
+
+
+def _train_ddp(args: argparse.Namespace) -> int:
+    """``geonp train --ddp N``: torchrun with N processes on this machine, each running ``geonp.train``."""
+    import subprocess
+
+    if args.ddp < 1:
+        raise ValueError(f"--ddp must be >= 1 processes, got {args.ddp}")
+    forwarded = [args.config] + (["--resume"] if args.resume else []) + (["--no-progress"] if args.no_progress else [])
+    forwarded += [] if args.device is None else ["--device", args.device]
+    forwarded += [] if args.steps is None else ["--steps", str(args.steps)]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.ddp}",
+               "-m", "geonp.train", *forwarded]
+    code = subprocess.run(command).returncode
+    if code != 0:
+        print(f"geonp: error: distributed training exited with status {code} (the processes' messages are above)",
+              file=sys.stderr)
+    return EXIT_OK if code == 0 else EXIT_FAILURE
 
 
 def _pair(text: str, option: str) -> tuple[str, str]:

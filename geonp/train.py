@@ -16,14 +16,22 @@ in ``out_dir``:
 optimizer moments, so a run stopped and resumed ends with the weights an
 uninterrupted run would have. Validation tasks come from their own generator
 seeded with ``val_seed``, never from the training stream.
+
+Several processes (``torchrun --nproc-per-node=G -m geonp.train CONFIG``, or ``geonp train
+--ddp G``): each draws its own tasks and DistributedDataParallel averages the gradients, so a
+step sees ``G * batch_size`` tasks; only rank 0 writes the files above, and the state holds
+every rank's random streams, so a distributed run resumes exactly too (with the same ``G``).
 """
 
 from __future__ import annotations
 
+import copy
 import csv
 import dataclasses
 import json
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,12 +39,12 @@ from typing import Any
 import torch
 import yaml
 
-from geonp.checkpoint import read_checkpoint, write_checkpoint
 from geonp.data.sources import make_task_source
 from geonp.metrics import task_log_likelihood, task_scores
 from geonp.models import build, save
 from geonp.models.base import NeuralProcess
-from geonp.models.registry import same_model
+from geonp.parallel import Group, setup, shutdown
+from geonp.train_state import initialise_from, load_state, rank_state, restore_rank, save_state
 
 
 @dataclass
@@ -44,7 +52,7 @@ class TrainConfig:
     """Everything that defines a training run (YAML keys have the same names)."""
 
     model: str
-    out_dir: str
+    out_dir: str | None  # None: an in-memory run (fine-tuning) that writes nothing
     preset: str = "small"
     model_args: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=lambda: {"name": "gp"})
@@ -64,9 +72,11 @@ class TrainConfig:
     init_from: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "checkpoint_every", "log_every", "val_every", "val_tasks"):
+        for name in ("steps", "batch_size", "checkpoint_every", "log_every", "val_every"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"config: {name} must be >= 1, got {getattr(self, name)}")
+        if int(self.val_tasks) < 0:
+            raise ValueError(f"config: val_tasks must be >= 0 (0: no validation), got {self.val_tasks}")
         if self.lr <= 0 or self.clip_grad_norm <= 0:
             raise ValueError("config: lr and clip_grad_norm must be > 0")
         if self.val_seed == self.seed:
@@ -112,110 +122,50 @@ class TrainResult:
     model: NeuralProcess
     step: int
     val_nll: float
-    out_dir: Path
+    out_dir: Path | None
     wall_s: float
 
 
-def _optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    # Flatten optimizer state into named tensors plus JSON, so no pickle is needed.
-    state = opt.state_dict()
-    tensors, scalars = {}, {}
-    for idx, entry in state["state"].items():
-        for key, value in entry.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"optim.{idx}.{key}"] = value
-            else:
-                scalars[f"{idx}.{key}"] = value
-    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
-
-
-def _restore_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
-    state: dict[int, dict[str, Any]] = {}
-    for name, value in tensors.items():
-        if name.startswith("optim."):
-            _, idx, key = name.split(".", 2)
-            state.setdefault(int(idx), {})[key] = value
-    for name, value in meta["scalars"].items():
-        idx, key = name.split(".", 1)
-        state.setdefault(int(idx), {})[key] = value
-    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
-
-
 class _Run:
-    """State of one training run and its files (kept small: the loop is in :func:`train`)."""
+    """State of one training run (kept small: the loop is in :func:`train`)."""
 
-    def __init__(self, cfg: TrainConfig, device: torch.device) -> None:
-        self.cfg, self.device = cfg, device
-        self.out = Path(cfg.out_dir)
-        self.state_path = self.out / "state.safetensors"
+    def __init__(self, cfg: TrainConfig, group: Group, model: NeuralProcess | None, source: Any) -> None:
+        self.cfg, self.group, self.device = cfg, group, group.device
+        self.out = Path(cfg.out_dir) if cfg.out_dir is not None else None
+        self.state_path = self.out / "state.safetensors" if self.out is not None else None
         torch.manual_seed(cfg.seed)  # before building: the initial weights follow the seed
-        data_args = {k: v for k, v in cfg.data.items() if k != "name"}
-        data_args.setdefault("seed", cfg.seed)
-        self.generator = make_task_source(cfg.data["name"], batch_size=cfg.batch_size, **data_args)
-        self.model = build(cfg.model, self.generator.dim_x, self.generator.dim_y, preset=cfg.preset, **cfg.model_args)
+        if source is None:
+            data_args = {k: v for k, v in cfg.data.items() if k != "name"}
+            data_args.setdefault("seed", cfg.seed)
+            source = make_task_source(cfg.data["name"], batch_size=cfg.batch_size, **data_args)
+        self.generator = source
+        if model is None:
+            model = build(cfg.model, source.dim_x, source.dim_y, preset=cfg.preset, **cfg.model_args)
+        else:  # continue training a given model (fine-tuning): a copy, the caller's stays as it was
+            model = copy.deepcopy(model)
+        self.model = model
         if not self.model.trainable:
             raise ValueError(f"model {cfg.model!r} has no trainable weights (its hyper-parameters are fitted per task)")
         if cfg.init_from is not None:
             self.initialised = initialise_from(self.model, cfg.init_from)
-        self.model.to(device)
+        self.model.to(self.device)
+        self.net = group.wrap(self.model)  # what the loop calls: gradients averaged over ranks
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.rng = torch.Generator().manual_seed(cfg.seed)
+        self.rng = torch.Generator().manual_seed(group.seed(cfg.seed))
         self.step, self.elapsed = 0, 0.0
 
     def save_state(self) -> None:
-        opt_tensors, opt_meta = _optimizer_tensors(self.opt)
-        tensors = {f"model.{k}": v for k, v in self.model.state_dict().items()}
-        tensors.update(opt_tensors)
-        tensors["rng.data"] = self.rng.get_state()
-        tensors["rng.torch"] = torch.get_rng_state()
-        if self.device.type == "cuda":
-            tensors["rng.cuda"] = torch.cuda.get_rng_state(self.device)
-        meta = {"kind": "train-state", "model": self.model.config, "step": self.step, "elapsed_s": self.elapsed,
-                "optimizer": opt_meta, "train_config": dataclasses.asdict(self.cfg)}
-        if hasattr(self.generator, "state_dict"):  # a cube stream: where it is, to continue it exactly
-            meta["data_state"] = self.generator.state_dict()
-        write_checkpoint(self.state_path, tensors, meta)
+        """Every rank hands its random state to rank 0, which writes the file."""
+        ranks = self.group.gather(rank_state(self.rng, self.generator, self.device))
+        if self.group.is_main and self.state_path is not None:
+            save_state(self.state_path, self.model, self.opt, self.step, self.elapsed,
+                       dataclasses.asdict(self.cfg), ranks)
+        self.group.barrier()
 
     def load_state(self) -> None:
-        tensors, meta = read_checkpoint(self.state_path)
-        if meta.get("kind") != "train-state":
-            raise ValueError(f"checkpoint {self.state_path}: not a training state")
-        if not same_model(meta["model"], self.model.config):
-            raise ValueError(f"checkpoint {self.state_path}: was written for a different model configuration")
-        self.model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
-        _restore_optimizer(self.opt, tensors, meta["optimizer"])
-        self.rng.set_state(tensors["rng.data"])
-        torch.set_rng_state(tensors["rng.torch"])
-        if "rng.cuda" in tensors and self.device.type == "cuda":
-            torch.cuda.set_rng_state(tensors["rng.cuda"], self.device)
-        self.step, self.elapsed = int(meta["step"]), float(meta["elapsed_s"])
-        if "data_state" in meta and hasattr(self.generator, "load_state_dict"):
-            self.generator.load_state_dict(meta["data_state"])
-
-
-def initialise_from(model: NeuralProcess, path: str | Path) -> list[str]:
-    """Copy into ``model`` every weight of checkpoint ``path`` with the same name and shape.
-
-    For growing a trained model (e.g. adding local attention blocks, which start as the
-    identity): the weights the checkpoint lacks keep their fresh initialisation. Returns the
-    names of the weights copied. Raises ValueError (one line) for a missing file, another model
-    or nothing in common.
-    """
-    from geonp.models.registry import load_with_meta
-
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"config init_from: {path}: no such file")
-    source, meta = load_with_meta(path)
-    held = meta["model"]["name"]
-    if held != model.registry_name:
-        raise ValueError(f"config init_from: {path} holds model {held!r}, not {model.registry_name!r}")
-    own = model.state_dict()
-    copied = {k: v for k, v in source.state_dict().items() if k in own and own[k].shape == v.shape}
-    if not copied:
-        raise ValueError(f"config init_from: {path} shares no weight with the configured model")
-    model.load_state_dict(copied, strict=False)
-    return sorted(copied)
+        self.step, self.elapsed, mine = load_state(self.state_path, self.model, self.opt, self.group.rank,
+                                                   self.group.world)
+        restore_rank(mine, self.rng, self.generator, self.device)
 
 
 def _loss(model: NeuralProcess, batch, device: torch.device) -> torch.Tensor:
@@ -241,43 +191,66 @@ def evaluate_nll(model: NeuralProcess, batches: list, device: torch.device) -> f
     return -task_scores(model, batches, device).mean().item()
 
 
-def train(config: TrainConfig | dict | str | Path, resume: bool = False, progress: bool = True) -> TrainResult:
-    """Train the configured model; see the module docstring for the files written."""
-    from tqdm.auto import tqdm
+def train(config: TrainConfig | dict | str | Path, resume: bool = False, progress: bool = True, *,
+          model: NeuralProcess | None = None, source: Any = None,
+          on_step: Callable[[int, NeuralProcess, float], None] | None = None) -> TrainResult:
+    """Train the configured model; see the module docstring for the files written.
 
+    The one training loop of geonp: ``geonp train`` and ``--fit-steps`` fine-tuning both run it.
+    ``model``: train a copy of this model instead of building ``config.model`` (fine-tuning).
+    ``source``: draw tasks from this task source instead of ``config.data``. ``on_step(step,
+    model, loss)`` is called after every optimizer step (``model`` in training mode). With
+    ``config.out_dir`` None nothing is written (and nothing can be resumed); with
+    ``config.val_tasks`` 0 there is no validation (``val_nll`` NaN). Under torchrun each process
+    trains on its own tasks with DistributedDataParallel (see :mod:`geonp.parallel`).
+    """
     if isinstance(config, (str, Path)):
         cfg = TrainConfig.from_yaml(config)
     elif isinstance(config, dict):
         cfg = TrainConfig(**config)
     else:
         cfg = config
-    run = _Run(cfg, resolve_device(cfg.device))
-    if run.state_path.exists():
+    group = setup(resolve_device(cfg.device))
+    try:
+        return _train(_Run(cfg, group, model, source), resume, progress and group.is_main, on_step)
+    finally:
+        shutdown(group)
+
+
+def _train(run: _Run, resume: bool, progress: bool,
+           on_step: Callable[[int, NeuralProcess, float], None] | None) -> TrainResult:
+    from tqdm.auto import tqdm
+
+    cfg, group, writes = run.cfg, run.group, run.out is not None and run.group.is_main
+    if run.state_path is not None and run.state_path.exists():
         if not resume:
             raise ValueError(f"{run.out} already holds a run: pass --resume to continue it or choose another out_dir")
         run.load_state()
     elif resume:
         raise ValueError(f"--resume given but {run.state_path} does not exist")
-    run.out.mkdir(parents=True, exist_ok=True)
-    (run.out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
-    val = run.generator.validation(cfg.val_tasks, cfg.batch_size, seed=cfg.val_seed)
-    log_path = run.out / "log.csv"
-    # Keep only log rows up to the checkpoint being resumed: rows written after it
-    # belong to steps that are about to be run again.
-    kept = _log_rows_up_to(log_path, run.step) if run.step > 0 else []
-    log = open(log_path, "w", newline="")
-    writer = csv.writer(log)
-    writer.writerow(_LOG_COLUMNS)
-    writer.writerows(kept)
-    bar = tqdm(total=cfg.steps, initial=run.step, disable=not progress, desc=cfg.model, dynamic_ncols=True)
+    val = run.generator.validation(cfg.val_tasks, cfg.batch_size, seed=cfg.val_seed) if cfg.val_tasks else []
+    log = writer = None
+    if writes:
+        run.out.mkdir(parents=True, exist_ok=True)
+        (run.out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+        log_path = run.out / "log.csv"
+        # Keep only log rows up to the checkpoint being resumed: rows written after it
+        # belong to steps that are about to be run again.
+        kept = _log_rows_up_to(log_path, run.step) if run.step > 0 else []
+        log = open(log_path, "w", newline="")
+        writer = csv.writer(log)
+        writer.writerow(_LOG_COLUMNS)
+        writer.writerows(kept)
+    bar = tqdm(total=cfg.steps, initial=run.step, disable=not progress, desc=cfg.model, dynamic_ncols=True,
+               file=sys.stderr)
     val_nll, window_loss, window_steps, window_start = float("nan"), 0.0, 0, time.perf_counter()
     start = time.perf_counter() - run.elapsed
     run.model.train()
     try:
         while run.step < cfg.steps:
-            if cfg.time_budget_s is not None and time.perf_counter() - start >= cfg.time_budget_s:
+            if cfg.time_budget_s is not None and group.any(time.perf_counter() - start >= cfg.time_budget_s):
                 break
-            loss = _loss(run.model, run.generator.sample(cfg.batch_size, run.rng), run.device)
+            loss = _loss(run.net, run.generator.sample(cfg.batch_size, run.rng), run.device)
             run.opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.clip_grad_norm)
@@ -287,28 +260,69 @@ def train(config: TrainConfig | dict | str | Path, resume: bool = False, progres
             window_loss += loss.item()
             window_steps += 1
             bar.update(1)
-            is_val = run.step % cfg.val_every == 0 or run.step == cfg.steps
+            if on_step is not None:
+                on_step(run.step, run.model, loss.item())
+            is_val = bool(val) and (run.step % cfg.val_every == 0 or run.step == cfg.steps)
             if is_val:
                 val_nll = evaluate_nll(run.model, val, run.device)
             if run.step % cfg.log_every == 0 or is_val:
-                rate = window_steps * cfg.batch_size / max(time.perf_counter() - window_start, 1e-9)
-                writer.writerow([run.step, f"{window_loss / window_steps:.5f}",
-                                 f"{val_nll:.5f}" if is_val else "", f"{rate:.1f}", f"{run.elapsed:.2f}"])
-                log.flush()
-                bar.set_postfix(loss=f"{loss.item():.3f}", tasks_s=f"{rate:.0f}")
+                mean_loss = group.mean(window_loss / window_steps)  # over every rank's batches
+                rate = group.world * window_steps * cfg.batch_size / max(time.perf_counter() - window_start, 1e-9)
+                if writer is not None:
+                    writer.writerow([run.step, f"{mean_loss:.5f}", f"{val_nll:.5f}" if is_val else "",
+                                     f"{rate:.1f}", f"{run.elapsed:.2f}"])
+                    log.flush()
+                bar.set_postfix(loss=f"{mean_loss:.3f}", tasks_s=f"{rate:.0f}")
                 window_loss, window_steps, window_start = 0.0, 0, time.perf_counter()
-            if run.step % cfg.checkpoint_every == 0:
+            if run.out is not None and run.step % cfg.checkpoint_every == 0:
                 run.save_state()
     finally:
         bar.close()
-        log.close()
-    val_nll = evaluate_nll(run.model, val, run.device)
-    run.save_state()
-    # A source may describe how its inputs were scaled (infill windows do); it travels with the weights.
-    extra = {"step": run.step, "val_nll": val_nll, **getattr(run.generator, "checkpoint_meta", {})}
-    save(run.model, run.out / "model.safetensors", extra=extra)
-    if hasattr(run.generator, "normaliser"):  # cube units <-> model units, beside the weights
-        run.generator.normaliser.save(run.out / "model.safetensors")
-    (run.out / "summary.json").write_text(json.dumps(
-        {"step": run.step, "val_nll": val_nll, "elapsed_s": run.elapsed, "device": str(run.device)}, indent=2))
+        if log is not None:
+            log.close()
+    val_nll = evaluate_nll(run.model, val, run.device) if val else float("nan")
+    if run.out is not None:
+        run.save_state()
+    if writes:
+        # A source may describe how its inputs were scaled (infill windows do); it travels with the weights.
+        extra = {"step": run.step, "val_nll": val_nll, **getattr(run.generator, "checkpoint_meta", {})}
+        save(run.model, run.out / "model.safetensors", extra=extra)
+        if hasattr(run.generator, "normaliser"):  # cube units <-> model units, beside the weights
+            run.generator.normaliser.save(run.out / "model.safetensors")
+        (run.out / "summary.json").write_text(json.dumps(
+            {"step": run.step, "val_nll": val_nll, "elapsed_s": run.elapsed, "device": str(run.device),
+             "processes": group.world}, indent=2))
+    group.barrier()  # the other ranks return once the files are in place
     return TrainResult(run.model, run.step, val_nll, run.out, run.elapsed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m geonp.train CONFIG [--resume]``: what torchrun starts in each process."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m geonp.train", description="train one model from a YAML "
+                                     "config; under torchrun, data-parallel over its processes")
+    parser.add_argument("config")
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        cfg = TrainConfig.from_yaml(args.config)
+        if args.device is not None:
+            cfg.device = args.device
+        if args.steps is not None:
+            cfg.steps = args.steps
+        result = train(cfg, resume=args.resume, progress=not args.no_progress)
+    except ValueError as err:
+        print(f"geonp train: error: {err}", file=sys.stderr)
+        return 2
+    if result.out_dir is not None and (result.out_dir / "model.safetensors").exists():
+        print(f"trained {cfg.model} for {result.step} steps: validation NLL {result.val_nll:.4f}; "
+              f"model written to {result.out_dir / 'model.safetensors'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,7 +10,8 @@ configuration (the base config ``base.yaml`` with the variant's overrides merged
 growing the bundled weights with ``init_from``) trained for the same number of steps (the
 minutes each took on one CPU thread are in the table: the cost of the variant), or an existing
 checkpoint (``checkpoint:``; ``mean: kriging|decoder`` forces a gated local-kriging model's
-mean to one of its two parts), or a model without weights. Runs live in
+mean to one of its two parts, ``model_args:`` changes arguments that hold no weights), or a
+model without weights. Runs live in
 ``runs/accuracy/<variant>`` and resume where they stopped.
 
 The split (stated in the README): *test* = the cells ``pipelines/satellite_cv.py`` hides (seed
@@ -86,19 +87,32 @@ def load_variants() -> dict[str, dict]:
 def forced_mean(checkpoint: Path, mean: str, out: Path) -> Path:
     """A copy of a gated local-kriging checkpoint whose mean is the kriging mean alone (``mean:
     kriging``) or the decoder's alone (``decoder``): the gate's weights zeroed, its bias +-30."""
+    return variant_checkpoint(checkpoint, out, mean=mean)
+
+
+def variant_checkpoint(checkpoint: Path, out: Path, mean: str | None = None,
+                       model_args: dict[str, Any] | None = None) -> Path:
+    """A copy of ``checkpoint`` changed at inference only, same trained weights: ``mean`` pins a
+    gated local-kriging model's gate (see :func:`forced_mean`); ``model_args`` replaces
+    architecture arguments that hold no weights (e.g. ``kriging_neighbours``)."""
     tensors, meta = read_checkpoint(checkpoint)
-    if "kriging_gate.bias" not in tensors:
-        raise SystemExit(f"{checkpoint}: no kriging gate to force (mean: {mean})")
-    tensors["kriging_gate.weight"] = torch.zeros_like(tensors["kriging_gate.weight"])
-    tensors["kriging_gate.bias"] = torch.full_like(tensors["kriging_gate.bias"], 30.0 if mean == "kriging" else -30.0)
+    if mean is not None:
+        if "kriging_gate.bias" not in tensors:
+            raise SystemExit(f"{checkpoint}: no kriging gate to force (mean: {mean})")
+        tensors["kriging_gate.weight"] = torch.zeros_like(tensors["kriging_gate.weight"])
+        tensors["kriging_gate.bias"] = torch.full_like(tensors["kriging_gate.bias"],
+                                                       30.0 if mean == "kriging" else -30.0)
+    if model_args:
+        meta = copy.deepcopy(meta)
+        meta["model"]["kwargs"].update(model_args)
     return write_checkpoint(out, tensors, meta)
 
 
 def checkpoint_of(name: str, v: dict) -> tuple[str | None, dict]:
     """Train a variant when it has a config (resuming), return ``(checkpoint or None, training facts)``."""
-    if "checkpoint" in v and "mean" in v:
+    if "checkpoint" in v and ("mean" in v or "model_args" in v):
         out = REPO / "runs" / "accuracy" / name / "model.safetensors"
-        return str(forced_mean(REPO / v["checkpoint"], v["mean"], out)), {}
+        return str(variant_checkpoint(REPO / v["checkpoint"], out, v.get("mean"), v.get("model_args"))), {}
     if "checkpoint" in v:
         return str(REPO / v["checkpoint"]), {}
     if "config" not in v:

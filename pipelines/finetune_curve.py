@@ -67,7 +67,7 @@ def curve(scene: str, checkpoint: str, model: str, steps: list[int], lrs: list[f
         snaps: dict[int, tuple[torch.nn.Module, float]] = {}
         start = time.perf_counter()
 
-        def keep(step: int, m: torch.nn.Module, snaps: dict = snaps, start: float = start) -> None:
+        def keep(step: int, m: torch.nn.Module, loss: float, snaps: dict = snaps, start: float = start) -> None:
             if step in steps:
                 snaps[step] = (copy.deepcopy(m).eval(), time.perf_counter() - start)
 

@@ -17,7 +17,7 @@ def test_the_first_steps_of_a_longer_run_are_the_shorter_run(tiny_checkpoint, on
     p = _plan(tiny_checkpoint)
     snaps = {}
     finetune(p.choice.model, p.fields, p.spec, 6, torch.device("cpu"), 3, batch_size=4,
-             on_step=lambda step, m: snaps.__setitem__(step, {k: v.clone() for k, v in m.state_dict().items()}))
+             on_step=lambda step, m, loss: snaps.__setitem__(step, {k: v.clone() for k, v in m.state_dict().items()}))
     short = finetune(p.choice.model, p.fields, p.spec, 4, torch.device("cpu"), 3, batch_size=4)
     assert sorted(snaps) == [1, 2, 3, 4, 5, 6]
     for k, v in short.state_dict().items():

@@ -10,7 +10,7 @@ from conftest import random_tasks
 
 from geonp.models import build, save
 from geonp.models.local_attention import nearest_neighbours
-from geonp.train import initialise_from
+from geonp.train_state import initialise_from
 
 
 def local_model(dx: int = 2, k: int = 4, local_context: bool = True, seed: int = 0, **kw):

@@ -4,7 +4,8 @@
 step draws windows of the same geometry infill uses, hides a cloud-shaped part of the observed
 cells in the prediction region, and minimises the Gaussian negative log-likelihood of the hidden
 values given the rest. The bundled weights are trained with the same windows
-(``pipelines/pretrain.py``), so pretraining and fine-tuning see one task distribution.
+(``pipelines/pretrain.py``), so pretraining and fine-tuning see one task distribution, and
+through one training loop (:func:`geonp.train.train`), so they optimise one loss.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import dask
 import numpy as np
 import torch
 
+from geonp.data.batch import Batch
 from geonp.data.windows import WindowSpec, WindowTask, collate_windows, training_window
 from geonp.fill import FIT_LR
 from geonp.fill.field import Field
@@ -24,49 +26,66 @@ from geonp.models.base import NeuralProcess
 from geonp.models.te_attention import set_block_elems
 
 
-def batch_loss(model: NeuralProcess, tasks: list[WindowTask], device: torch.device | str) -> torch.Tensor:
-    """Mean negative log-likelihood per target point of a batch of training windows."""
-    b = collate_windows(tasks, device)
-    nll = -model(b.xc, b.yc, b.xt, b.mask_c, b.mask_t).log_prob(b.yt)[..., 0]  # [B, Nt]
-    return (nll * b.mask_t).sum() / b.mask_t.sum()
+class FieldWindows:
+    """Task source of fine-tuning: self-supervised windows cut from the cube's own fields.
 
-
-def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, steps: int, device: torch.device,
-             seed: int = 0, elevation: np.ndarray | None = None, say: Callable[[str], None] | None = None,
-             batch_size: int = 8, lr: float = FIT_LR,
-             on_step: Callable[[int, NeuralProcess], None] | None = None) -> NeuralProcess:
-    """A fine-tuned copy of ``model`` after ``steps`` Adam steps on windows of ``fields``.
-
-    Each window reads only its own slab of the cube, so memory does not grow with the cube.
-    Deterministic for a given seed: the first ``n`` steps of a longer run are an ``n``-step run,
-    so ``on_step(step, model)`` (called after every step, ``model`` in training mode) can take
-    snapshots for a fine-tuning curve in one run.
+    Its random stream is its own (seeded from the run's seed), not the trainer's: fine-tuning is
+    short, its result is saved whole, and a given seed must give the same windows however the
+    trainer's generator is used.
     """
-    rng = np.random.default_rng([seed, 7919])
-    torch.manual_seed(seed)
-    tuned = set_block_elems(copy.deepcopy(model).to(device).train(), TRAIN_BLOCK_ELEMS)
-    opt = torch.optim.Adam(tuned.parameters(), lr=lr)
-    losses = []
-    for step in range(steps):
+
+    def __init__(self, fields: list[Field], spec: WindowSpec, seed: int, dim_x: int,
+                 elevation: np.ndarray | None = None) -> None:
+        self.fields, self.spec, self.elevation = fields, spec, elevation
+        self.dim_x, self.dim_y = dim_x, 1
+        self.rng = np.random.default_rng([seed, 7919])
+
+    def sample(self, batch_size: int, rng: torch.Generator | None = None) -> Batch:
         tasks: list[WindowTask] = []
         for _ in range(50 * batch_size):
-            task = _draw(fields[int(rng.integers(len(fields)))], spec, rng, elevation)
+            task = _draw(self.fields[int(self.rng.integers(len(self.fields)))], self.spec, self.rng, self.elevation)
             if task is not None:
                 tasks.append(task)
             if len(tasks) == batch_size:
                 break
         if not tasks:
             raise ValueError("--fit-steps: the input has too few observed cells to draw fine-tuning windows")
-        opt.zero_grad()
-        loss = batch_loss(tuned, tasks, device)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(tuned.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
+        return collate_windows(tasks)
+
+    def validation(self, num_tasks: int, batch_size: int, seed: int) -> list[Batch]:
+        return []  # the fine-tuned model is judged by the evaluation, not by a held-out loss here
+
+
+def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, steps: int, device: torch.device,
+             seed: int = 0, elevation: np.ndarray | None = None, say: Callable[[str], None] | None = None,
+             batch_size: int = 8, lr: float = FIT_LR,
+             on_step: Callable[[int, NeuralProcess, float], None] | None = None) -> NeuralProcess:
+    """A fine-tuned copy of ``model`` after ``steps`` optimizer steps on windows of ``fields``.
+
+    Runs geonp's training loop (:func:`geonp.train.train`) in memory: AdamW without weight
+    decay (i.e. Adam), gradients clipped at norm 1. Each window reads only its own slab of the
+    cube, so memory does not grow with the cube. Deterministic for a given seed: the first ``n``
+    steps of a longer run are an ``n``-step run, so ``on_step(step, model, loss)`` (called after
+    every step, ``model`` in training mode) can take snapshots for a fine-tuning curve in one run.
+    """
+    from geonp.train import TrainConfig, train
+
+    every = max(1, steps // 5)
+    losses: list[float] = []
+
+    def step_done(step: int, tuned: NeuralProcess, loss: float) -> None:
+        losses.append(loss)
         if on_step is not None:
-            on_step(step + 1, tuned)
-        if say and (step + 1) % max(1, steps // 5) == 0:
-            say(f"fine-tuning: step {step + 1}/{steps}, NLL {np.mean(losses[-max(1, steps // 5):]):.3f}")
+            on_step(step, tuned, loss)
+        if say and step % every == 0:
+            say(f"fine-tuning: step {step}/{steps}, NLL {np.mean(losses[-every:]):.3f}")
+
+    cfg = TrainConfig(model=model.registry_name, out_dir=None, steps=steps, batch_size=batch_size, lr=lr,
+                      weight_decay=0.0, clip_grad_norm=1.0, val_tasks=0, seed=seed, val_seed=seed + 1,
+                      device=str(device), log_every=every)
+    start = set_block_elems(copy.deepcopy(model), TRAIN_BLOCK_ELEMS)
+    source = FieldWindows(fields, spec, seed, model.dim_x, elevation)
+    tuned = train(cfg, progress=False, model=start, source=source, on_step=step_done).model
     return set_block_elems(tuned.eval(), PREDICT_BLOCK_ELEMS)
 
 

@@ -1,0 +1,138 @@
+"""A training run's resumable state as one safetensors file, and growing a model from a checkpoint.
+
+``state.safetensors`` holds the weights, the optimizer's moments (flattened into named tensors
+plus JSON, so nothing is pickled), the step, the elapsed seconds and, for every rank of a
+distributed run, its random-generator states and task-stream position. Restoring all of it is
+what makes a resumed run end with the weights an uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from geonp.checkpoint import read_checkpoint, write_checkpoint
+from geonp.models.base import NeuralProcess
+from geonp.models.registry import same_model
+
+
+def rank_state(rng: torch.Generator, source: Any, device: torch.device) -> dict[str, Any]:
+    """One rank's random state and task-stream position (gathered to rank 0 before saving)."""
+    out: dict[str, Any] = {"rng.data": rng.get_state(), "rng.torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        out["rng.cuda"] = torch.cuda.get_rng_state(device)
+    if hasattr(source, "state_dict"):  # a cube stream: where it is, to continue it exactly
+        out["data_state"] = source.state_dict()
+    return out
+
+
+def restore_rank(state: dict[str, Any], rng: torch.Generator, source: Any, device: torch.device) -> None:
+    """Put back what :func:`rank_state` recorded."""
+    rng.set_state(state["rng.data"])
+    torch.set_rng_state(state["rng.torch"])
+    if "rng.cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["rng.cuda"], device)
+    if "data_state" in state and hasattr(source, "load_state_dict"):
+        source.load_state_dict(state["data_state"])
+
+
+def save_state(path: Path, model: NeuralProcess, opt: torch.optim.Optimizer, step: int, elapsed: float,
+               config: dict[str, Any], ranks: list[dict[str, Any]]) -> None:
+    """Write the run's state atomically; ``ranks`` from :func:`rank_state`, in rank order."""
+    opt_tensors, opt_meta = _optimizer_tensors(opt)
+    tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+    tensors.update(opt_tensors)
+    data_states = []
+    for r, state in enumerate(ranks):
+        suffix = "" if r == 0 else f".{r}"  # rank 0 keeps the names of a single-process state
+        tensors.update({f"{k}{suffix}": v for k, v in state.items() if k.startswith("rng.")})
+        data_states.append(state.get("data_state"))
+    meta = {"kind": "train-state", "model": model.config, "step": step, "elapsed_s": elapsed,
+            "optimizer": opt_meta, "train_config": config, "world_size": len(ranks)}
+    if data_states[0] is not None:
+        meta["data_state"] = data_states[0]
+        meta["data_states"] = data_states
+    write_checkpoint(path, tensors, meta)
+
+
+def load_state(path: Path, model: NeuralProcess, opt: torch.optim.Optimizer, rank: int,
+               world: int) -> tuple[int, float, dict[str, Any]]:
+    """Load weights and optimizer from ``path``; return ``(step, elapsed_s, this rank's state)``.
+
+    Raises ValueError (one line) for a file that is not a training state, one written for another
+    model configuration, or one written by a different number of processes (each rank's task
+    stream continues only where that same rank left it).
+    """
+    tensors, meta = read_checkpoint(path)
+    if meta.get("kind") != "train-state":
+        raise ValueError(f"checkpoint {path}: not a training state")
+    if not same_model(meta["model"], model.config):
+        raise ValueError(f"checkpoint {path}: was written for a different model configuration")
+    written = int(meta.get("world_size", 1))
+    if written != world:
+        raise ValueError(f"checkpoint {path}: written by {written} training process(es), resumed with {world}; "
+                         f"resume with --nproc-per-node giving {written} in all")
+    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    _restore_optimizer(opt, tensors, meta["optimizer"])
+    mine: dict[str, Any] = {}
+    for key, value in tensors.items():  # rank 0's "rng.data", rank r's "rng.data.r"
+        parts = key.split(".")
+        if parts[0] == "rng" and parts[2:] == ([] if rank == 0 else [str(rank)]):
+            mine[".".join(parts[:2])] = value
+    if "data_states" in meta:
+        mine["data_state"] = meta["data_states"][rank]
+    elif "data_state" in meta:
+        mine["data_state"] = meta["data_state"]
+    return int(meta["step"]), float(meta["elapsed_s"]), mine
+
+
+def initialise_from(model: NeuralProcess, path: str | Path) -> list[str]:
+    """Copy into ``model`` every weight of checkpoint ``path`` with the same name and shape.
+
+    For growing a trained model (e.g. adding local attention blocks, which start as the
+    identity): the weights the checkpoint lacks keep their fresh initialisation. Returns the
+    names of the weights copied. Raises ValueError (one line) for a missing file, another model
+    or nothing in common.
+    """
+    from geonp.models.registry import load_with_meta
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config init_from: {path}: no such file")
+    source, meta = load_with_meta(path)
+    held = meta["model"]["name"]
+    if held != model.registry_name:
+        raise ValueError(f"config init_from: {path} holds model {held!r}, not {model.registry_name!r}")
+    own = model.state_dict()
+    copied = {k: v for k, v in source.state_dict().items() if k in own and own[k].shape == v.shape}
+    if not copied:
+        raise ValueError(f"config init_from: {path} shares no weight with the configured model")
+    model.load_state_dict(copied, strict=False)
+    return sorted(copied)
+
+
+def _optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    # Flatten optimizer state into named tensors plus JSON, so no pickle is needed.
+    state = opt.state_dict()
+    tensors, scalars = {}, {}
+    for idx, entry in state["state"].items():
+        for key, value in entry.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"optim.{idx}.{key}"] = value
+            else:
+                scalars[f"{idx}.{key}"] = value
+    return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
+
+
+def _restore_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    state: dict[int, dict[str, Any]] = {}
+    for name, value in tensors.items():
+        if name.startswith("optim."):
+            _, idx, key = name.split(".", 2)
+            state.setdefault(int(idx), {})[key] = value
+    for name, value in meta["scalars"].items():
+        idx, key = name.split(".", 1)
+        state.setdefault(int(idx), {})[key] = value
+    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})

@@ -7,8 +7,9 @@ in ``out_dir``:
 
 * ``state.safetensors`` - weights, optimizer state, step, RNG states (written
   atomically every ``checkpoint_every`` steps and at the end),
-* ``model.safetensors`` - the final model, loadable with ``geonp.models.load``,
-* ``model.normalisation.json`` - for a cube, the units the model works in,
+* ``model.safetensors`` - the final model, loadable with ``geonp.models.load``; its header
+  records how the inputs were made (``inputs``: synthetic tasks, infill windows in grid units,
+  or a cube's channels with the normalisation fitted on the training region),
 * ``log.csv`` - step, training loss, validation NLL, tasks/s, elapsed seconds,
 * ``config.yaml`` - the configuration that produced it.
 
@@ -284,11 +285,10 @@ def _train(run: _Run, resume: bool, progress: bool,
     if run.out is not None:
         run.save_state()
     if writes:
-        # A source may describe how its inputs were scaled (infill windows do); it travels with the weights.
+        # How the inputs and values were scaled travels inside the checkpoint (``inputs``), so
+        # infill and evaluate use it with what it was trained on, or refuse it.
         extra = {"step": run.step, "val_nll": val_nll, **getattr(run.generator, "checkpoint_meta", {})}
         save(run.model, run.out / "model.safetensors", extra=extra)
-        if hasattr(run.generator, "normaliser"):  # cube units <-> model units, beside the weights
-            run.generator.normaliser.save(run.out / "model.safetensors")
         (run.out / "summary.json").write_text(json.dumps(
             {"step": run.step, "val_nll": val_nll, "elapsed_s": run.elapsed, "device": str(run.device),
              "processes": group.world}, indent=2))

@@ -143,3 +143,21 @@ def test_resume_after_kill_matches_an_uninterrupted_run(tmp_path: Path, tiny_che
     a, b = xr.open_zarr(reference), xr.open_zarr(out)
     for v in ("sst", "sst_std", "sst_flag"):
         np.testing.assert_array_equal(a[v].values, b[v].values)
+
+
+@pytest.mark.parametrize("record, why", [
+    ({"inputs": {"kind": "cube", "channels": ["lat", "lon", "time"], "normalisation": {}}},
+     "inputs (lat, lon, time) were normalised over its training region"),
+    ({"inputs": {"kind": "synthetic", "generator": "gp-se"}}, "synthetic gp-se tasks"),
+    ({}, "does not record what inputs"),
+])
+def test_weights_trained_on_other_inputs_are_refused(cube_file: Path, tmp_path: Path, capsys, record, why) -> None:
+    # geonp train writes the inputs record; infill (and evaluate, which runs infill) reads it.
+    from geonp.models import build, save
+
+    checkpoint = tmp_path / "other.safetensors"
+    save(build("te-pt-tnp", 3, 1, preset="tiny"), checkpoint, extra=record)
+    out = tmp_path / "out.zarr"
+    message = _bad(capsys, cube_file, "-o", out, "--checkpoint", checkpoint)
+    assert why in message and "other.safetensors" in message and "data: {name: windows" in message
+    assert not out.exists()

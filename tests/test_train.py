@@ -8,6 +8,8 @@ import pytest
 import torch
 import yaml
 
+from geonp.checkpoint import read_checkpoint
+from geonp.data.normalise import Normaliser
 from geonp.data.synthetic import fixed_tasks, make_generator
 from geonp.models import load
 from geonp.train import TrainConfig, evaluate_nll, resolve_device, train
@@ -72,6 +74,13 @@ def test_a_crash_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, mon
     assert not [p for p in state.parent.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_the_checkpoint_records_what_inputs_it_was_trained_on(tmp_path):
+    out = train(config(tmp_path, steps=2), progress=False).out_dir
+    assert read_checkpoint(out / "model.safetensors")[1]["inputs"] == {"kind": "synthetic", "generator": "gp-se"}
+    with pytest.raises(ValueError, match="no normalisation"):
+        Normaliser.load(out / "model.safetensors")
+
+
 def test_validation_set_is_not_the_training_stream(tmp_path):
     with pytest.raises(ValueError, match="val_seed"):
         config(tmp_path, seed=5, val_seed=5)
@@ -106,8 +115,6 @@ def test_training_on_a_cube_resumes_exactly_and_writes_the_normalisation(tmp_pat
     import pandas as pd
     import xarray as xr
 
-    from geonp.data.normalise import Normaliser
-
     rng = np.random.default_rng(0)
     lat, lon = np.arange(40.0, 50.0, 0.5), np.arange(0.0, 12.0, 0.5)
     t2m = 280 + rng.normal(size=(12, lat.size, lon.size))
@@ -128,6 +135,9 @@ def test_training_on_a_cube_resumes_exactly_and_writes_the_normalisation(tmp_pat
     resumed = train(cube_config(tmp_path / "b", 10), resume=True, progress=False)
     for (k, a), (_, b) in zip(straight.model.state_dict().items(), resumed.model.state_dict().items()):
         assert torch.equal(a, b), k
-    norm = Normaliser.load(straight.out_dir / "model.safetensors")
+    norm = Normaliser.load(straight.out_dir / "model.safetensors")  # from the checkpoint's own header
     assert set(norm.inputs) == {"lat", "lon", "time"} and abs(norm.values["t2m"][0] - 280) < 0.1
+    record = read_checkpoint(straight.out_dir / "model.safetensors")[1]["inputs"]
+    assert record["kind"] == "cube" and record["channels"] == ["lat", "lon", "time"] and record["variables"] == ["t2m"]
+    assert not list(straight.out_dir.glob("*.json.tmp"))
     assert np.isfinite(straight.val_nll)

@@ -2,7 +2,7 @@
 
 A model sees values ``(y - mean) / std`` per variable and inputs ``(x - offset) / scale``
 per input (lat, lon, time, elevation, ...). The statistics are computed lazily (dask) over
-the training region, saved as JSON beside the model checkpoint, and inverted on the way out
+the training region, recorded in the model checkpoint's header, and inverted on the way out
 so predictions come back in the user's units and coordinates.
 
 Time is the one input whose scale is not its spread over the training data: a record of
@@ -94,8 +94,18 @@ class Normaliser:
 
     @classmethod
     def load(cls, path: str | Path) -> Normaliser:
+        """From a JSON file, or from a checkpoint: the record ``geonp train`` writes into a
+        cube-trained model's header (older runs: the JSON file beside it)."""
         path = Path(path)
         if path.suffix == ".safetensors":
+            from geonp.checkpoint import read_checkpoint
+
+            record = read_checkpoint(path)[1].get("inputs", {})
+            if "normalisation" in record:
+                return cls(**record["normalisation"])
+            if not beside(path).exists():
+                raise ValueError(f"checkpoint {path}: no normalisation (trained on {record.get('kind', 'unrecorded')} "
+                                 "inputs, not on a cube)")
             path = beside(path)
         try:
             data = json.loads(path.read_text())

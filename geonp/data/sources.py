@@ -1,14 +1,16 @@
 """Where training tasks come from: a synthetic generator or a cube, behind one small interface.
 
 A task source has ``dim_x``, ``dim_y``, ``sample(batch_size, rng) -> Batch`` and
-``validation(num_tasks, batch_size, seed) -> list[Batch]``; a cube source also has
-``state_dict``/``load_state_dict`` (its stream position, for exact resume) and a
-``normaliser`` to save beside the model. ``geonp train`` builds one from the config's
+``validation(num_tasks, batch_size, seed) -> list[Batch]`` and ``checkpoint_meta``, the record
+of its inputs that training writes into the checkpoint (``inputs.kind``: ``synthetic``,
+``cube`` with the normalisation, or ``windows``); a cube source also has
+``state_dict``/``load_state_dict`` (its stream position, for exact resume). ``geonp train`` builds one from the config's
 ``data:`` mapping with ``make_task_source``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +26,8 @@ class SyntheticSource:
     def __init__(self, name: str, **kwargs: Any) -> None:
         self.generator = make_generator(name, **kwargs)
         self.dim_x, self.dim_y = self.generator.dim_x, self.generator.dim_y
+        # The checkpoint's record of what its inputs were (read by geonp infill and evaluate).
+        self.checkpoint_meta = {"inputs": {"kind": "synthetic", "generator": name}}
 
     def sample(self, batch_size: int, rng: torch.Generator) -> Batch:
         return self.generator.sample(batch_size, rng)
@@ -60,6 +64,12 @@ class CubeSource:
         self.val_region = val_region
         self.dim_x, self.dim_y = len(self.sampler.inputs), len(self.sampler.variables)
         self._stream = iter(self.sampler)
+        # The checkpoint's record of how inputs and values were scaled: the normalisation fitted on
+        # the training region, the input channels in order, the predicted variables.
+        self.checkpoint_meta = {"inputs": {"kind": "cube", "channels": list(self.sampler.inputs),
+                                           "variables": list(self.sampler.variables),
+                                           "window": list(self.sampler.window),
+                                           "normalisation": dataclasses.asdict(self.normaliser)}}
 
     def sample(self, batch_size: int, rng: torch.Generator) -> Batch:
         """The next batch of the stream (its own random state: see ``state_dict``)."""

@@ -124,7 +124,8 @@ class WindowSource:
         self.val_fields = [_load(e, folder) for e in val_files or []]
         self.synthetic = synthetic if self.fields else 1.0
         self.real_clouds = real_clouds
-        self.checkpoint_meta = {"infill": {"cells_per_unit": self.spec.cells_per_unit,
+        self.checkpoint_meta = {"inputs": {"kind": "windows"},
+                                "infill": {"cells_per_unit": self.spec.cells_per_unit,
                                            "steps_per_unit": self.spec.steps_per_unit,
                                            "window": self.spec.as_dict()}}
 

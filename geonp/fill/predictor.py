@@ -3,9 +3,10 @@
 ``--model NAME`` resolves to weights in this order: ``--checkpoint PATH`` when given (it must
 hold model NAME), else the weights bundled with geonp (``geonp/weights/NAME.safetensors``),
 else, for models without trained weights (``linear``, ``kriging``, ``gp``), a fresh instance.
-A checkpoint's ``infill`` header says how its inputs were scaled (cells per input unit) and
-whether it takes elevation; infill reuses that scaling so the weights see what they were
-trained on.
+A checkpoint's ``inputs`` record says what it was trained on; infill takes only weights trained
+on infill windows (their ``infill`` header gives the scaling, cells per input unit, and the
+window geometry) and refuses the others with one line, so weights never see inputs they were
+not trained on.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def choose_model(name: str, checkpoint: str | Path | None = None, elevation: boo
     held = meta["model"]["name"]
     if held != name:
         raise ValueError(f"--checkpoint {path}: holds model {held!r}, not {name!r} (pass --model {held})")
+    _check_inputs_record(path, meta)
     scaling = dict(meta.get("infill", {}))
     takes_elevation = model.dim_x == 4
     if model.dim_x not in (3, 4) or model.dim_y != 1:
@@ -95,6 +97,24 @@ def choose_model(name: str, checkpoint: str | Path | None = None, elevation: boo
                          "--elevation or pass a checkpoint trained with it")
     model = set_block_elems(model, PREDICT_BLOCK_ELEMS).eval()
     return ModelChoice(name, model, path, file_sha256(path), scaling, takes_elevation)
+
+
+def _check_inputs_record(path: Path, meta: dict[str, Any]) -> None:
+    """Infill feeds a model window offsets in grid units and per-window standardised values
+    (:mod:`geonp.data.windows`): accept only weights trained on exactly that, say why otherwise."""
+    kind = meta.get("inputs", {}).get("kind", "windows" if "infill" in meta else None)
+    if kind == "windows":
+        return
+    if kind == "cube":
+        channels = ", ".join(meta["inputs"].get("channels", []))
+        why = (f"trained on cube tasks whose inputs ({channels}) were normalised over its training region, "
+               "not on infill windows in grid units")
+    elif kind == "synthetic":
+        why = f"trained on synthetic {meta['inputs'].get('generator', '')} tasks, not on infill windows"
+    else:
+        why = "its header does not record what inputs it was trained on"
+    raise ValueError(f"--checkpoint {path}: {why}; train one for infill with data: {{name: windows, ...}} "
+                     "(README, Training)")
 
 
 @torch.no_grad()

@@ -56,8 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     infill.add_argument("--checkpoint", default=None, help="weights to use instead of the bundled ones")
     infill.add_argument("--elevation", default=None, metavar="FILE", help="DEM or ERA5 geopotential to add as input")
     infill.add_argument("--valid-mask", default=None, metavar="VAR|FILE",
-                        help="where data may exist (e.g. sea for SST): a variable of INPUT, a mask file, or "
-                             "'observed' (cells observed at least once); default: INPUT's 'valid' or everywhere")
+                        help="where data may exist (e.g. sea for SST): a variable of INPUT, a mask file, "
+                             "'observed' (cells observed at least once) or 'all'; default: INPUT's 'valid', else "
+                             "every cell")
     infill.add_argument("--satellite", action="store_true",
                         help="open INPUT as a satellite product (QC flags to gaps, product valid area)")
     infill.add_argument("--fit-steps", type=int, default=FIT_STEPS,

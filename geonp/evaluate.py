@@ -24,8 +24,9 @@ import xarray as xr
 
 import geonp
 from geonp.data.clouds import random_clouds
-from geonp.data.cube import open_cube
-from geonp.data.satellite import MaskSpec, _resolve_mask, open_satellite
+from geonp.data.cube import horizontal_dims, open_cube
+from geonp.data.satellite import open_satellite
+from geonp.data.valid import MaskSpec, valid_area
 from geonp.metrics import DISTANCE_BINS, binned_rmse, distance_bin, distance_to_observed, gaussian_skill, pit_histogram
 from geonp.skill_table import DONOR_CLOUDS, DONOR_NONE, write_table
 
@@ -142,8 +143,9 @@ def evaluate(
             ``([time,] lat, lon)`` or ``([time,] y, x)``.
         variable: the field to evaluate.
         models: model names for ``geonp.fill.engine.infill`` (``"te-pt-tnp"``, ``"linear"``, ...).
-        valid_mask: the valid area (a variable of ``ds``, a file, a ``(file, variable)`` pair or a
-            DataArray); None: ``ds["valid"]`` if present, else the cells observed at least once.
+        valid_mask: the valid area (a variable of ``ds``, a file, a ``(file, variable)`` pair, a
+            DataArray, ``"observed"`` or ``"all"``); None: ``ds["valid"]`` if present, else every
+            cell (see ``geonp.data.valid``; pass ``"observed"`` to leave out cells never observed).
         checkpoints: ``{model: checkpoint path}`` for the models that need one.
         fit_steps: fine-tuning steps, for every model or ``{model: steps}`` (missing: 0).
         seed: seeds the hidden cells and each infill call.
@@ -175,7 +177,7 @@ def evaluate(
         infill_fn = _engine(models)
 
     da = ds[variable].compute()  # the truth, loaded once
-    valid = _resolve_valid(ds, da, valid_mask, name)
+    valid = static_valid_area(ds, da, valid_mask, name)
     observed = int((np.isfinite(da) & valid).sum())
     if observed == 0:
         raise ValueError(f"{name}: {variable!r} has no observed cell inside the valid area")
@@ -313,22 +315,12 @@ def _like(pred: xr.DataArray, da: xr.DataArray) -> xr.DataArray:
     return pred.transpose(*da.dims)
 
 
-def _resolve_valid(ds: xr.Dataset, da: xr.DataArray, spec: MaskSpec | None, name: str) -> xr.DataArray:
-    """The valid area as an in-memory bool DataArray on ``da``'s horizontal dims."""
-    if spec is None and "valid" in ds.variables:
-        mask = ds["valid"]
-    elif spec is None:
-        # As open_satellite does without a mask: a cell never observed in any step is not valid.
-        hdims = _horizontal_dims(da, None)
-        mask = np.isfinite(da).any([d for d in da.dims if d not in hdims])
-    elif isinstance(spec, xr.DataArray) and "lat" not in ds.variables:
-        mask = spec  # a projected grid without lat/lon: nothing to match the mask's grid by but its dims
-    else:
-        mask = _resolve_mask(ds, spec, name)
-    hdims = [d for d in da.dims if d in mask.dims]
-    extra = [d for d in mask.dims if d not in hdims]
-    mask = (mask.any(extra) if extra else mask).transpose(*hdims)
-    return (mask if mask.dtype == bool else mask > 0.5).compute()
+def static_valid_area(ds: xr.Dataset, da: xr.DataArray, spec: MaskSpec | None, name: str) -> xr.DataArray:
+    """The valid area (geonp's one rule, :func:`geonp.data.valid.valid_area`) as an in-memory bool
+    DataArray on ``da``'s horizontal dims: a cell counts when it is valid in any time step."""
+    mask, _ = valid_area(ds, da, spec, name)
+    others = [d for d in mask.dims if d not in horizontal_dims(ds)]
+    return (mask.any(others) if others else mask).compute()
 
 
 def _distance_to_context(masked: xr.DataArray, valid: xr.DataArray) -> np.ndarray:

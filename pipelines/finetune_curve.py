@@ -28,7 +28,7 @@ import torch
 from geonp.checkpoint import read_checkpoint
 from geonp.data import open_satellite
 from geonp.data.window_source import data_folder
-from geonp.evaluate import _resolve_valid, evaluate, hide_cells
+from geonp.evaluate import evaluate, hide_cells, static_valid_area
 from geonp.fill.engine import plan
 from geonp.fill.finetune import finetune
 from geonp.models import save
@@ -42,7 +42,7 @@ def curve(scene: str, checkpoint: str, model: str, steps: list[int], lrs: list[f
     path, variable, kwargs, crop = VALIDATION[scene]
     ds = open_satellite(data_folder() / path, variable, **kwargs).isel(crop)
     da = ds[variable].compute()
-    valid = _resolve_valid(ds, da, None, scene)
+    valid = static_valid_area(ds, da, None, scene)
     masked, _ = hide_cells(da, valid, np.random.default_rng(SEED))  # what evaluate() hides with this seed
     masked_ds = ds.assign({variable: masked})
     _, meta = read_checkpoint(checkpoint)

@@ -35,16 +35,15 @@ import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import xarray as xr
 
 from geonp.data.cube import horizontal_dims, open_cube
 from geonp.data.flags import flag_names, has_flag
+from geonp.data.valid import MaskSpec, is_file, valid_area
 
 FlagSpec = Mapping[str, str | Sequence[str]]
-MaskSpec = str | os.PathLike | tuple[str | os.PathLike, str] | xr.DataArray
 
 
 @dataclass(frozen=True)
@@ -162,7 +161,8 @@ def open_satellite(
     """
     name = str(path)
     ds = open_cube(path, variable)
-    if isinstance(valid_mask, str) and valid_mask not in ds.variables and not _is_file(valid_mask):
+    if isinstance(valid_mask, str) and valid_mask not in ds.variables and not is_file(valid_mask) \
+            and valid_mask not in ("observed", "all"):
         try:  # a field of the file that open_cube dropped (it keeps only flag-like variables)
             ds = open_cube(path, [variable, valid_mask])
         except ValueError:
@@ -201,18 +201,18 @@ def quality_screen(
     screened = da if keep is None else da.where(keep)
 
     hdims = horizontal_dims(ds)
-    if valid_mask is not None:
-        valid, how = _resolve_mask(ds, valid_mask, name), f"valid_mask {_describe(valid_mask)}"
-    elif chosen is not None and chosen.valid_area is not None:
+    if valid_mask is None and chosen is not None and chosen.valid_area is not None:
         valid, how = chosen.valid_area(ds, variable), f"{chosen.name} preset"
-    else:
-        steps = int(np.prod([da.sizes[d] for d in da.dims if d not in hdims]))
-        if steps < 2:
+        others = [d for d in valid.dims if d not in hdims]
+        valid = (valid.any(others) if others else valid).transpose(*[d for d in da.dims if d in hdims])
+    else:  # the user's mask, else the cells observed at least once (geonp.data.valid), on the screened values
+        if valid_mask is None and int(np.prod([da.sizes[d] for d in da.dims if d not in hdims])) < 2:
             warnings.warn(f"{name}: {variable!r} has one time step and no valid_mask: every gap is taken as "
                           "never valid (nothing to fill); pass valid_mask", UserWarning, stacklevel=2)
-        valid, how = np.isfinite(screened), f"observed at least once in {steps} time steps"
-    others = [d for d in valid.dims if d not in hdims]
-    valid = (valid.any(others) if others else valid).transpose(*hdims)
+        valid, how = valid_area(ds.drop_vars("valid", errors="ignore").assign({variable: screened}), screened,
+                                "observed" if valid_mask is None else valid_mask, name)
+        others = [d for d in valid.dims if d not in hdims]
+        valid = valid.any(others) if others else valid
     valid = valid.drop_vars([c for c in valid.coords if c not in da.coords], errors="ignore")
 
     out = screened.where(valid)
@@ -245,18 +245,6 @@ def _the_field(ds: xr.Dataset) -> str:
     if len(names) != 1:
         raise ValueError(f"name the variable: the dataset has {', '.join(names)}")
     return names[0]
-
-
-def _is_file(spec: str) -> bool:
-    return "://" in spec or Path(spec).exists()
-
-
-def _describe(spec: MaskSpec) -> str:
-    if isinstance(spec, xr.DataArray):
-        return f"DataArray {spec.name!r}"
-    if isinstance(spec, tuple):
-        return f"{spec[1]!r} of {spec[0]}"
-    return repr(str(spec))
 
 
 def _pick_preset(ds: xr.Dataset, variable: str, preset: str | Preset | None, name: str) -> Preset | None:
@@ -294,63 +282,3 @@ def _not_flagged(ds: xr.Dataset, da: xr.DataArray, flags: Mapping[str, list[str]
     return keep
 
 
-def _resolve_mask(ds: xr.Dataset, spec: MaskSpec, name: str) -> xr.DataArray:
-    """The user's mask as bool on ``ds``'s horizontal grid (other dims kept; reduced by the caller)."""
-    if isinstance(spec, xr.DataArray):
-        mask, where = spec, "the valid_mask DataArray"
-    elif isinstance(spec, tuple):
-        mask, where = open_cube(spec[0], spec[1])[spec[1]], str(spec[0])
-    elif isinstance(spec, str) and spec in ds.variables:
-        mask, where = ds[spec], f"{name} variable {spec!r}"
-    elif _is_file(str(spec)):
-        where = str(spec)
-        mask = _pick_mask_variable(open_cube(spec), where)
-    else:
-        raise ValueError(f"{name}: valid_mask {spec!r} is neither a variable nor an existing file")
-    mask = _on_grid(mask, ds, where, name)
-    return mask if mask.dtype == bool else (mask > 0.5)  # NaN compares False: not valid
-
-
-def _pick_mask_variable(mds: xr.Dataset, where: str) -> xr.DataArray:
-    hdims = set(horizontal_dims(mds))
-    names = [str(v) for v in mds.data_vars if hdims <= set(mds[v].dims)]
-    if len(names) > 1:
-        names = [v for v in names if "mask" in v.lower()] or names
-    if len(names) != 1:
-        raise ValueError(f"{where}: cannot tell which variable is the mask ({', '.join(names) or 'none'}); "
-                         "pass valid_mask=(path, variable)")
-    return mds[names[0]]
-
-
-def _on_grid(mask: xr.DataArray, ds: xr.Dataset, where: str, name: str) -> xr.DataArray:
-    """``mask`` on ``ds``'s horizontal grid: the same grid, or a larger grid holding it (regular grids)."""
-    hdims = horizontal_dims(ds)
-    if not set(hdims) <= set(mask.dims):
-        raise ValueError(f"{name}: the mask from {where} has dims {mask.dims}, not the grid's {hdims}")
-    if hdims == ("lat", "lon"):
-        mask = mask.sortby(list(hdims))  # a user's DataArray may run north to south
-        index = {}
-        for axis in hdims:
-            target, source = ds[axis].values.astype(float), mask[axis].values.astype(float)
-            step = float(np.median(np.diff(target))) if target.size > 1 else 1.0
-            nearest = _nearest(source, target)
-            if np.any(np.abs(source[nearest] - target) > 1e-3 * step):
-                raise ValueError(f"{name}: the mask from {where} is not on the same grid ({axis} "
-                                 f"{source.min():g}..{source.max():g} vs {target.min():g}..{target.max():g}, "
-                                 f"{source.size} vs {target.size} points)")
-            index[axis] = nearest
-        return mask.isel(index).assign_coords({a: ds[a] for a in hdims})
-    same = all(mask.sizes[d] == ds.sizes[d] for d in hdims) and all(
-        np.allclose(mask[d].values, ds[d].values) for d in hdims if d in mask.coords and d in ds.coords)
-    if not same:
-        raise ValueError(f"{name}: the mask from {where} is not on the same grid "
-                         f"({dict(mask.sizes)} vs {dict(ds.sizes)})")
-    return mask.drop_vars([c for c in mask.coords if c not in hdims], errors="ignore")
-
-
-def _nearest(source: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """Index of the nearest ``source`` value (ascending) to each ``target`` value."""
-    if source.size == 1:
-        return np.zeros(target.size, dtype=int)
-    i = np.clip(np.searchsorted(source, target), 1, source.size - 1)
-    return np.where(target - source[i - 1] <= source[i] - target, i - 1, i)

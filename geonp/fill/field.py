@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
-from pathlib import Path
 
 import dask
 import numpy as np
@@ -18,6 +17,8 @@ import xarray as xr
 
 from geonp.data.cube import field_variables, horizontal_dims
 from geonp.data.far_context import Pyramid, build_pyramid
+from geonp.data.valid import MaskSpec
+from geonp.data.valid import valid_area as valid_area_of
 
 
 @dataclass
@@ -74,57 +75,21 @@ def select_variables(ds: xr.Dataset, variables: str | list[str] | None, source: 
     return list(variables)
 
 
-def valid_area(ds: xr.Dataset, valid_mask: str | Path | xr.DataArray | None, da: xr.DataArray,
-               source: str) -> np.ndarray:
+def valid_area(ds: xr.Dataset, valid_mask: MaskSpec | None, da: xr.DataArray, source: str) -> np.ndarray:
     """``--valid-mask``: True where data may exist, as ``[rows, cols]`` or ``[time, rows, cols]``.
 
-    Accepts a variable name of ``ds``, a file holding one mask variable on the same grid, a bool
-    DataArray, ``"observed"`` (cells observed at least once over time), or None: the cube's own
-    ``valid`` variable (what ``open_satellite`` provides) when present, else every cell.
+    The rule is geonp's one (:func:`geonp.data.valid.valid_area`): a named mask (a variable, a
+    file, a DataArray, ``observed`` or ``all``), else the input's ``valid`` variable, else the
+    cells observed in some time step (every cell for a single step). ``da`` is the field as
+    ``[time, rows, cols]`` (see ``canonical``).
     """
-    rows, cols = da.dims[1:]
-    if valid_mask is None:
-        if "valid" not in ds.data_vars:
-            return np.ones(da.shape[1:], bool)
-        mask = ds["valid"]
-    elif isinstance(valid_mask, xr.DataArray):
-        mask = valid_mask
-    elif str(valid_mask) == "observed":
-        return np.isfinite(da).any("time").compute().values
-    elif str(valid_mask) in ds.variables:
-        mask = ds[str(valid_mask)]
-    else:
-        mask = _mask_from_file(Path(valid_mask), ds)
-    if not set(mask.dims) <= {"time", rows, cols} or not {rows, cols} <= set(mask.dims):
-        raise ValueError(f"--valid-mask: mask dims {mask.dims} do not match the grid of {source} ({rows}, {cols})")
-    dims = ("time", rows, cols) if "time" in mask.dims else (rows, cols)
-    values = mask.transpose(*dims).values
-    want = da.shape if "time" in mask.dims else da.shape[1:]
+    mask, _ = valid_area_of(ds, da, valid_mask, source)
+    dims = [d for d in da.dims if d in mask.dims]
+    values = np.asarray(mask.transpose(*dims).values, bool)
+    want = da.shape if "time" in dims else da.shape[1:]
     if values.shape != want:
         raise ValueError(f"--valid-mask: mask shape {values.shape} does not match {source} {want}")
-    if values.dtype != bool:
-        values = np.nan_to_num(values.astype(np.float64), nan=0.0) > 0
     return values
-
-
-def _mask_from_file(path: Path, ds: xr.Dataset) -> xr.DataArray:
-    from geonp.data import open_cube
-
-    if not path.exists():
-        raise ValueError(f"--valid-mask {path}: neither a variable of the input nor an existing file")
-    mask_ds = open_cube(path)
-    names = list(mask_ds.data_vars)
-    if len(names) != 1:
-        raise ValueError(f"--valid-mask {path}: expected one mask variable, found {names}")
-    mask = mask_ds[names[0]]
-    if "time" in mask.dims and mask.sizes["time"] == 1:
-        mask = mask.isel(time=0, drop=True)
-    rows, cols = horizontal_dims(ds)
-    try:
-        xr.align(mask, ds[rows], ds[cols], join="exact")
-    except ValueError:
-        raise ValueError(f"--valid-mask {path}: its grid does not match the input's") from None
-    return mask
 
 
 def summarise(fields: list[Field], source: str) -> None:

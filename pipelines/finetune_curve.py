@@ -33,7 +33,7 @@ from geonp.fill.engine import plan
 from geonp.fill.finetune import finetune
 from geonp.models import save
 from pipelines.accuracy_ablation import VALIDATION
-from pipelines.provenance import REPO, header
+from pipelines.provenance import REPO, git_commit, header
 
 SEED = 1  # the validation split's seed in the accuracy ablation
 
@@ -91,20 +91,25 @@ def main() -> None:
     text = header("Fine-tuning on the scene: skill against fit steps and learning rate", torch.device("cpu"),
                   f"{args.model} from {Path(args.checkpoint).name}; validation crops of the accuracy ablation "
                   f"(seed {SEED}); batches of 8 windows; fit s: fine-tuning seconds up to that step")
+    # Rows of scenes not run now are kept from the existing table (each row keeps the commit it ran at).
+    earlier = Path(args.out).with_suffix(".json")
+    kept = [r for r in json.loads(earlier.read_text())["rows"] if r["scene"] not in args.scenes] \
+        if earlier.exists() else []
     rows: list[dict] = []
     for scene in args.scenes:  # the table is rewritten after each scene: a stopped run keeps its scenes
-        rows += curve(scene, args.checkpoint, args.model, sorted(args.steps), args.lrs)
-        write(rows, text, Path(args.out))
+        rows += [{**r, "commit": git_commit()} for r in curve(scene, args.checkpoint, args.model,
+                                                             sorted(args.steps), args.lrs)]
+        write(sorted(kept + rows, key=lambda r: list(VALIDATION).index(r["scene"])), text, Path(args.out))
     print(Path(args.out).read_text())
 
 
 def write(rows: list[dict], text: str, out: Path) -> None:
-    lines = [text, "", "| scene | fit steps | lr | RMSE | CRPS | cov90 | NLL | fit s | infill s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [text, "", "| scene | fit steps | lr | RMSE | CRPS | cov90 | NLL | fit s | infill s | commit |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         lines.append(f"| {r['scene']} | {r['fit_steps']} | {r['lr'] if r['lr'] else '–'} | {r['rmse']:.4g} | "
                      f"{r['crps']:.4g} | {r['coverage_90']:.3f} | {r['nll']:.3f} | {r['fit_s']:.0f} | "
-                     f"{r['infill_s']:.0f} |")
+                     f"{r['infill_s']:.0f} | {r.get('commit', '–')} |")
     out.write_text("\n".join(lines) + "\n")
     out.with_suffix(".json").write_text(json.dumps({"header": text, "rows": rows}, indent=1))
 

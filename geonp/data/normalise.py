@@ -97,7 +97,9 @@ class Normaliser:
         """From a JSON file, or from a checkpoint: the record ``geonp train`` writes into a
         cube-trained model's header (older runs: the JSON file beside it)."""
         path = Path(path)
-        if path.suffix == ".safetensors":
+        if path.suffix == ".safetensors" and not path.exists() and beside(path).exists():
+            path = beside(path)  # a normalisation saved beside a checkpoint that is not written yet
+        elif path.suffix == ".safetensors":
             from geonp.checkpoint import read_checkpoint
 
             record = read_checkpoint(path)[1].get("inputs", {})

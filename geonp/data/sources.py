@@ -45,17 +45,19 @@ class CubeSource:
         elevation: a DEM to attach as the ``elevation`` input (optional).
         val_region: where validation windows come from (default: the training region);
             validation always uses its own sampler and seed, never the training stream.
+        time: ``[first, last]`` (dates, inclusive) of the steps to train on; None: all.
         **sampler_args: ``TaskSampler`` arguments (``window``, ``region``, ``inputs``,
             ``gap_fill``, ``context_fraction``, ``valid_mask``, ``windows_per_tile``, ...).
     """
 
     def __init__(self, path: str, variables: str | Sequence[str], elevation: str | None = None,
-                 val_region: Any = None, seed: int = 0, **sampler_args: Any) -> None:
+                 val_region: Any = None, seed: int = 0, time: Sequence[str] | None = None,
+                 **sampler_args: Any) -> None:
         from geonp.data.cube import open_cube
         from geonp.data.elevation import attach_elevation
         from geonp.data.tasks import TaskSampler
 
-        cube = open_cube(path, variables)
+        cube = select_time(open_cube(path, variables), time, path)
         if elevation is not None:
             cube = attach_elevation(cube, elevation)
         self._make = lambda **kw: TaskSampler(cube, variables, **{**sampler_args, **kw})
@@ -88,6 +90,18 @@ class CubeSource:
 
     def load_state_dict(self, state: dict) -> None:
         self._stream.load_state_dict(state)
+
+
+def select_time(cube: Any, time: Sequence[str] | None, source: str = "the cube") -> Any:
+    """The steps of ``cube`` from ``time[0]`` to ``time[1]`` (inclusive dates); all when None."""
+    if time is None:
+        return cube
+    if "time" not in cube.dims or len(time) != 2:
+        raise ValueError(f"{source}: time: [first, last] needs a cube with a time axis and two dates, got {time!r}")
+    out = cube.sel(time=slice(str(time[0]), str(time[1])))
+    if out.sizes["time"] == 0:
+        raise ValueError(f"{source}: no time step between {time[0]} and {time[1]}")
+    return out
 
 
 def make_task_source(name: str, batch_size: int = 16, seed: int = 0, **kwargs: Any) -> Any:

@@ -105,7 +105,7 @@ class TaskSampler(IterableDataset):
         self.has_time = "time" in cube.dims
         self.space = horizontal_dims(cube)
         window = tuple(int(w) for w in window)
-        if len(window) == 2 and not self.has_time:
+        if len(window) == 2:  # a spatial window: one time step (of a cube with or without a time axis)
             window = (1, *window)
         if len(window) != 3 or min(window) < 1:
             raise ValueError(f"window must be (time steps, rows, cols) of positive sizes, got {window}")

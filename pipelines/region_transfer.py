@@ -33,6 +33,7 @@ import torch
 import yaml
 
 from geonp.data import attach_elevation, open_cube
+from geonp.data.normalise import Normaliser
 from geonp.data.regions import get_region
 from geonp.data.sources import select_time
 from geonp.data.tasks import TaskSampler, sample_tasks
@@ -237,9 +238,11 @@ def main() -> None:
     fetch_if_asked(cfg["data"])
     checkpoints = train_models(cfg, names, args.steps)
     data = cfg["data"]
-    # The training region's statistics, as training fitted them: every region is normalised with them.
-    normaliser = TaskSampler(open_split(data, cfg["train"]), data["variable"], window=data["window"],
-                             region=cfg["train"]["region"], inputs=data["inputs"]).normaliser
+    # The training region's statistics, as the checkpoints record them (fitted afresh when only
+    # models without weights run): every region is normalised with them.
+    normaliser = Normaliser.load(next(iter(checkpoints.values()))) if checkpoints else \
+        TaskSampler(open_split(data, cfg["train"]), data["variable"], window=data["window"],
+                    region=cfg["train"]["region"], inputs=data["inputs"]).normaliser
     std = normaliser.values[data["variable"]][1]
     seed = cfg.get("evaluation", {}).get("seed", 7)
     splits = [cfg["train"], *cfg["test"]]

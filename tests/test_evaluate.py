@@ -320,7 +320,6 @@ def test_hide_cells_on_real_alboran_sst():
 
 
 def test_evaluate_with_the_real_engine():
-    pytest.importorskip("geonp.fill.engine", reason="the infill engine is not in this tree")
     scene = cube(steps=1).isel(time=0)  # the engine adds a time axis to a single scene: scored all the same
     res = evaluate(scene, "sst", ["linear"], options={"device": "cpu"})
     row = res["rows"][0]

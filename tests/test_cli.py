@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -39,9 +40,11 @@ def test_train_command_writes_a_loadable_model(tmp_path, capsys):
     assert main(["train", str(cfg), "--no-progress", "--device", "cpu"]) == 0
     assert "trained rcnp for 6 steps" in capsys.readouterr().out
     assert main(["train", str(cfg), "--no-progress", "--resume", "--steps", "9"]) == 0
+    assert "trained rcnp for 9 steps" in capsys.readouterr().out  # resumed at 6, went on to 9
     from geonp.models import load
 
     assert load(tmp_path / "r" / "model.safetensors").config["name"] == "rcnp"
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["step"] == 9
 
 
 def test_models_lists_names(capsys):

@@ -147,7 +147,7 @@ def test_scale_factor_and_valid_range_applied(tmp_path):
 
 
 def test_geotiff_geographic_and_projected(tmp_path):
-    pytest.importorskip("rioxarray")
+    import rioxarray  # noqa: F401 - the test extra: the suite reads GeoTIFF
     values = np.arange(12, dtype=np.float32).reshape(3, 4)
     geo = xr.DataArray(values, dims=("y", "x"), coords={"y": [46.0, 45.5, 45.0], "x": [6.0, 6.5, 7.0, 7.5]})
     geo.rio.write_crs("EPSG:4326", inplace=True).rio.to_raster(tmp_path / "geo.tif")
@@ -191,7 +191,6 @@ def test_unknown_variable_and_missing_or_unreadable_file(tmp_path):
 
 
 def test_fsspec_memory_zarr_and_vertical_levels(tmp_path):
-    pytest.importorskip("fsspec")
     lat, lon = np.arange(3.0), np.arange(4.0)
     ds = xr.Dataset({"t": (("time", "pressure_level", "latitude", "longitude"), np.ones((2, 3, 3, 4)))},
                     coords={"time": pd.date_range("2020", periods=2), "pressure_level": [1000.0, 850.0, 500.0],

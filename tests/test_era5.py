@@ -31,7 +31,6 @@ LAT, LON = np.arange(46.0, 50.5, 1.0), np.arange(-2.0, 3.5, 1.0)
 @pytest.fixture
 def cds(monkeypatch, tmp_path):
     """A running stand-in whose URL and key are in the environment; HOME is empty."""
-    pytest.importorskip("cdsapi")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("CDSAPI_RC", raising=False)
     for var in ("no_proxy", "NO_PROXY"):  # a proxy set for the package index must not catch 127.0.0.1
@@ -219,7 +218,6 @@ def test_credentials_from_the_rc_file_and_a_wrong_key(cds, tmp_path, monkeypatch
 
 
 def test_missing_credentials_give_one_line_with_instructions(tmp_path, monkeypatch, capsys):
-    pytest.importorskip("cdsapi")
     monkeypatch.setenv("HOME", str(tmp_path))
     for var in ("CDSAPI_URL", "CDSAPI_KEY", "CDSAPI_RC"):
         monkeypatch.delenv(var, raising=False)

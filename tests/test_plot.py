@@ -99,8 +99,8 @@ def _has(module: str) -> bool:
 @pytest.fixture
 def coastline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A tiny stand-in 110m coastline shapefile in a fresh pre-existing data dir."""
-    cartopy = pytest.importorskip("cartopy")
-    shapefile = pytest.importorskip("shapefile")
+    import cartopy
+    import shapefile  # pyshp, a dependency of cartopy
     folder = tmp_path / "ne" / "shapefiles" / "natural_earth" / "physical"
     folder.mkdir(parents=True)
     with shapefile.Writer(str(folder / "ne_110m_coastline"), shapeType=shapefile.POLYLINE) as writer:

@@ -44,11 +44,13 @@ def test_the_protocol_runs_end_to_end_and_keeps_earlier_rows(tmp_path, monkeypat
     assert sorted(p.name for p in (tmp_path / "out").glob("*.png")) == [
         "region_transfer_tiny_east.png", "region_transfer_tiny_west.png"]
 
-    # Scoring one model again keeps the others' rows (and the trained run is reused, not retrained).
-    monkeypatch.setattr(sys, "argv", ["region_transfer", str(config), "--models", "linear"])
+    # Scoring again keeps the other models' rows, and a finished run is reused, not retrained.
+    trained = (tmp_path / "runs" / "cnp" / "model.safetensors").read_bytes()
+    monkeypatch.setattr(sys, "argv", ["region_transfer", str(config), "--models", "linear", "cnp"])
     region_transfer.main()
     again = (tmp_path / "out" / "rt.md").read_text()
-    assert again.count("| cnp | ") == 2 and again.count("| linear | ") == 2
+    assert again.count("| te-pt-tnp | ") == 2 and again.count("| linear | ") == 2
+    assert (tmp_path / "runs" / "cnp" / "model.safetensors").read_bytes() == trained
 
 
 def test_unknown_keys_are_refused_and_time_slices_select_dates(tmp_path):

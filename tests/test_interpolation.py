@@ -224,5 +224,8 @@ def test_calibration_on_a_smooth_random_field(name):
     dist = run(build(name, 3, 1), x[~hide], f[~hide, None], x[hide])
     err = dist.loc[0, :, 0].numpy() - f[hide]
     coverage = np.mean(np.abs(err) < 1.645 * dist.scale[0, :, 0].numpy())
-    assert 0.75 <= coverage <= 0.99
+    # ~390 hidden cells: one standard error of a 90% coverage is 0.015. Kriging measured 0.89-0.905 over
+    # four seeds (+-3 SE band); linear's sigma is a little wide here (0.92-0.97), so its band reaches 0.98.
+    low, high = (0.85, 0.95) if name == "kriging" else (0.85, 0.98)
+    assert low <= coverage <= high, coverage
     assert np.sqrt(np.mean(err**2)) < 0.5 * f.std()

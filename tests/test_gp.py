@@ -47,6 +47,11 @@ def test_close_to_true_hyperparameters() -> None:
     fitted = dist.log_prob(yt[None].float()).mean()
     assert dist.loc.dtype == torch.float32
     assert abs(float(fitted) - float(ref)) < 0.15, (float(fitted), float(ref))
+    # The predictive itself, not only its score: mean and sigma close to the true GP's.
+    gap = (dist.loc[0, :, 0].double() - mean[:, 0]).abs().max().item()
+    ratio = dist.scale[0, :, 0].double() / var.sqrt()
+    assert gap < 0.1, gap  # measured 0.034
+    assert 0.8 < ratio.min().item() and ratio.max().item() < 1.15, ratio  # measured 0.89-0.98
 
 
 def test_padded_batch_matches_separate_tasks() -> None:

@@ -3,6 +3,8 @@ properties every TE model must keep, and growing a trained model with it."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -102,7 +104,13 @@ def test_a_target_on_a_context_point_sees_that_point():
         far_y[0, far] += 1.0
         near_change = (model(xc, near_y, xt).loc - base).abs().item()
         far_change = (model(xc, far_y, xt).loc - base).abs().item()
+        off = copy.deepcopy(model)  # the same model with its local branches switched off (zeroed)
+        for name, p in off.named_parameters():
+            if "_local" in name:
+                p.zero_()
+        near_change_off = (off(xc, near_y, xt).loc - off(xc, yc, xt).loc).abs().item()
     assert near_change > far_change
+    assert near_change > 5 * near_change_off  # it is the local path that carries it (measured 24x)
 
 
 def test_growing_a_trained_model_starts_from_its_predictions(tmp_path):

@@ -69,12 +69,19 @@ def test_pseudo_locations_start_as_weighted_average_of_context():
     torch.manual_seed(0)
     model = build("te-pt-tnp", 1, 1, preset="tiny")
     xc, yc, _, mask_c = random_tasks(b=2, nc=10)
-    xc, yc = torch.nan_to_num(xc), torch.nan_to_num(yc)
+    yc = torch.nan_to_num(yc)
+    xc = torch.where(mask_c[..., None], torch.nan_to_num(xc), torch.tensor(1e3))  # padding far away
     zc = model.embed(model._flagged(yc, 1.0))
-    v = model.initial_pseudo_locations(zc, xc, mask_c) - model.pseudo_offset  # [B, M, 1]
-    for b in range(2):
-        present = xc[b, mask_c[b], 0]
-        assert (v[b, :, 0] >= present.min() - 1e-5).all() and (v[b, :, 0] <= present.max() + 1e-5).all()
+    with torch.no_grad():
+        v = model.initial_pseudo_locations(zc, xc, mask_c) - model.pseudo_offset  # [B, M, 1]
+        moved = model.initial_pseudo_locations(zc, torch.where(mask_c[..., None], xc, -xc), mask_c)
+        torch.testing.assert_close(moved - model.pseudo_offset, v)  # padding has no say
+        q = model.init_q(model.pseudo)  # [M, Dz]
+        for b in range(2):  # Eq. 11 over the present points only: softmax(q k^T / sqrt(Dz)) @ xc
+            present = mask_c[b]
+            k = model.init_k(zc[b, present])  # [Nb, Dz]
+            psi = (q @ k.T / q.shape[-1] ** 0.5).softmax(-1)  # [M, Nb]
+            torch.testing.assert_close(v[b], psi @ xc[b, present], atol=1e-5, rtol=1e-5)
 
 
 def test_distance_prior_makes_far_keys_negligible_and_can_be_switched_off():

@@ -124,18 +124,15 @@ def _run(args: argparse.Namespace) -> int:
 
         run_demo(out=args.out, fit_steps=args.fit_steps, device=args.device, overwrite=args.overwrite)
     elif args.command == "train":
-        from geonp.train import TrainConfig, train
+        from geonp.train import TrainConfig, train_file
 
-        cfg = TrainConfig.from_yaml(args.config)  # checked here, before starting N processes
         if args.ddp is not None:
+            TrainConfig.from_yaml(args.config)  # checked here, before starting N processes
             return _train_ddp(args)
-        if args.device is not None:
-            cfg.device = args.device
-        if args.steps is not None:
-            cfg.steps = args.steps
-        result = train(cfg, resume=args.resume, progress=not args.no_progress)
-        print(f"trained {cfg.model} for {result.step} steps: validation NLL {result.val_nll:.4f}; "
-              f"model written to {result.out_dir / 'model.safetensors'}")
+        line = train_file(args.config, device=args.device, steps=args.steps, resume=args.resume,
+                          progress=not args.no_progress)
+        if line:
+            print(line)
     elif args.command == "infill":
         from geonp.fill.engine import infill_file
 

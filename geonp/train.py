@@ -296,6 +296,22 @@ def _train(run: _Run, resume: bool, progress: bool,
     return TrainResult(run.model, run.step, val_nll, run.out, run.elapsed)
 
 
+def train_file(path: str | Path, *, device: str | None = None, steps: int | None = None, resume: bool = False,
+               progress: bool = True) -> str | None:
+    """Train from a YAML config with the command line's overrides (``geonp train`` and
+    ``python -m geonp.train`` both run this); returns the line to print, None if no model was written."""
+    cfg = TrainConfig.from_yaml(path)
+    if device is not None:
+        cfg.device = device
+    if steps is not None:
+        cfg.steps = steps
+    result = train(cfg, resume=resume, progress=progress)
+    if result.out_dir is None or not (result.out_dir / "model.safetensors").exists():
+        return None
+    return (f"trained {cfg.model} for {result.step} steps: validation NLL {result.val_nll:.4f}; "
+            f"model written to {result.out_dir / 'model.safetensors'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m geonp.train CONFIG [--resume]``: what torchrun starts in each process."""
     import argparse
@@ -309,18 +325,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     try:
-        cfg = TrainConfig.from_yaml(args.config)
-        if args.device is not None:
-            cfg.device = args.device
-        if args.steps is not None:
-            cfg.steps = args.steps
-        result = train(cfg, resume=args.resume, progress=not args.no_progress)
+        line = train_file(args.config, device=args.device, steps=args.steps, resume=args.resume,
+                          progress=not args.no_progress)
     except ValueError as err:
         print(f"geonp train: error: {err}", file=sys.stderr)
         return 2
-    if result.out_dir is not None and (result.out_dir / "model.safetensors").exists():
-        print(f"trained {cfg.model} for {result.step} steps: validation NLL {result.val_nll:.4f}; "
-              f"model written to {result.out_dir / 'model.safetensors'}")
+    if line:
+        print(line)
     return 0
 
 

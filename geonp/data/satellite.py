@@ -203,16 +203,14 @@ def quality_screen(
     hdims = horizontal_dims(ds)
     if valid_mask is None and chosen is not None and chosen.valid_area is not None:
         valid, how = chosen.valid_area(ds, variable), f"{chosen.name} preset"
-        others = [d for d in valid.dims if d not in hdims]
-        valid = (valid.any(others) if others else valid).transpose(*[d for d in da.dims if d in hdims])
     else:  # the user's mask, else the cells observed at least once (geonp.data.valid), on the screened values
         if valid_mask is None and int(np.prod([da.sizes[d] for d in da.dims if d not in hdims])) < 2:
             warnings.warn(f"{name}: {variable!r} has one time step and no valid_mask: every gap is taken as "
                           "never valid (nothing to fill); pass valid_mask", UserWarning, stacklevel=2)
         valid, how = valid_area(ds.drop_vars("valid", errors="ignore").assign({variable: screened}), screened,
                                 "observed" if valid_mask is None else valid_mask, name)
-        others = [d for d in valid.dims if d not in hdims]
-        valid = valid.any(others) if others else valid
+    others = [d for d in valid.dims if d not in hdims]  # a static area: valid in any time step
+    valid = (valid.any(others) if others else valid).transpose(*[d for d in da.dims if d in hdims])
     valid = valid.drop_vars([c for c in valid.coords if c not in da.coords], errors="ignore")
 
     out = screened.where(valid)

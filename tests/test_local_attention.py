@@ -44,6 +44,44 @@ def test_nearest_neighbours_match_a_brute_force_search():
     assert valid[0].all() and valid[1, :, :4].all() and not valid[1, :, 4:].any()
 
 
+
+def test_quadrant_search_takes_the_nearest_keys_of_each_quadrant():
+    """A target at the edge of a gap: the plain search takes only the near side, the quadrant
+    search the k // 4 nearest of each quadrant, far side included (checked by brute force)."""
+    g = torch.Generator().manual_seed(2)
+    xk = torch.rand(1, 60, 3, generator=g) * 10 - 5
+    xk[0, :40, 2] = xk[0, :40, 2].abs() + 0.5  # two thirds of the keys on one side of the target
+    xq = torch.zeros(1, 1, 3)
+    mask = torch.ones(1, 60, dtype=torch.bool)
+    index, valid = nearest_neighbours(xq, xk, mask, 8, quadrant_dims=(1, 2))
+    assert index.shape == (1, 1, 8) and valid.all()
+    du, dv = xk[0, :, 1].numpy(), xk[0, :, 2].numpy()
+    d = (xk[0] ** 2).sum(-1).numpy()
+    quadrant = np.select([(dv > 0) & (du >= 0), (dv <= 0) & (du > 0), (dv < 0) & (du <= 0)], [0, 1, 2], 3)
+    for q in range(4):
+        members = np.flatnonzero(quadrant == q)
+        want = members[np.argsort(d[members], kind="stable")[:2]]
+        np.testing.assert_array_equal(index[0, 0, 2 * q:2 * q + 2].numpy(), want)
+    plain, _ = nearest_neighbours(xq, xk, mask, 8)
+    assert len(set(quadrant[plain[0, 0].numpy()])) < 4  # the plain search misses a side here
+    with pytest.raises(ValueError, match="k >= 4"):
+        nearest_neighbours(xq, xk, mask, 3, quadrant_dims=(1, 2))
+
+
+def test_quadrant_kriging_keeps_translation_equivariance_and_padding():
+    xc, yc, xt, mask_c = random_tasks(dx=3)
+    model = local_model(dx=3, k=4, local_kriging=True, kriging_neighbours=8, kriging_quadrant_dims=[1, 2])
+    tau = torch.tensor([0.4, 3.7, -1.3])
+    with torch.no_grad():
+        a, b = model(xc, yc, xt, mask_c), model(xc + tau, yc, xt + tau, mask_c)
+        one = model(xc[:1, :7], yc[:1, :7], xt[:1])  # task 0 without its padding
+        plain = local_model(dx=3, k=4, local_kriging=True, kriging_neighbours=8)(xc, yc, xt, mask_c)
+    torch.testing.assert_close(a.loc, b.loc, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(a.loc[:1], one.loc, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(a.loc, plain.loc)  # the same weights, other neighbours
+    with pytest.raises(ValueError, match="kriging_quadrant_dims"):
+        build("te-pt-tnp", 3, 1, preset="tiny", num_neighbours=4, local_kriging=True, kriging_quadrant_dims=[1, 3])
+
 def test_local_attention_keeps_translation_equivariance_and_padding():
     xc, yc, xt, mask_c = random_tasks(dx=2)
     model = local_model(neighbour_weights=[0.5, 1.0], value_skip=True, local_kriging=True)

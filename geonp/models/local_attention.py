@@ -33,8 +33,9 @@ _SEARCH_ELEMS = 2**24
 
 @torch.no_grad()
 def nearest_neighbours(xq: torch.Tensor, xk: torch.Tensor, mask_k: torch.Tensor, k: int,
-                       weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices of each query's ``k`` nearest present keys.
+                       weights: torch.Tensor | None = None, quadrant_dims: tuple[int, int] | None = None,
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices of each query's ``k`` nearest present keys, overall or per quadrant.
 
     Args:
         xq: ``[B, Nq, Dx]`` query locations.
@@ -42,25 +43,46 @@ def nearest_neighbours(xq: torch.Tensor, xk: torch.Tensor, mask_k: torch.Tensor,
         mask_k: ``[B, Nk]`` bool, True where a key is present.
         k: neighbours per query; fewer when a task has fewer present keys.
         weights: ``[Dx]`` per-dimension distance weights (0 ignores a dimension), or None for 1.
+        quadrant_dims: two input dimensions (e.g. rows and columns) that split the plane around
+            each query into four quadrants; the query then takes its ``k // 4`` nearest keys in
+            each (the quadrant search of geostatistics). Inside a wide gap the ``k`` nearest keys
+            all lie on the near rim; a quadrant search also reaches the far side, so kriging
+            interpolates across the gap instead of extrapolating from one edge.
 
     Returns:
-        ``(index [B, Nq, K], valid [B, Nq, K])`` with ``K = min(k, Nk)``, nearest first;
-        ``valid`` is False where a task has fewer than ``K`` present keys.
+        ``(index [B, Nq, K], valid [B, Nq, K])`` with ``K = min(k, Nk)`` (``4 * min(k // 4, Nk)``
+        by quadrant), nearest first (within each quadrant, quadrant by quadrant); ``valid`` is
+        False where a task (or quadrant) has fewer present keys.
     """
     b, nq, _ = xq.shape
     nk = xk.shape[1]
-    kk = min(k, nk)
+    if quadrant_dims is not None and k < 4:
+        raise ValueError(f"a quadrant search needs k >= 4 neighbours, got {k}")
+    kk = min(k // 4 if quadrant_dims is not None else k, nk)
     if weights is not None:
         xq, xk = xq * weights, xk * weights
     rows = max(1, _SEARCH_ELEMS // max(1, b * nk))
     index, dist = [], []
     for s in range(0, nq, rows):
-        d2 = (xq[:, s:s + rows, None, :] - xk[:, None, :, :]).float().square().sum(-1)  # [B, q, Nk]
+        diff = xk[:, None, :, :] - xq[:, s:s + rows, None, :]  # [B, q, Nk, Dx]
+        d2 = diff.float().square().sum(-1)  # [B, q, Nk]
         d2 = d2.masked_fill(~mask_k[:, None, :], float("inf"))
-        val, idx = d2.topk(kk, dim=-1, largest=False, sorted=True)
+        if quadrant_dims is None:
+            val, idx = d2.topk(kk, dim=-1, largest=False, sorted=True)
+        else:
+            picks = [d2.masked_fill(~inside, float("inf")).topk(kk, dim=-1, largest=False, sorted=True)
+                     for inside in _quadrants(diff[..., quadrant_dims[0]], diff[..., quadrant_dims[1]])]
+            val, idx = torch.cat([p.values for p in picks], -1), torch.cat([p.indices for p in picks], -1)
         index.append(idx)
         dist.append(val)
     return torch.cat(index, 1), torch.isfinite(torch.cat(dist, 1))
+
+
+def _quadrants(du: torch.Tensor, dv: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Four half-open quadrants of the offsets ``(du, dv)``, angles [0, 90), [90, 180), ... degrees
+    measured from the ``dv`` axis; every offset falls in exactly one (zero offset: the first)."""
+    return ((dv > 0) & (du >= 0) | (dv == 0) & (du == 0), (dv <= 0) & (du > 0),
+            (dv < 0) & (du <= 0), (dv >= 0) & (du < 0))
 
 
 def gather_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

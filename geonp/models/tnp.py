@@ -174,7 +174,8 @@ class TEPTTNP(_TETransformerNP):
                  min_scale: float = 1e-3, distance_prior: bool = True, num_neighbours: int = 0,
                  neighbour_weights: list[float] | None = None, local_context: bool = False,
                  value_skip: bool = False, local_kriging: bool = False, kriging_kernel: str = "exponential",
-                 kriging_neighbours: int = 0, kriging_mix: str = "gate") -> None:
+                 kriging_neighbours: int = 0, kriging_mix: str = "gate",
+                 kriging_quadrant_dims: list[int] | None = None) -> None:
         super().__init__(dim_x, dim_y, dim_model, min_scale)
         self.pseudo = nn.Parameter(torch.randn(num_pseudo, dim_model))  # u0 [M, Dz]
         self.pseudo_offset = nn.Parameter(torch.randn(num_pseudo, dim_x))  # v0 [M, Dx]
@@ -210,6 +211,14 @@ class TEPTTNP(_TETransformerNP):
             raise ValueError(f"kriging_mix must be 'gate' or 'gain', got {kriging_mix!r}")
         self.kriging_neighbours = kriging_neighbours or num_neighbours
         self.kriging_mix = kriging_mix
+        # kriging_quadrant_dims: two input dimensions (e.g. [1, 2], rows and columns); the kriging
+        # neighbours are then the kriging_neighbours // 4 nearest in each quadrant around the target
+        # (see nearest_neighbours), so targets deep inside a gap see its far side too.
+        if kriging_quadrant_dims is not None and (len(kriging_quadrant_dims) != 2
+                                                  or not all(0 <= d < dim_x for d in kriging_quadrant_dims)):
+            raise ValueError(f"kriging_quadrant_dims needs two input dimensions in 0..{dim_x - 1}, "
+                             f"got {kriging_quadrant_dims}")
+        self.kriging_quadrant_dims = None if kriging_quadrant_dims is None else tuple(kriging_quadrant_dims)
         self.kriging = None
         if num_neighbours > 0 and local_kriging:
             self.kriging = LocalKriging(dim_model, dim_x, kriging_kernel, neighbour_weights)
@@ -240,9 +249,13 @@ class TEPTTNP(_TETransformerNP):
         all_u = torch.ones(u.shape[:2], dtype=torch.bool, device=u.device)
         near_t = near_c = near_k = None
         if self.target_local is not None:  # chosen once, from the input locations, nearest first
-            k = max(self.num_neighbours, self.kriging_neighbours if self.kriging is not None else 0)
+            by_quadrant = self.kriging is not None and self.kriging_quadrant_dims is not None
+            k = max(self.num_neighbours, self.kriging_neighbours if self.kriging is not None and not by_quadrant else 0)
             near_k = nearest_neighbours(xt, xc, mask_c, k, self.neighbour_weights)  # [B, Nt, K]
             near_t = tuple(t[..., :self.num_neighbours] for t in near_k)
+            if by_quadrant:
+                near_k = nearest_neighbours(xt, xc, mask_c, self.kriging_neighbours, self.neighbour_weights,
+                                            self.kriging_quadrant_dims)  # [B, Nt, K]
         if self.context_local is not None:
             near_c = nearest_neighbours(xc, xc, mask_c, self.num_neighbours, self.neighbour_weights)  # [B, Nc, K]
         for i, (to_u, to_c, to_t) in enumerate(zip(self.to_pseudo, self.to_context, self.to_target)):

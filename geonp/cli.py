@@ -90,6 +90,24 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--device", default="auto", help="auto, cpu or cuda (default: %(default)s)")
     evaluate.add_argument("--seed", type=int, default=0, help="random seed of the hidden cells (default: 0)")
 
+    plot = sub.add_parser(
+        "plot", help="draw an infill output as map panels (observed, truth, mean, sigma, flags) into a PNG",
+        description="Cartopy map panels of one variable at one time: observed input, ground truth (--truth), "
+                    "predicted mean, 1-sigma and status flags, with coastlines and borders shipped in the package "
+                    "(nothing is downloaded). --point adds a cell's time series with its +-2 sigma band.")
+    plot.add_argument("output", help="an output store of `geonp infill` (Zarr or NetCDF)")
+    plot.add_argument("-o", "--out", required=True, help="PNG to write")
+    plot.add_argument("--var", default=None, metavar="NAME", help="filled variable (default: the only one)")
+    plot.add_argument("--time", default="0", help="time index or date/time, e.g. 2019-01-01T06 (default: 0)")
+    plot.add_argument("--region", default=None, metavar="NAME|S,N,W,E", help="crop to a named region or a box")
+    plot.add_argument("--projection", default=None,
+                      help="robinson, platecarree, mollweide, orthographic, lambertconformal, mercator, equalearth, "
+                           "northpolarstereo, southpolarstereo or native (default: the grid's own CRS)")
+    plot.add_argument("--truth", default=None, metavar="FILE", help="complete field on the same grid: adds truth "
+                      "and error panels")
+    plot.add_argument("--point", default=None, metavar="LAT,LON", help="add this cell's time series")
+    plot.add_argument("--dpi", type=int, default=110, help="PNG resolution (default: %(default)s)")
+
     models = sub.add_parser("models", help="list the model names and their presets")
     models.set_defaults()
 
@@ -149,6 +167,12 @@ def _run(args: argparse.Namespace) -> int:
                                checkpoints=checkpoints, fit_steps=args.fit_steps, seed=args.seed,
                                satellite=args.satellite, options={"device": args.device})
         print(f"wrote {args.out} ({len(results)} variable(s), {len(args.model)} model(s))")
+    elif args.command == "plot":
+        from geonp.maps import plot_file
+
+        png = plot_file(args.output, args.out, variable=args.var, time=args.time, region=args.region,
+                        projection_name=args.projection, truth=args.truth, point=args.point, dpi=args.dpi)
+        print(f"wrote {png}")
     elif args.command == "models":
         from geonp.models import available, presets
 

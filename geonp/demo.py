@@ -68,7 +68,7 @@ def run_demo(out: str | Path = "geonp-demo", fit_steps: int = FIT_STEPS, device:
              overwrite: bool = False, verbose: bool = True) -> dict:
     """Run the demo into folder ``out``; returns (and writes) the summary."""
     from geonp.fill.engine import infill, infill_to_zarr
-    from geonp.plot import plot_infill
+    from geonp.maps import plot_infill
 
     out = Path(out)
     if fit_steps < 0:

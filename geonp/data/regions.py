@@ -73,7 +73,10 @@ def crop_to_region(ds: xr.Dataset, region: Region) -> xr.Dataset:
         ValueError: when no grid cell lies inside the region.
     """
     if "lat" in ds.dims:
-        out = ds.sel(lat=slice(*region.lat), lon=slice(*region.lon))
+        # Slices follow each coordinate's order (many products store latitude north to south).
+        bounds = {dim: slice(*(lim if ds[dim].size < 2 or ds[dim][-1] >= ds[dim][0] else lim[::-1]))
+                  for dim, lim in (("lat", region.lat), ("lon", region.lon))}
+        out = ds.sel(bounds)
         empty = out.sizes["lat"] == 0 or out.sizes["lon"] == 0
     else:
         lat, lon = ds["lat"].values, ds["lon"].values

@@ -1,0 +1,324 @@
+"""Map figures of an infill output (``v``, ``v_std`` and ``v_flag`` per variable).
+
+:func:`map_figure` draws the panels of the TE-TNP paper's Figure 6 for one variable at one time:
+the observed input (``v`` where ``v_flag == 0``), the ground truth when given, the predicted mean
+(the filled field), the predictive 1-sigma ``v_std`` and the status flags; with the truth, also
+the error on the hidden cells. Observed, truth and mean share one colour scale, sigma and the
+error have their own; colour bars carry the CF units; the title names the variable, time and
+model. ``point=(lat, lon)`` adds that cell's time series (see :mod:`geonp.maps.series`).
+
+Everything stays offline: coastlines and borders come from the Natural Earth shapefiles shipped in
+the package (:mod:`geonp.maps.natural_earth`), never from cartopy's downloader. The figure is
+rendered with the Agg canvas directly, so pyplot's global backend is left alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import xarray as xr
+
+from geonp.maps import natural_earth
+from geonp.maps.crs import MapGrid, lonlat, map_grid, projection
+from geonp.maps.series import draw_series
+from geonp.maps.style import CMAPS, FLAG_COLOURS, FLAG_NAMES, OUTSIDE_COLOUR
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+
+def plot_infill(ds: xr.Dataset, variable: str, path: str | Path, *, dpi: int = 110, **options: Any) -> Path:
+    """Write the PNG of :func:`map_figure` (same arguments) to ``path`` and return it."""
+    fig = map_figure(ds, variable, **options)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)  # attach the Agg canvas: no pyplot, no change to the global backend
+    fig.savefig(path, dpi=dpi, format="png")
+    return path
+
+
+def map_figure(ds: xr.Dataset, variable: str, *, time: int | str = 0, truth: xr.DataArray | None = None,
+               hidden: xr.DataArray | None = None, region: Any = None, projection_name: str | None = None,
+               point: tuple[float, float] | None = None, title: str | None = None) -> Figure:
+    """The map panels of one variable of an infill output at one time.
+
+    Args:
+        ds: the infill output: ``variable``, ``variable_std`` and ``variable_flag`` on an optional
+            ``time`` dim and two horizontal dims (lat/lon, or y/x with 2-D lat/lon or a grid mapping).
+        variable: the filled variable's name.
+        time: a time index, or a date/time (``"2019-01-01T06"``; the nearest step is drawn).
+        truth: the complete field on the same grid; adds the truth and error panels.
+        hidden: bool mask of the cells scored in the error panel; default the infilled cells (flag 1).
+        region: a region name (:mod:`geonp.data.regions`) or ``(south, north, west, east)`` degrees.
+        projection_name: a :data:`geonp.maps.crs.PROJECTIONS` name; default the grid's own CRS.
+        point: ``(lat, lon)`` degrees: adds that cell's time series and marks it on the maps.
+        title: the figure title; default variable, time and model.
+
+    Raises:
+        ValueError: a layer is missing, the shapes disagree, or an argument is out of range.
+    """
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    work = _layers(ds, variable, truth, hidden)
+    if region is not None:
+        from geonp.data.regions import crop_to_region, get_region
+
+        work = crop_to_region(work, get_region(region))
+    t = _time_index(work[variable], time)
+    sel = work.isel(time=t) if "time" in work[variable].dims else work
+    dims = _horizontal_dims(sel[variable], variable)
+    sel = sel.transpose(*dims, ...)
+    grid = map_grid(sel, variable, dims)
+    crs = projection(projection_name, grid, central_longitude=_centre_lon(grid))
+
+    values = sel[variable].values.astype(np.float64)
+    flag = sel[f"{variable}_flag"].values
+    std = sel[f"{variable}_std"].values.astype(np.float64)
+    outside = flag == 2
+    values[outside] = np.nan
+    std[outside] = np.nan
+    panels = [("observed", np.where(flag == 0, values, np.nan), "value")]
+    scale_from = [values]
+    if "__truth" in sel:
+        truth_values = sel["__truth"].values.astype(np.float64)
+        panels.append(("ground truth", np.where(outside, np.nan, truth_values), "value"))
+        scale_from.append(truth_values[~outside])
+    panels += [("predicted mean (observed + infilled)", values, "value"), ("predicted 1-sigma", std, "std"),
+               ("status", np.where(np.isnan(flag.astype(float)), np.nan, flag.astype(float)), "flag")]
+    if "__truth" in sel:
+        scored = (flag == 1) if "__hidden" not in sel else sel["__hidden"].values.astype(bool)
+        error = np.where(scored & ~outside, values - truth_values, np.nan)
+        ok = np.isfinite(error)
+        rmse = float(np.sqrt(np.mean(error[ok] ** 2))) if ok.any() else float("nan")
+        panels.append((f"error on hidden cells (RMSE {rmse:.3g})", error, "error"))
+
+    attrs = ds[variable].attrs
+    name = attrs.get("long_name") or attrs.get("standard_name") or variable
+    units = f" [{attrs['units']}]" if attrs.get("units") else ""
+    value_limits = _robust(np.concatenate([np.ravel(v) for v in scale_from]))
+    labels = {"value": f"{name}{units}", "std": f"1-sigma of {name}{units}", "error": f"{variable} - truth{units}",
+              "flag": "status flag"}
+
+    cols = 2 if len(panels) == 4 else min(len(panels), 3)
+    rows = -(-len(panels) // cols)
+    ratio = _aspect(grid, crs)
+    series_rows = 1 if point is not None else 0
+    fig = Figure(figsize=(4.4 * cols, (3.6 * min(max(ratio, 0.3), 1.5) + 1.3) * rows + 3.0 * series_rows),
+                 layout="constrained")
+    # Map axes keep their aspect, which the layout engine does not see: pad so titles clear the bars above.
+    fig.get_layout_engine().set(h_pad=0.12, hspace=0.06)
+    spec = fig.add_gridspec(rows + series_rows, cols)
+    if point is not None and "time" not in work[variable].dims:
+        raise ValueError(f"--point: {variable!r} has no time axis to draw a series along")
+    cell = _point_cell(sel, grid, point, dims) if point is not None else None
+    flag_cmap, flag_norm = ListedColormap(FLAG_COLOURS), BoundaryNorm([-0.5, 0.5, 1.5, 2.5], 3)
+    for i, (panel_title, field, kind) in enumerate(panels):
+        ax = fig.add_subplot(spec[i // cols, i % cols], **({"projection": crs} if crs is not None else {}))
+        ax.set_label(f"panel:{kind}")
+        kwargs: dict[str, Any] = {"shading": "auto"}
+        if crs is not None:
+            kwargs["transform"] = grid.crs
+        if kind == "flag":
+            kwargs.update(cmap=flag_cmap, norm=flag_norm)
+        else:
+            if outside.any():
+                ax.pcolormesh(grid.x, grid.y, np.ma.masked_where(~outside, np.ones(outside.shape)),
+                              cmap=ListedColormap([OUTSIDE_COLOUR]), vmin=0, vmax=1, **kwargs)
+            if kind == "error":  # diverging, symmetric about zero
+                vmax = _robust(np.abs(field))[1]
+                kwargs.update(vmin=-vmax, vmax=vmax)
+            else:
+                lo, hi = value_limits if kind == "value" else _robust(field)
+                kwargs.update(vmin=lo, vmax=hi)
+            kwargs["cmap"] = CMAPS[kind]
+        mesh = ax.pcolormesh(grid.x, grid.y, np.ma.masked_invalid(field), **kwargs)
+        mesh.set_label("data")
+        ax.set_title(panel_title, fontsize=10)
+        _decorate(ax, grid, crs)
+        if cell is not None:
+            _mark(ax, grid, cell)
+        bar = fig.colorbar(mesh, ax=ax, orientation="horizontal", shrink=0.85, label=labels[kind])
+        if kind == "flag":
+            bar.set_ticks([0, 1, 2], labels=list(FLAG_NAMES))
+        else:
+            bar.ax.xaxis.set_major_locator(MaxNLocator(5))
+        bar.ax.tick_params(labelsize=8)
+    if point is not None:
+        ax = fig.add_subplot(spec[rows, :])
+        ax.set_label("panel:series")
+        draw_series(ax, work, variable, cell, point, mark_time=t, units=units)
+    fig.suptitle(title if title is not None else _default_title(ds, work, variable, t, name))
+    return fig
+
+
+def _layers(ds: xr.Dataset, variable: str, truth: xr.DataArray | None, hidden: xr.DataArray | None) -> xr.Dataset:
+    """The three layers of ``variable`` (plus ``__truth``/``__hidden``) as one dataset, so that a
+    region crop and a time selection apply to all of them alike."""
+    names = (variable, f"{variable}_std", f"{variable}_flag")
+    for name in names:
+        if name not in ds.variables:
+            raise ValueError(f"{name!r} is not in the dataset (an infill output of {variable!r} holds "
+                             f"{variable!r}, '{variable}_std' and '{variable}_flag')")
+    mapping = ds[variable].attrs.get("grid_mapping") or ds[variable].encoding.get("grid_mapping")
+    work = ds[list(names) + ([mapping] if mapping in ds.variables else [])]  # the CRS travels along
+    for key, extra in (("__truth", truth), ("__hidden", hidden)):
+        if extra is None:
+            continue
+        label = "truth" if key == "__truth" else "hidden"
+        if set(extra.dims) - set(ds[variable].dims) or extra.squeeze(drop=True).ndim < 2:
+            raise ValueError(f"{label} has dims {extra.dims}, expected {ds[variable].dims} (or its horizontal dims)")
+        for dim in extra.dims:
+            if extra.sizes[dim] != ds.sizes[dim]:
+                raise ValueError(f"{label} has {extra.sizes[dim]} cells along {dim!r}, the output {ds.sizes[dim]}")
+        work[key] = (extra.dims, extra.values)
+    return work
+
+
+def _time_index(da: xr.DataArray, time: int | str) -> int:
+    """The index of ``time`` (an index, or a date/time matched to the nearest step) along ``da``'s time."""
+    if "time" not in da.dims:
+        return 0
+    n = da.sizes["time"]
+    if isinstance(time, int | np.integer):
+        if not -n <= time < n:
+            raise ValueError(f"time index {time} is out of range for {da.name!r} ({n} times)")
+        return int(time) % n
+    if "time" not in da.coords:
+        raise ValueError(f"--time {time!r}: {da.name!r} has no time coordinate; give an index instead")
+    times = da["time"].values
+    try:
+        wanted = np.datetime64(str(time))
+    except ValueError:
+        raise ValueError(f"--time {time!r} is neither an index nor a date/time such as 2019-01-01T06") from None
+    gap = np.abs(times - wanted.astype(times.dtype))
+    step = np.diff(times).min() if n > 1 else np.timedelta64(1, "D")
+    if gap.min() > step:
+        raise ValueError(f"--time {time}: the output covers {np.datetime_as_string(times[0], 'm')} to "
+                         f"{np.datetime_as_string(times[-1], 'm')}")
+    return int(np.argmin(gap))
+
+
+def _horizontal_dims(da: xr.DataArray, variable: str) -> tuple[str, str]:
+    dims = tuple(d for d in da.dims if d != "time")
+    if len(dims) != 2:
+        raise ValueError(f"{variable!r} must have two horizontal dims (plus an optional 'time'), got {da.dims}")
+    return dims  # type: ignore[return-value]
+
+
+def _centre_lon(grid: MapGrid) -> float:
+    """The central longitude of a lon/lat grid's projection: its middle, so a region never splits."""
+    if grid.crs is None or grid.native is not None:
+        return 0.0
+    lon = np.asarray(grid.x, float)
+    lon = lon[np.isfinite(lon)]
+    return float(np.round((lon.min() + lon.max()) / 2)) if lon.size and np.ptp(lon) < 300 else 0.0
+
+
+def _decorate(ax: Axes, grid: MapGrid, crs: Any | None) -> None:
+    """Coastlines, borders and lon/lat ticks on a map, or plain x/y axis labels."""
+    ax.tick_params(labelsize=8)
+    if crs is None:
+        ax.set_xlabel("x")
+        ax.set_ylabel("y")
+        ax.set_aspect("equal" if np.ptp(grid.y) and np.ptp(grid.x) else "auto")
+        return
+    import cartopy.crs as ccrs
+    from cartopy.feature import ShapelyFeature
+
+    lon, lat = lonlat(grid)
+    extent = float(np.nanmax(lon) - np.nanmin(lon)) if np.isfinite(lon).any() else 360.0
+    scale = natural_earth.scale_for(extent)
+    pc = ccrs.PlateCarree()
+    for layer, width, style in (("coastline", 0.7, "-"), ("borders", 0.4, ":")):
+        ax.add_feature(ShapelyFeature(natural_earth.geometries(layer, scale), pc), facecolor="none",
+                       edgecolor="black", linewidth=width, linestyle=style)
+    if isinstance(crs, ccrs.PlateCarree):
+        from cartopy.mpl.ticker import LatitudeFormatter, LongitudeFormatter
+        from matplotlib.ticker import MaxNLocator
+
+        # Plain ticks rather than cartopy's gridliner labels: the same on PlateCarree, and far quicker.
+        for values, set_ticks, axis, formatter in ((grid.x, ax.set_xticks, ax.xaxis, LongitudeFormatter()),
+                                                   (grid.y, ax.set_yticks, ax.yaxis, LatitudeFormatter())):
+            lo, hi = float(np.nanmin(values)), float(np.nanmax(values))
+            ticks = MaxNLocator(5, steps=[1, 2, 3, 5, 10]).tick_values(lo, hi)
+            set_ticks(ticks[(ticks >= lo) & (ticks <= hi)], crs=pc)
+            axis.set_major_formatter(formatter)
+        ax.grid(linewidth=0.3, color="grey", alpha=0.6)
+    else:
+        ax.gridlines(linewidth=0.3, color="grey", alpha=0.6)
+
+
+def _point_cell(sel: xr.Dataset, grid: MapGrid, point: tuple[float, float], dims: tuple[str, str]) -> tuple[int, int]:
+    """``(row, col)`` of the cell nearest to ``point = (lat, lon)``; an error when it lies off the grid."""
+    lat0, lon0 = point
+    if not (-90 <= lat0 <= 90 and -180 <= lon0 <= 360):
+        raise ValueError(f"--point {lat0},{lon0}: expected LAT,LON in degrees")
+    if grid.crs is None:
+        raise ValueError("--point: the grid has no lat/lon coordinates")
+    lon, lat = lonlat(grid)
+    dlon = (lon - lon0 + 180) % 360 - 180
+    d2 = (lat - lat0) ** 2 + (dlon * np.cos(np.deg2rad(lat0))) ** 2
+    row, col = np.unravel_index(np.nanargmin(d2), d2.shape)
+    spacing = max(float(np.nanmax(np.abs(np.diff(lat, axis=0)), initial=0)),
+                  float(np.nanmax(np.abs(np.diff(lon, axis=1)), initial=0)), 1e-9)
+    if np.sqrt(d2[row, col]) > 2 * spacing:
+        raise ValueError(f"--point {lat0},{lon0} lies outside the grid (nearest cell "
+                         f"{lat[row, col]:.3f},{lon[row, col]:.3f})")
+    return int(row), int(col)
+
+
+def _mark(ax: Axes, grid: MapGrid, cell: tuple[int, int]) -> None:
+    lon, lat = lonlat(grid)
+    kwargs: dict[str, Any] = {}
+    if grid.crs is not None:
+        import cartopy.crs as ccrs
+
+        kwargs["transform"] = ccrs.PlateCarree()
+    ax.plot(lon[cell], lat[cell], marker="x", color="red", markersize=8, mew=2, **kwargs)
+
+
+def _aspect(grid: MapGrid, crs: Any | None) -> float:
+    """Height / width of the drawn map (in the projection's units)."""
+    if crs is None:
+        xs, ys = np.ravel(grid.x).astype(float), np.ravel(grid.y).astype(float)
+    else:
+        import cartopy.crs as ccrs
+
+        lon, lat = lonlat(grid)
+        pts = crs.transform_points(ccrs.PlateCarree(), lon, lat)
+        xs, ys = pts[..., 0], pts[..., 1]
+    xs, ys = xs[np.isfinite(xs)], ys[np.isfinite(ys)]
+    if xs.size < 2 or ys.size < 2 or np.ptp(xs) == 0 or np.ptp(ys) == 0:
+        return 1.0
+    return float(np.ptp(ys) / np.ptp(xs))
+
+
+def _robust(values: np.ndarray) -> tuple[float, float]:
+    """The 2nd and 98th percentiles of the finite values, widened when they coincide."""
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        return 0.0, 1.0
+    lo, hi = (float(p) for p in np.percentile(finite, [2, 98]))
+    if hi <= lo:
+        pad = 0.5 * max(abs(lo), 1.0)
+        lo, hi = lo - pad, hi + pad
+    return lo, hi
+
+
+def _default_title(ds: xr.Dataset, work: xr.Dataset, variable: str, t: int, name: str) -> str:
+    """Variable, time (when the output has a time axis) and model."""
+    parts = [f"{name} ({variable})" if name != variable else variable]
+    if "time" in work[variable].dims and "time" in work.coords:
+        stamp = work["time"].values[t]
+        parts.append("at " + (np.datetime_as_string(stamp, unit="m")
+                              if np.issubdtype(np.asarray(stamp).dtype, np.datetime64) else str(stamp)))
+    if ds.attrs.get("geonp_model"):
+        parts.append(f"filled by {ds.attrs['geonp_model']}")
+    return " ".join(parts)

@@ -9,6 +9,9 @@ __version__ = "0.1.0"
 
 __all__ = ["__version__", "infill"]
 
+# ``ds.geonp.infill/evaluate/plot`` on every xarray Dataset (imports xarray, not torch).
+from geonp import accessor as _accessor  # noqa: E402,F401
+
 
 def __getattr__(name: str):
     # Lazy: ``import geonp`` (and ``geonp --version``) stays light; torch and xarray load on first use.

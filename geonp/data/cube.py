@@ -71,16 +71,23 @@ def open_cube(path: str | os.PathLike, variables: str | Sequence[str] | None = N
             variable that holds no finite value.
     """
     name = str(path)
+    return to_convention(_open_raw(name), variables, source=name)
+
+
+def to_convention(ds: xr.Dataset, variables: str | Sequence[str] | None = None, *,
+                  source: str = "the dataset") -> xr.Dataset:
+    """``ds`` (already open, e.g. in a notebook) in geonp's coordinate convention, as
+    :func:`open_cube` gives a file; ``source`` names it in errors and in ``attrs["geonp_source"]``."""
     wanted = [variables] if isinstance(variables, str) else list(variables) if variables is not None else None
-    raw = _open_raw(name)
     try:
-        ds = _to_convention(raw, name)
-        ds = _select(ds, wanted)
-        _check_not_empty(ds)
+        out = _to_convention(ds, source)
+        out = _select(out, wanted)
+        _check_not_empty(out)
     except ValueError as err:
-        raise ValueError(f"{name}: {err}") from None
-    ds.attrs["geonp_source"] = name
-    return ds
+        raise ValueError(f"{source}: {err}") from None
+    out = out.copy(deep=False)  # new attrs: the caller's dataset is never modified
+    out.attrs = {**out.attrs, "geonp_source": source}
+    return out
 
 
 def _is_url(name: str) -> bool:
@@ -348,7 +355,8 @@ def _select(ds: xr.Dataset, wanted: list[str] | None) -> xr.Dataset:
     if unknown:
         names = ", ".join(map(repr, unknown))
         raise ValueError(f"unknown variable {names}; the file has {', '.join(fields) or 'none'}")
-    keep = set(wanted) | {v for v in ds.data_vars if _is_flag(ds[v])}
+    # Flags and boolean masks stay beside the fields: a mask variable can name the valid area (--valid-mask).
+    keep = set(wanted) | {v for v in ds.data_vars if _is_flag(ds[v]) or ds[v].dtype == bool}
     return ds.drop_vars([v for v in ds.data_vars if v not in keep])
 
 

@@ -236,23 +236,56 @@ def _decorate(ax: Axes, grid: MapGrid, crs: Any | None) -> None:
     extent = float(np.nanmax(lon) - np.nanmin(lon)) if np.isfinite(lon).any() else 360.0
     scale = natural_earth.scale_for(extent)
     pc = ccrs.PlateCarree()
+    bbox = None
+    if np.isfinite(lon).any() and extent < 300:  # a regional map: only the lines near it
+        bbox = (float(np.nanmin(lon)) - 10, float(np.nanmin(lat)) - 10, float(np.nanmax(lon)) + 10,
+                float(np.nanmax(lat)) + 10)
     for layer, width, style in (("coastline", 0.7, "-"), ("borders", 0.4, ":")):
-        ax.add_feature(ShapelyFeature(natural_earth.geometries(layer, scale), pc), facecolor="none",
+        ax.add_feature(ShapelyFeature([natural_earth.lines(layer, scale, bbox)], pc), facecolor="none",
                        edgecolor="black", linewidth=width, linestyle=style)
     if isinstance(crs, ccrs.PlateCarree):
-        from cartopy.mpl.ticker import LatitudeFormatter, LongitudeFormatter
-        from matplotlib.ticker import MaxNLocator
+        from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-        # Plain ticks rather than cartopy's gridliner labels: the same on PlateCarree, and far quicker.
-        for values, set_ticks, axis, formatter in ((grid.x, ax.set_xticks, ax.xaxis, LongitudeFormatter()),
-                                                   (grid.y, ax.set_yticks, ax.yaxis, LatitudeFormatter())):
+        # Plain matplotlib ticks in the map's own x/y (degrees, x shifted by the central longitude):
+        # cartopy's gridliner and formatters compare CRSs per tick, which took seconds per figure.
+        centre = float(crs.proj4_params.get("pm", crs.proj4_params.get("lon_0", 0.0)))  # PlateCarree: pm
+        for values, offset, set_ticks, axis, hemispheres in ((lon, centre, ax.set_xticks, ax.xaxis, "EW"),
+                                                             (lat, 0.0, ax.set_yticks, ax.yaxis, "NS")):
             lo, hi = float(np.nanmin(values)), float(np.nanmax(values))
             ticks = MaxNLocator(5, steps=[1, 2, 3, 5, 10]).tick_values(lo, hi)
-            set_ticks(ticks[(ticks >= lo) & (ticks <= hi)], crs=pc)
-            axis.set_major_formatter(formatter)
+            set_ticks(ticks[(ticks >= lo) & (ticks <= hi)] - offset)  # also switches the axis on
+            axis.set_major_formatter(FuncFormatter(lambda v, _, o=offset, h=hemispheres: _degrees(v + o, h)))
         ax.grid(linewidth=0.3, color="grey", alpha=0.6)
     else:
         ax.gridlines(linewidth=0.3, color="grey", alpha=0.6)
+    _fit_view(ax, grid, crs, lon, lat)  # last: setting ticks may widen the view
+
+
+def _fit_view(ax: Axes, grid: MapGrid, crs: Any, lon: np.ndarray, lat: np.ndarray) -> None:
+    """Show the grid's cells and no more (coastlines drawn around it must not widen the map)."""
+    if grid.native is not None and crs is grid.native:
+        x, y = np.asarray(grid.x, float), np.asarray(grid.y, float)
+    else:
+        import cartopy.crs as ccrs
+
+        pts = crs.transform_points(ccrs.PlateCarree(), lon, lat)
+        x, y = pts[..., 0], pts[..., 1]
+    x, y = x[np.isfinite(x)], y[np.isfinite(y)]
+    if x.size < 2 or y.size < 2 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return
+    # Half a cell beyond the outermost centres, as pcolormesh draws them.
+    half_x = 0.5 * np.ptp(x) / max(np.shape(grid.x)[-1] - 1, 1)
+    half_y = 0.5 * np.ptp(y) / max(np.shape(grid.y)[0] - 1, 1)
+    ax.set_xlim(x.min() - half_x, x.max() + half_x)
+    ax.set_ylim(y.min() - half_y, y.max() + half_y)
+
+
+def _degrees(value: float, hemispheres: str) -> str:
+    """``12.5`` -> ``12.5°E`` (longitudes wrapped to [-180, 180)), ``-30`` -> ``30°S``."""
+    if hemispheres == "EW":
+        value = (value + 180) % 360 - 180
+    suffix = hemispheres[0] if value > 0 else hemispheres[1] if value < 0 else ""
+    return f"{abs(value):g}°{suffix}"
 
 
 def _point_cell(sel: xr.Dataset, grid: MapGrid, point: tuple[float, float], dims: tuple[str, str]) -> tuple[int, int]:

@@ -58,6 +58,25 @@ def geometries(layer: str, scale: str = "110m") -> tuple[Any, ...]:
         reader.close()
 
 
+def lines(layer: str, scale: str, bbox: tuple[float, float, float, float] | None = None) -> Any:
+    """The layer as one shapely MultiLineString, clipped to ``bbox = (west, south, east, north)``.
+
+    One geometry, not thousands: cartopy compares CRS objects once per geometry when it draws, and
+    with pyproj that comparison can cost milliseconds (seconds per map for the 50m coastline).
+    """
+    import shapely
+
+    merged = _merged(layer, scale)
+    return merged if bbox is None else shapely.clip_by_rect(merged, *bbox)
+
+
+@functools.lru_cache(maxsize=8)
+def _merged(layer: str, scale: str) -> Any:
+    import shapely
+
+    return shapely.MultiLineString([g for g in geometries(layer, scale) if not g.is_empty])
+
+
 def scale_for(extent_degrees: float) -> str:
     """The Natural Earth scale suited to a map ``extent_degrees`` wide: 50m below 40 degrees."""
     return "50m" if extent_degrees < 40 else "110m"

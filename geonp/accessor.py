@@ -1,0 +1,73 @@
+"""``ds.geonp``: the command-line tools as methods of an xarray Dataset, for notebooks.
+
+    import xarray as xr, geonp
+    ds = xr.open_dataset("scene.nc")
+    out = ds.geonp.infill(model="te-pt-tnp")        # = geonp infill scene.nc (in memory)
+    out.geonp.plot("sst", time=0)                    # = geonp plot (a Figure; or path= for a PNG)
+    ds.geonp.evaluate("sst", ["te-pt-tnp", "kriging"])   # = geonp evaluate, as a dict
+
+Each method is a thin call into the function the CLI uses, after the same coordinate handling
+(:func:`geonp.data.cube.to_convention`), so it returns the same arrays. Registered on
+``import geonp``; torch, matplotlib and cartopy load only when a method runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import xarray as xr
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+@xr.register_dataset_accessor("geonp")
+class GeonpAccessor:
+    """The ``geonp`` namespace of an ``xarray.Dataset``."""
+
+    def __init__(self, ds: xr.Dataset) -> None:
+        self._ds = ds
+
+    def _cube(self) -> xr.Dataset:
+        """The dataset as ``open_cube`` gives a file (every variable kept, as the CLI opens it)."""
+        from geonp.data.cube import to_convention
+
+        return to_convention(self._ds, source=str(self._ds.encoding.get("source") or "the dataset"))
+
+    def infill(self, variables: str | list[str] | None = None, model: str = "te-pt-tnp",
+               **options: Any) -> xr.Dataset:
+        """Fill the gaps: ``v``, ``v_std`` (1-sigma) and ``v_flag`` per variable, as ``geonp infill``.
+
+        ``options``: checkpoint, valid_mask, elevation, window, device, batch_size, seed, fit_steps
+        (default :data:`geonp.fill.FIT_STEPS`, as on the command line), progress.
+        """
+        from geonp.fill.engine import infill
+
+        return infill(self._cube(), variables, model, **options)
+
+    def evaluate(self, variable: str, models: str | list[str], **options: Any) -> dict[str, Any]:
+        """Hide observed cells and score ``models`` there, as ``geonp evaluate`` (see
+        :func:`geonp.evaluate.evaluate` for ``options``); returns its result dict."""
+        from geonp.evaluate import evaluate
+
+        names = [models] if isinstance(models, str) else list(models)
+        return evaluate(self._cube(), variable, names, **options)
+
+    def plot(self, variable: str | None = None, path: str | Path | None = None, **options: Any) -> Figure | Path:
+        """Map panels of an infill output, as ``geonp plot``: a Figure, or the PNG at ``path``.
+
+        ``options``: time, truth, hidden, region, projection_name, point, title (and dpi with ``path``);
+        see :func:`geonp.maps.map_figure`.
+        """
+        from geonp.maps import map_figure, plot_infill
+
+        if variable is None:
+            filled = [str(v)[:-5] for v in self._ds.data_vars if str(v).endswith("_flag")]
+            if len(filled) != 1:
+                raise ValueError(f"name the variable to plot: the dataset holds {len(filled)} filled variables "
+                                 f"({', '.join(filled) or 'none'})")
+            variable = filled[0]
+        if path is not None:
+            return plot_infill(self._ds, variable, path, **options)
+        return map_figure(self._ds, variable, **options)

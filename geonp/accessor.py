@@ -61,9 +61,10 @@ class GeonpAccessor:
         see :func:`geonp.maps.map_figure`.
         """
         from geonp.maps import map_figure, plot_infill
+        from geonp.maps.figure import filled_variables
 
         if variable is None:
-            filled = [str(v)[:-5] for v in self._ds.data_vars if str(v).endswith("_flag")]
+            filled = filled_variables(self._ds)
             if len(filled) != 1:
                 raise ValueError(f"name the variable to plot: the dataset holds {len(filled)} filled variables "
                                  f"({', '.join(filled) or 'none'})")

@@ -91,7 +91,7 @@ def map_figure(ds: xr.Dataset, variable: str, *, time: int | str = 0, truth: xr.
         panels.append(("ground truth", np.where(outside, np.nan, truth_values), "value"))
         scale_from.append(truth_values[~outside])
     panels += [("predicted mean (observed + infilled)", values, "value"), ("predicted 1-sigma", std, "std"),
-               ("status", np.where(np.isnan(flag.astype(float)), np.nan, flag.astype(float)), "flag")]
+               ("status", flag.astype(float), "flag")]
     if "__truth" in sel:
         scored = (flag == 1) if "__hidden" not in sel else sel["__hidden"].values.astype(bool)
         error = np.where(scored & ~outside, values - truth_values, np.nan)
@@ -156,6 +156,12 @@ def map_figure(ds: xr.Dataset, variable: str, *, time: int | str = 0, truth: xr.
         draw_series(ax, work, variable, cell, point, mark_time=t, units=units)
     fig.suptitle(title if title is not None else _default_title(ds, work, variable, t, name))
     return fig
+
+
+def filled_variables(ds: xr.Dataset) -> list[str]:
+    """The variables ``v`` of an infill output: those with both ``v_std`` and ``v_flag`` beside them."""
+    return sorted(str(v)[:-5] for v in ds.data_vars
+                  if str(v).endswith("_flag") and str(v)[:-5] in ds and f"{str(v)[:-5]}_std" in ds)
 
 
 def _layers(ds: xr.Dataset, variable: str, truth: xr.DataArray | None, hidden: xr.DataArray | None) -> xr.Dataset:

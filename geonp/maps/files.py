@@ -6,7 +6,7 @@ from pathlib import Path
 
 import xarray as xr
 
-from geonp.maps.figure import plot_infill
+from geonp.maps.figure import filled_variables, plot_infill
 
 
 def plot_file(output: str | Path, out: str | Path, *, variable: str | None = None, time: int | str = 0,
@@ -32,7 +32,7 @@ def plot_file(output: str | Path, out: str | Path, *, variable: str | None = Non
     if out.suffix.lower() != ".png":
         raise ValueError(f"-o {out}: geonp plot writes PNG files; name it *.png")
     ds = _open(output, "output")
-    filled = sorted(v[:-5] for v in ds.data_vars if str(v).endswith("_flag") and v[:-5] in ds and f"{v[:-5]}_std" in ds)
+    filled = filled_variables(ds)
     if not filled:
         raise ValueError(f"{output}: not an infill output (no VAR with VAR_std and VAR_flag layers)")
     if variable is None:

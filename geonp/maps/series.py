@@ -15,12 +15,13 @@ from geonp.maps.style import FLAG_COLOURS
 
 
 def cell_series(ds: xr.Dataset, variable: str, cell: tuple[int, int]) -> xr.Dataset:
-    """``value``, ``std`` and ``flag`` of ``variable`` at ``cell = (row, col)`` over time (1-D each)."""
+    """``value``, ``std``, ``flag`` (and ``truth`` when ``ds`` holds ``__truth``) of ``variable`` at
+    ``cell = (row, col)`` over time (1-D each)."""
     da = ds[variable]
     dims = [d for d in da.dims if d != "time"]
     at = {dims[0]: cell[0], dims[1]: cell[1]}
-    return xr.Dataset({"value": da.isel(at), "std": ds[f"{variable}_std"].isel(at),
-                       "flag": ds[f"{variable}_flag"].isel(at)})
+    layers = {"value": variable, "std": f"{variable}_std", "flag": f"{variable}_flag", "truth": "__truth"}
+    return xr.Dataset({key: ds[name].isel(at) for key, name in layers.items() if name in ds})
 
 
 def draw_series(ax: Axes, ds: xr.Dataset, variable: str, cell: tuple[int, int], point: tuple[float, float],
@@ -37,10 +38,8 @@ def draw_series(ax: Axes, ds: xr.Dataset, variable: str, cell: tuple[int, int], 
     ax.fill_between(t, value - band, value + band, color=FLAG_COLOURS[1], alpha=0.25, linewidth=0,
                     label="+-2 sigma")
     ax.plot(t, value, color="black", linewidth=0.8)
-    if "__truth" in ds:
-        truth = np.atleast_1d(ds["__truth"].isel({d: c for d, c in zip(
-            [d for d in ds[variable].dims if d != "time"], cell)}).values)
-        ax.plot(t, truth, color="grey", linewidth=0.8, linestyle="--", label="truth")
+    if "truth" in s:
+        ax.plot(t, np.atleast_1d(s["truth"].values), color="grey", linewidth=0.8, linestyle="--", label="truth")
     for code, marker, face, label in ((0, "o", FLAG_COLOURS[0], "observed"), (1, "o", "none", "infilled")):
         sel = flag == code
         if sel.any():

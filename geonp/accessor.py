@@ -37,14 +37,15 @@ class GeonpAccessor:
 
     def infill(self, variables: str | list[str] | None = None, model: str = "te-pt-tnp",
                **options: Any) -> xr.Dataset:
-        """Fill the gaps: ``v``, ``v_std`` (1-sigma) and ``v_flag`` per variable, as ``geonp infill``.
+        """Fill the gaps: ``v``, ``v_std`` (1-sigma) and ``v_flag`` per variable, as ``geonp infill``,
+        on this dataset's own dimensions and coordinates (so ``xr.align(ds, out)`` holds).
 
         ``options``: checkpoint, valid_mask, elevation, window, device, batch_size, seed, fit_steps
         (default :data:`geonp.fill.FIT_STEPS`, as on the command line), progress.
         """
         from geonp.fill.engine import infill
 
-        return infill(self._cube(), variables, model, **options)
+        return infill(self._cube(), variables, model, like=self._ds, **options)
 
     def evaluate(self, variable: str, models: str | list[str], **options: Any) -> dict[str, Any]:
         """Hide observed cells and score ``models`` there, as ``geonp evaluate`` (see

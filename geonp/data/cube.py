@@ -18,6 +18,7 @@ chunks of each variable until one holds a finite value (usually the first).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,6 +50,8 @@ _COMMON_NAMES = {
 _DROP = ("step", "surface", "heightAboveGround", "entireAtmosphere", "meanSea", "spatial_ref", "crs")
 _GRIB_SUFFIXES = (".grib", ".grb", ".grib1", ".grib2", ".grb2")
 _TIFF_SUFFIXES = (".tif", ".tiff", ".geotiff")
+#: Global attribute of a cube: JSON ``{convention name: the input's name}`` of what was renamed.
+RENAMED = "geonp_renamed"
 
 
 def open_cube(path: str | os.PathLike, variables: str | Sequence[str] | None = None) -> xr.Dataset:
@@ -80,14 +83,34 @@ def to_convention(ds: xr.Dataset, variables: str | Sequence[str] | None = None, 
     :func:`open_cube` gives a file; ``source`` names it in errors and in ``attrs["geonp_source"]``."""
     wanted = [variables] if isinstance(variables, str) else list(variables) if variables is not None else None
     try:
-        out = _to_convention(ds, source)
+        out, renamed = _to_convention(ds, source)
         out = _select(out, wanted)
         _check_not_empty(out)
     except ValueError as err:
         raise ValueError(f"{source}: {err}") from None
     out = out.copy(deep=False)  # new attrs: the caller's dataset is never modified
-    out.attrs = {**out.attrs, "geonp_source": source}
+    # What was renamed ({convention name: the input's}), so an output can be given back in the
+    # input's own names (geonp.fill.layout).
+    out.attrs = {**out.attrs, "geonp_source": source, RENAMED: json.dumps(renamed, sort_keys=True)}
     return out
+
+
+def renamed_from(ds: xr.Dataset) -> dict[str, str]:
+    """``{convention name: the input's name}`` of a cube from :func:`to_convention` (empty if none)."""
+    return json.loads(ds.attrs.get(RENAMED, "{}"))
+
+
+def coordinate_names(ds: xr.Dataset) -> dict[str, str]:
+    """``{role: name}`` of the latitude, longitude and time coordinates ``ds`` has under other
+    names (e.g. ``{"lat": "latitude", "time": "valid_time"}``), found as :func:`open_cube` finds them."""
+    found = {role: _find(ds, role) for role in ("lat", "lon", "time")}
+    return {role: name for role, name in found.items()
+            if name is not None and name != role and role not in ds.variables}
+
+
+def open_input(path: str | os.PathLike) -> xr.Dataset:
+    """The file as xarray decodes it, before geonp's convention (lazy): the layout an output keeps."""
+    return _open_raw(str(path))
 
 
 def _is_url(name: str) -> bool:
@@ -184,12 +207,19 @@ def _find(ds: xr.Dataset, role: str) -> str | None:
     return None
 
 
-def _to_convention(ds: xr.Dataset, name: str) -> xr.Dataset:
-    """Rename, reorder and mask ``ds`` into geonp's convention (see the module docstring)."""
+def _to_convention(ds: xr.Dataset, name: str) -> tuple[xr.Dataset, dict[str, str]]:
+    """Rename, reorder and mask ``ds`` into geonp's convention (see the module docstring).
+
+    Returns the cube and ``{convention name: input name}`` of every renamed dimension or coordinate.
+    """
+    renamed = dict(json.loads(ds.attrs.get(RENAMED, "{}")))  # a cube given again keeps its record
     ds = _merge_expver(ds)
     ds = ds.drop_vars([v for v in (*_DROP, "number") if v in ds.variables and ds[v].ndim == 0], errors="ignore")
     if "number" in ds.dims:
-        ds = ds.isel(number=0, drop=True) if ds.sizes["number"] == 1 else ds.rename(number="member")
+        if ds.sizes["number"] == 1:
+            ds = ds.isel(number=0, drop=True)
+        else:
+            ds, renamed["member"] = ds.rename(number="member"), "number"
     ds = _pick_time(ds)
     renames = {}
     for role in ("lat", "lon", "time", "level"):
@@ -199,6 +229,7 @@ def _to_convention(ds: xr.Dataset, name: str) -> xr.Dataset:
                 ds = ds.drop_vars(role, errors="ignore")
             renames[found] = role
     ds = ds.rename(renames)
+    renamed.update({role: renamed.get(found, found) for found, role in renames.items()})
     for role in ("lat", "lon"):
         if role not in ds.variables:
             raise ValueError(f"no {role}itude coordinate found (looked for CF standard_name/units/axis and the names "
@@ -214,7 +245,7 @@ def _to_convention(ds: xr.Dataset, name: str) -> xr.Dataset:
         ds = _projected_grid(ds)
     if "time" in ds.dims:
         _check_time(ds["time"].values)
-    return ds
+    return ds, renamed
 
 
 def _merge_expver(ds: xr.Dataset) -> xr.Dataset:

@@ -22,11 +22,13 @@ import torch
 import xarray as xr
 
 from geonp import __version__
+from geonp.data.cube import renamed_from
 from geonp.data.far_context import FAR_SHARE, MIN_FAR, OPENING
 from geonp.data.windows import WindowSpec, canonical
 from geonp.fill import FIT_STEPS
 from geonp.fill.blocks import BlockResult, fill_block
 from geonp.fill.field import Field, select_variables, summarise, valid_area
+from geonp.fill.layout import restore_layout
 from geonp.fill.output import WITHOUT_CONTEXT, InfillStore, chunk_regions, output_template
 from geonp.fill.predictor import ModelChoice, choose_model
 
@@ -182,12 +184,14 @@ def _without_context_text(totals: dict[str, int]) -> str:
 
 
 def infill(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = "te-pt-tnp", *,
-           progress: bool = False, **options: Any) -> xr.Dataset:
+           progress: bool = False, like: xr.Dataset | None = None, **options: Any) -> xr.Dataset:
     """Fill the gaps of ``ds`` in memory; returns ``v``, ``v_std``, ``v_flag`` per variable.
 
     ``options`` are :func:`plan`'s keywords (checkpoint, valid_mask, elevation, window, device,
-    batch_size, seed, fit_steps). Dims of the output are ``(time, rows, cols)`` (time of length
-    one for a single scene). ``v_std`` is 0 at observed cells and NaN outside the valid area.
+    batch_size, seed, fit_steps). The layers have the dimensions, coordinates and global
+    attributes of ``like`` (default ``ds``; give the dataset as it was before
+    :func:`geonp.data.cube.to_convention` to get its own names back, see
+    :mod:`geonp.fill.layout`). ``v_std`` is 0 at observed cells and NaN outside the valid area.
     The global attribute ``geonp_gaps_without_context_<v>`` counts the gap cells of ``v`` that had
     no observation in reach on their window's time steps and got ``v``'s global mean and spread
     (a warning says so when there are any).
@@ -216,6 +220,7 @@ def infill(ds: xr.Dataset, variables: str | list[str] | None = None, model: str 
     result = xr.Dataset(out, coords=template.coords)
     result.attrs = provenance(p, options.get("source", "in-memory dataset"))
     result.attrs.update({f"{WITHOUT_CONTEXT}_{v}": n for v, n in totals.items()})
+    result = restore_layout(result, ds if like is None else like, renamed_from(ds))
     if any(totals.values()):
         warnings.warn(f"gap cells without any observation in reach, filled with the global mean: "
                       f"{_without_context_text(totals)}", stacklevel=2)
@@ -225,11 +230,12 @@ def infill(ds: xr.Dataset, variables: str | list[str] | None = None, model: str 
 def infill_to_zarr(ds: xr.Dataset, out: str | Path, variables: str | list[str] | None = None,
                    model: str = "te-pt-tnp", *, source: str = "the input", overwrite: bool = False,
                    zarr_format: int = 3, scheduler: str | None = None, progress: bool = True,
-                   **options: Any) -> Path:
+                   like: xr.Dataset | None = None, **options: Any) -> Path:
     """Fill ``ds`` into the Zarr store ``out`` (see :mod:`geonp.fill.output`); resumable.
 
     ``scheduler``: None fills blocks one after another in this process (torch uses the cores);
-    a dask.distributed scheduler address spreads blocks over its workers.
+    a dask.distributed scheduler address spreads blocks over its workers. ``like``: the layout
+    of the finished store (default ``ds``; see :func:`infill`).
     """
     out = Path(out)
     say = _stderr if progress else None
@@ -245,7 +251,10 @@ def infill_to_zarr(ds: xr.Dataset, out: str | Path, variables: str | list[str] |
     todo = [(i, region) for (i, region), done in zip(store.blocks(), store.done().ravel()) if not done]
     run = _distributed if scheduler else _sequential
     run(p, store, todo, scheduler, say)
-    totals = store.finish()  # summed over every block in the store, those of an earlier run included
+    layout = ds if like is None else like
+    # Summed over every block in the store, those of an earlier run included; the store is then
+    # rewritten in the input's layout, without the resume bookkeeping.
+    totals = store.finish(restore=lambda work: restore_layout(work, layout, renamed_from(ds)))
     message = f"gap cells filled with the global mean (no observation in reach): {_without_context_text(totals)}"
     if say:
         say(f"wrote {out}; {message}")
@@ -302,6 +311,7 @@ def infill_file(input: str, out: str | Path, variables: list[str] | None = None,
     Refuses an output that is the input itself before anything is read or written.
     """
     from geonp.data import open_cube, open_satellite
+    from geonp.data.cube import open_input
 
     if Path(out).resolve() == Path(input).resolve():
         raise ValueError(f"-o {out}: the output would overwrite the input; choose another path")
@@ -312,4 +322,4 @@ def infill_file(input: str, out: str | Path, variables: list[str] | None = None,
         ds = open_satellite(input, variables[0], valid_mask=valid_mask)
     else:
         ds = open_cube(input)
-    return infill_to_zarr(ds, out, variables, model, source=str(input), **options)
+    return infill_to_zarr(ds, out, variables, model, source=str(input), like=open_input(input), **options)

@@ -13,15 +13,19 @@ Beside it ``geonp_gaps_without_context`` holds, per block and filled variable, h
 had no observation in reach and got the variable's global mean, so that a resumed run reports the
 whole store's total. A block's data and count are written first and its byte last: a process
 killed in between redoes that block on the next run, which writes the same values again.
-``finish`` totals the counts into global attributes ``geonp_gaps_without_context_<v>`` and flips
-the status to ``complete`` last.
+``finish`` totals the counts into global attributes ``geonp_gaps_without_context_<v>``, rewrites
+the store in the input's layout (:mod:`geonp.fill.layout`) without the bookkeeping arrays, with
+``geonp_status = "complete"``, into a sibling ``<out>.geonp-final`` and swaps it in by two renames
+(``<out>`` -> ``<out>.geonp-work``, final -> ``<out>``); a run killed between them finds the work
+store under its temporary name and puts it back.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator, Mapping
+import os
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +41,8 @@ FLAG_FILL = -1  # int8 fill value of a flag not yet written
 PROGRESS = "geonp_blocks_done"
 WITHOUT_CONTEXT = "geonp_gaps_without_context"
 STATUS = "geonp_status"
+#: Suffixes of the finished store while it is written, and of the work store while they swap.
+FINAL, WORK = ".geonp-final", ".geonp-work"
 
 
 def chunk_regions(chunks: tuple[tuple[int, ...], ...]) -> Iterator[tuple[tuple[int, ...], tuple[slice, ...]]]:
@@ -105,12 +111,20 @@ class InfillStore:
         self.variables = list(template.data_vars)
         self.filled = [v for v in self.variables if f"{v}_flag" in self.variables]
         self.resumed = False
+        self.zarr_format = zarr_format
+        work = self._sibling(WORK)
+        if work.exists():  # a swap in finish was cut short
+            if self.path.exists():  # after the second rename: the finished store is in place
+                zarr_store.remove(work)
+            else:  # between the renames: the work store is the one to resume
+                os.replace(work, self.path)
         if self.path.exists():
             if overwrite:
                 zarr_store.remove(self.path)
             else:
                 self._check_resumable()
                 self.resumed = True
+                self.zarr_format = zarr.open_group(str(self.path), mode="r").metadata.zarr_format
                 return
         ds = template.copy()
         ds.attrs = {**dict(attrs or {}), STATUS: "incomplete", "geonp_request": self.request}
@@ -132,6 +146,9 @@ class InfillStore:
             # 0 = "not done" for the progress bytes).
             ds.to_zarr(str(self.path), mode="w-", compute=False, consolidated=True, zarr_format=zarr_format,
                        encoding=encoding)
+
+    def _sibling(self, suffix: str) -> Path:
+        return self.path.with_name(self.path.name + suffix)
 
     def _check_resumable(self) -> None:
         state = zarr_store.read_state(self.path)
@@ -177,8 +194,10 @@ class InfillStore:
         done = np.asarray(group[PROGRESS][...]).astype(bool).reshape(-1)
         return {v: int(n) for v, n in zip(self.filled, counts[done].sum(0))}
 
-    def finish(self, attrs: Mapping[str, Any] | None = None) -> dict[str, int]:
-        """Mark the store complete (refuses while a block is missing) and reconsolidate.
+    def finish(self, attrs: Mapping[str, Any] | None = None,
+               restore: Callable[[xr.Dataset], xr.Dataset] | None = None) -> dict[str, int]:
+        """Write the finished store (refuses while a block is missing): the layers as ``restore``
+        lays them out (default: as written), ``attrs`` and the counts, status ``complete``.
 
         Returns the gap cells filled without context per variable, also written as global
         attributes ``geonp_gaps_without_context_<v>``.
@@ -188,8 +207,31 @@ class InfillStore:
             raise RuntimeError(f"{self.path}: {missing} blocks are not written; the store stays incomplete")
         totals = self.without_context()
         counts = {f"{WITHOUT_CONTEXT}_{v}": n for v, n in totals.items()}
-        zarr_store.update_attrs(self.path, {**dict(attrs or {}), **counts, STATUS: "complete"})
+        work = xr.open_zarr(str(self.path), consolidated=False).drop_vars([PROGRESS, WITHOUT_CONTEXT])
+        done = restore(work) if restore is not None else work
+        done.attrs = {**done.attrs, **dict(attrs or {}), **counts, STATUS: "complete"}
+        final = self._sibling(FINAL)
+        if final.exists():  # left by a run killed while writing it
+            zarr_store.remove(final)
+        with zarr_store.quiet_zarr():
+            _stored(done).to_zarr(str(final), mode="w-", consolidated=True, zarr_format=self.zarr_format)
+        os.replace(self.path, self._sibling(WORK))
+        os.replace(final, self.path)
+        zarr_store.remove(self._sibling(WORK))
         return totals
+
+
+def _stored(ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` ready for ``to_zarr``: one chunk size per dimension (a reversed or reordered axis
+    leaves uneven chunks) and only the encoding that says how values are stored."""
+    ds = ds.copy()
+    sizes = {d: max(c) for d, c in ds.chunksizes.items()} if ds.chunks else {}
+    for name, var in ds.variables.items():
+        keep = {k: v for k, v in var.encoding.items() if k in ("units", "calendar", "dtype")}
+        if name in ds.data_vars:
+            keep["_FillValue"] = np.float32(np.nan) if var.dtype == np.float32 else None
+        var.encoding = keep
+    return ds.chunk({d: sizes.get(d, -1) for d in ds.dims}) if sizes else ds
 
 
 def is_complete(path: str | Path) -> bool:

@@ -66,6 +66,12 @@ def map_figure(ds: xr.Dataset, variable: str, *, time: int | str = 0, truth: xr.
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
+    from geonp.data.cube import coordinate_names  # geonp.data loads torch: only when drawing
+
+    # An output keeps its input's names (latitude, valid_time, ...): draw it in geonp's.
+    names = {name: role for role, name in coordinate_names(ds).items()}
+    ds, truth, hidden = (None if a is None else a.rename({n: r for n, r in names.items() if n in a.coords})
+                         for a in (ds, truth, hidden))
     work = _layers(ds, variable, truth, hidden)
     if region is not None:
         from geonp.data.regions import crop_to_region, get_region

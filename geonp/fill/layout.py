@@ -1,0 +1,149 @@
+"""The output in the input's own layout: its dimension names and order, coordinates and attributes.
+
+geonp fills a cube in its working convention (:mod:`geonp.data.cube`: ``(time, lat, lon)``,
+latitude ascending, longitude in [-180, 180), a time axis even for one scene). A user aligns the
+result with the file they gave, so :func:`restore_layout` maps each output layer back:
+
+* a dimension gets the input's name again (``latitude``, ``valid_time``, a projected ``y``);
+* a reversed axis (ERA5's latitude runs north to south) or a longitude rolled from 0..360 is
+  put back in the input's order, matched by coordinate value (so a repeated wrap column of a
+  global grid is repeated again);
+* a time axis the input did not have is removed (a scalar time coordinate comes back as it was);
+* every input coordinate on the output's dimensions comes back with its values, attributes and
+  time encoding (``valid_time``, ERA5's ``number``, 2-D lat/lon of a projected grid), the grid
+  mapping variable that a layer names too; coordinates of the working cube the input did not have
+  (an elevation input) are dropped;
+* global attributes are the input's, then geonp's provenance (``history`` gains a line at the top).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+#: Encoding of an input coordinate that is kept: how times are stored, and the stored type.
+_COORD_ENCODING = ("units", "calendar", "dtype")
+#: Suffixes of the layers beside each filled variable.
+_LAYERS = ("", "_std", "_flag")
+
+
+def restore_layout(out: xr.Dataset, like: xr.Dataset, renamed: Mapping[str, str]) -> xr.Dataset:
+    """``out`` (layers ``v``, ``v_std``, ``v_flag`` in the working convention) in ``like``'s layout.
+
+    Args:
+        out: the filled layers on the cube's dimensions (e.g. ``[time, lat, lon]``).
+        like: the input as the user gave it (before :func:`geonp.data.cube.to_convention`).
+        renamed: ``{convention name: the input's name}`` (:func:`geonp.data.cube.renamed_from`).
+
+    Returns:
+        A Dataset whose layers have the input variable's dimensions (names and order) and whose
+        coordinates and global attributes are the input's, plus ``out``'s provenance attributes.
+
+    Raises:
+        ValueError: an output coordinate cannot be matched to the input's (not expected for an
+            output of this input).
+    """
+    layers, mappings = {}, set()
+    for name in out.data_vars:
+        base = next((str(name)[: -len(s)] for s in _LAYERS[1:] if str(name).endswith(s)), str(name))
+        if base not in like.data_vars:
+            raise ValueError(f"{base!r} is not a variable of the input")
+        layers[name] = _as_input(out[name], like[base], like, renamed)
+        mappings.add(like[base].attrs.get("grid_mapping") or like[base].encoding.get("grid_mapping"))
+    result = xr.Dataset(layers)
+    dims = set(result.dims)
+    result = result.assign_coords({c: _input_coordinate(like[c]) for c in like.coords
+                                   if set(like[c].dims) <= dims and c not in result.data_vars})
+    for mapping in sorted(m for m in mappings if m and m in like.variables and m not in result.variables):
+        result[mapping] = like[mapping].reset_coords(drop=True)  # a CF grid mapping travels with its layers
+    result.attrs = _global_attributes(like.attrs, out.attrs)
+    return result
+
+
+def _as_input(layer: xr.DataArray, source: xr.DataArray, like: xr.Dataset, renamed: Mapping[str, str]) -> xr.DataArray:
+    """One layer with ``source``'s dimension names, order and coordinate order."""
+    layer = layer.reset_coords(drop=True)
+    for dim in list(layer.dims):
+        target = _input_dim(str(dim), source, like, renamed)
+        if target is None:  # a time axis the working cube added to a single scene
+            if layer.sizes[dim] != 1:
+                raise ValueError(f"{layer.name!r}: the output's {dim!r} has {layer.sizes[dim]} steps, the input none")
+            layer = layer.isel({dim: 0}, drop=True)
+            continue
+        order = _order(layer, str(dim), like, target, renamed)
+        if order is not None:
+            layer = layer.isel({dim: order})
+        if dim != target:
+            layer = layer.rename({dim: target})
+    # The working coordinates go (the input's come back whole in restore_layout).
+    layer = layer.drop_vars(list(layer.coords))
+    return layer.transpose(*[d for d in source.dims if d in layer.dims], ...)
+
+
+def _input_dim(dim: str, source: xr.DataArray, like: xr.Dataset, renamed: Mapping[str, str]) -> str | None:
+    """The input's dimension for the working dimension ``dim``; None for an added time axis."""
+    if dim in source.dims:
+        return dim
+    name = renamed.get(dim, dim)
+    if name in source.dims:
+        return name
+    if name in like.variables and like[name].ndim == 1 and like[name].dims[0] in source.dims:
+        return str(like[name].dims[0])  # e.g. 1-D lat on a dimension called y
+    if dim == "time":
+        return None
+    raise ValueError(f"{source.name!r}: cannot find the input's dimension for the output's {dim!r}")
+
+
+def _order(layer: xr.DataArray, dim: str, like: xr.Dataset, target: str,
+           renamed: Mapping[str, str]) -> np.ndarray | None:
+    """Positions along the working ``dim`` of each of the input's cells along ``target`` (None: same order)."""
+    here = _working_values(layer, dim)
+    name = renamed.get(dim, dim)
+    there = like[name] if name in like.variables and like[name].ndim == 1 else like.coords.get(target)
+    if here is None or there is None or there.dims != (target,):
+        return None
+    values = np.asarray(there.values)
+    if dim == "lon" and np.issubdtype(values.dtype, np.number):
+        values = (values.astype(float) + 180.0) % 360.0 - 180.0  # the working cube's longitudes
+    if np.issubdtype(values.dtype, np.number) and np.issubdtype(here.dtype, np.number):
+        positions = _nearest(here.astype(float), values.astype(float))
+        spacing = np.median(np.abs(np.diff(here))) if here.size > 1 else 1.0
+        bad = np.abs(here[positions] - values) > 1e-3 * spacing
+    else:
+        positions = pd.Index(here).get_indexer(values)
+        bad = positions < 0
+    if bad.any():
+        raise ValueError(f"cannot match the output's {dim!r} to the input's {target!r} (e.g. {values[bad][0]!r})")
+    return None if np.array_equal(positions, np.arange(here.size)) else positions
+
+
+def _working_values(layer: xr.DataArray, dim: str) -> np.ndarray | None:
+    return np.asarray(layer[dim].values) if dim in layer.coords and layer[dim].dims == (dim,) else None
+
+
+def _nearest(sorted_values: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Index of the nearest of ``sorted_values`` (ascending) to each of ``values``."""
+    if sorted_values.size == 1:
+        return np.zeros(values.shape, int)
+    right = np.clip(np.searchsorted(sorted_values, values), 1, sorted_values.size - 1)
+    left = right - 1
+    return np.where(np.abs(sorted_values[right] - values) < np.abs(sorted_values[left] - values), right, left)
+
+
+def _input_coordinate(coord: xr.DataArray) -> xr.DataArray:
+    """An input coordinate as it was, with only the encoding that says how it is stored."""
+    out = coord.reset_coords(drop=True).copy()
+    out.encoding = {k: v for k, v in coord.encoding.items() if k in _COORD_ENCODING}
+    return out
+
+
+def _global_attributes(given: Mapping, provenance: Mapping) -> dict:
+    """The input's global attributes, then geonp's; CF ``history`` keeps the input's lines below ours."""
+    attrs = {k: v for k, v in given.items() if not str(k).startswith("geonp_")}
+    attrs.update(provenance)
+    if given.get("history") and provenance.get("history"):
+        attrs["history"] = f"{provenance['history']}\n{given['history']}"
+    return attrs

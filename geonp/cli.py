@@ -11,6 +11,7 @@ import argparse
 import os
 import shlex
 import sys
+from typing import NoReturn
 
 from geonp import __version__
 from geonp.fill import FIT_STEPS
@@ -18,13 +19,20 @@ from geonp.fill import FIT_STEPS
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: the problem and where to read more, not the whole usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="geonp",
         description="Fill gaps in gridded geospatial fields with neural processes, with calibrated uncertainty.",
     )
     parser.add_argument("--version", action="version", version=f"geonp {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     demo = sub.add_parser("demo", help="fill synthetic clouds over HadISST SST (offline, ~1 minute on 2 CPU cores)")
     demo.add_argument("-o", "--out", default="geonp-demo", help="output folder (default: %(default)s)")
@@ -112,7 +120,7 @@ def _parser() -> argparse.ArgumentParser:
     models.set_defaults()
 
     fetch = sub.add_parser("fetch", help="download input data into a local Zarr store")
-    sources = fetch.add_subparsers(dest="source", metavar="SOURCE")
+    sources = fetch.add_subparsers(dest="source", metavar="SOURCE", parser_class=_Parser)
     era5 = sources.add_parser(
         "era5", help="ERA5 hourly single levels from the Copernicus Climate Data Store (needs a CDS API key)",
         description="Fetch ERA5 single-level fields, one CDS request per month, into a chunked Zarr store; "
@@ -219,6 +227,11 @@ def _pair(text: str, option: str) -> tuple[str, str]:
     return name, value
 
 
+def _one_line(err: BaseException) -> str:
+    """An error message on one line (some libraries' messages span several)."""
+    return " ".join(part.strip() for part in str(err).splitlines() if part.strip())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``geonp`` console script; returns the exit code."""
     parser = _parser()
@@ -233,12 +246,18 @@ def main(argv: list[str] | None = None) -> int:
         print("geonp: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except (ValueError, FileNotFoundError, FileExistsError) as err:
-        print(f"geonp: error: {err}", file=sys.stderr)
+        print(f"geonp: error: {_one_line(err)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except OSError as err:  # the machine, not the input: a full disk, a read-only folder
+        where = f": {err.filename}" if err.filename else ""
+        print(f"geonp: error: {err.strerror or err}{where} (an unfinished output resumes when the same command "
+              "is run again)", file=sys.stderr)
+        return EXIT_FAILURE
     except Exception as err:  # noqa: BLE001 - one line for users, traceback on request
         if os.environ.get("GEONP_DEBUG"):
             raise
-        print(f"geonp: unexpected error: {type(err).__name__}: {err} (set GEONP_DEBUG=1 for details)", file=sys.stderr)
+        print(f"geonp: unexpected error: {type(err).__name__}: {_one_line(err)} (set GEONP_DEBUG=1 for details)",
+              file=sys.stderr)
         return EXIT_FAILURE
 
 

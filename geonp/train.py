@@ -94,7 +94,10 @@ class TrainConfig:
         try:
             raw = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as err:
-            raise ValueError(f"config {path}: not valid YAML ({err})") from None
+            where = getattr(err, "problem_mark", None)
+            at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
+            problem = getattr(err, "problem", None) or "syntax"
+            raise ValueError(f"config {path}: not valid YAML{at} ({problem})") from None
         if not isinstance(raw, dict):
             raise ValueError(f"config {path}: expected a mapping of settings")
         known = {f.name for f in dataclasses.fields(cls)}
@@ -104,7 +107,26 @@ class TrainConfig:
         missing = [k for k in ("model", "out_dir") if k not in raw]
         if missing:
             raise ValueError(f"config {path}: missing key(s) {', '.join(missing)}")
-        return cls(**raw)
+        for f in dataclasses.fields(cls):
+            if f.name in raw and raw[f.name] is not None and not _of_type(raw[f.name], f.type):
+                raise ValueError(f"config {path}: {f.name} must be {_TYPE_WORDS.get(f.type, f.type)}, "
+                                 f"got {raw[f.name]!r}")
+        try:
+            return cls(**raw)
+        except ValueError as err:
+            raise ValueError(f"config {path}: {str(err).removeprefix('config: ')}") from None
+
+
+#: The YAML types of TrainConfig's fields (annotations are strings under ``from __future__``).
+_TYPES = {"str": (str,), "int": (int,), "float": (int, float), "str | None": (str,), "float | None": (int, float),
+          "dict[str, Any]": (dict,)}
+_TYPE_WORDS = {"str": "a string", "int": "an integer", "float": "a number", "str | None": "a string",
+               "float | None": "a number", "dict[str, Any]": "a mapping"}
+
+
+def _of_type(value: Any, annotation: str) -> bool:
+    kinds = _TYPES.get(str(annotation))
+    return kinds is None or (isinstance(value, kinds) and not isinstance(value, bool))
 
 
 def resolve_device(device: str) -> torch.device:

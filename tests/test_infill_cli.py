@@ -112,8 +112,9 @@ def test_no_gaps_is_not_an_error(tmp_path: Path, capsys) -> None:
     assert is_complete(tmp_path / "o.zarr")
 
 
-def test_resume_after_kill_matches_an_uninterrupted_run(tmp_path: Path, tiny_checkpoint: str) -> None:
-    """Kill `geonp infill` with SIGKILL mid-run, rerun the same command: identical output."""
+@pytest.mark.parametrize("sig, code", [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGINT, 130)], ids=["kill", "ctrl-c"])
+def test_resume_after_kill_matches_an_uninterrupted_run(tmp_path: Path, tiny_checkpoint: str, sig, code) -> None:
+    """Kill `geonp infill` mid-run (SIGKILL, or Ctrl-C: exit 130), rerun the same command: identical output."""
     path = tmp_path / "in.nc"
     smooth_cube(t=12, r=20, c=24).to_netcdf(path, encoding={"sst": {"chunksizes": (1, 20, 24)}})
     args = [sys.executable, "-m", "geonp", "infill", str(path), "--checkpoint", tiny_checkpoint, "--fit-steps", "2",
@@ -123,7 +124,7 @@ def test_resume_after_kill_matches_an_uninterrupted_run(tmp_path: Path, tiny_che
     subprocess.run([*args, "-o", str(reference)], env=env, check=True, timeout=600)
 
     out = tmp_path / "killed.zarr"
-    proc = subprocess.Popen([*args, "-o", str(out)], env=env)
+    proc = subprocess.Popen([*args, "-o", str(out)], env=env, stderr=subprocess.PIPE, text=True)
     done = 0
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
@@ -132,11 +133,13 @@ def test_resume_after_kill_matches_an_uninterrupted_run(tmp_path: Path, tiny_che
         except Exception:  # the store is not created yet
             done = 0
         if done >= 3:
-            proc.send_signal(signal.SIGKILL)
+            proc.send_signal(sig)
             break
         time.sleep(0.05)
-    proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, "the run finished before it could be killed"
+    if sig == signal.SIGINT:
+        assert err.strip().splitlines()[-1] == "geonp: interrupted" and "Traceback" not in err
     assert not is_complete(out) and 3 <= done < 12
     subprocess.run([*args, "-o", str(out)], env=env, check=True, timeout=600)
     assert is_complete(out)

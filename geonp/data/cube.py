@@ -4,7 +4,8 @@
 local paths or fsspec URLs, and returns a dask-backed ``xarray.Dataset`` in which:
 
 - the horizontal coordinates are called ``lat`` and ``lon`` (degrees north/east),
-  ``lon`` lies in [-180, 180); on a regular grid both are 1-D dimensions with ``lat``
+  ``lon`` lies in [-180, 180) (a regional grid across the antimeridian keeps contiguous
+  longitudes such as 170..190 instead); on a regular grid both are 1-D dimensions with ``lat``
   ascending and ``lon`` ascending; on a projected grid (MODIS sinusoidal, say) the
   dimensions stay ``y``/``x`` and ``lat``/``lon`` are 2-D coordinates on them;
 - time is ``time`` (``valid_time`` is taken when that is the one that varies), vertical
@@ -141,7 +142,8 @@ def _open_raw(name: str) -> xr.Dataset:
     except (OSError, ValueError, KeyError) as err:
         if isinstance(err, FileNotFoundError):
             raise
-        raise ValueError(f"{name}: cannot read it as NetCDF, GRIB, Zarr or GeoTIFF ({err})") from None
+        why = "not a format any installed reader recognises" if "IO backends" in str(err) else str(err).splitlines()[0]
+        raise ValueError(f"{name}: cannot read it as NetCDF, GRIB, Zarr or GeoTIFF ({why})") from None
     except ImportError as err:
         raise ValueError(f"{name}: the reader for this format is not installed ({err}); "
                          "install geonp[grib] for GRIB or geonp[geotiff] for GeoTIFF") from None
@@ -319,9 +321,14 @@ def _is_flag(da: xr.DataArray) -> bool:
 
 
 def _regular_grid(ds: xr.Dataset) -> xr.Dataset:
-    """lon to [-180, 180) (dropping the repeated column of grids that wrap), both axes ascending."""
+    """lon to [-180, 180) (dropping the repeated column of grids that wrap), both axes ascending.
+
+    A regional grid across the antimeridian (170..190, or 0..360 values around 180) keeps its
+    longitudes: wrapped, its columns would no longer be neighbours on the grid, and models see
+    cell offsets.
+    """
     lon = ds["lon"].values.astype(float)
-    if lon.max() >= 180.0 or lon.min() < -180.0:
+    if (lon.max() >= 180.0 or lon.min() < -180.0) and not _splits_at_antimeridian(lon):
         wrapped = (lon + 180.0) % 360.0 - 180.0
         order = np.argsort(wrapped, kind="stable")
         # A global grid stored as 20..380 repeats its first column (up to rounding): keep one copy.
@@ -329,6 +336,9 @@ def _regular_grid(ds: xr.Dataset) -> xr.Dataset:
         keep = np.concatenate([[True], np.diff(wrapped[order]) > 0.01 * spacing])
         ds = ds.isel(lon=order[keep]).assign_coords(lon=wrapped[order[keep]])
         ds["lon"].attrs.update(units="degrees_east", standard_name="longitude")
+    elif lon.size > 2 and np.any(np.diff(lon) < 0) and np.all(np.diff(lon % 360.0) > 0):
+        # -180..180 values that jump at the antimeridian (170 .. 180, -180 .. -170): made contiguous.
+        ds = ds.assign_coords(lon=("lon", lon % 360.0, ds["lon"].attrs))
     for axis in ("lat", "lon"):
         values = ds[axis].values
         if values.size > 1 and np.all(np.diff(values) < 0):
@@ -336,6 +346,18 @@ def _regular_grid(ds: xr.Dataset) -> xr.Dataset:
         elif values.size > 1 and not np.all(np.diff(values) > 0):
             raise ValueError(f"{axis} is not monotonic (or repeats a value)")
     return ds
+
+
+def _splits_at_antimeridian(lon: np.ndarray) -> bool:
+    """True when wrapping ``lon`` to [-180, 180) would part a regional grid at the antimeridian:
+    the wrapped, sorted grid has a jump wider than a few cells and does not go round the globe."""
+    if lon.size < 2:
+        return False
+    wrapped = np.sort((lon + 180.0) % 360.0 - 180.0)
+    spacing = np.median(np.abs(np.diff(lon)))
+    inner = np.diff(wrapped).max()
+    seam = wrapped[0] + 360.0 - wrapped[-1]  # the step from the last column round to the first
+    return inner > 2.5 * spacing and seam <= 2.5 * spacing
 
 
 def _projected_grid(ds: xr.Dataset) -> xr.Dataset:

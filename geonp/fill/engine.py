@@ -129,6 +129,8 @@ def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = 
     if command:
         result.command = command
     for f in fields:
+        if f.infinite:
+            result.notes.append(f"{f.name}: {f.infinite} cells hold +-inf; they are filled as gaps")
         if f.gaps == 0:
             result.notes.append(f"{f.name}: no gaps inside the valid area; the output holds the input with flags")
     return result
@@ -315,6 +317,8 @@ def infill_file(input: str, out: str | Path, variables: list[str] | None = None,
 
     if Path(out).resolve() == Path(input).resolve():
         raise ValueError(f"-o {out}: the output would overwrite the input; choose another path")
+    if Path(input).resolve() in Path(out).resolve().parents:
+        raise ValueError(f"-o {out}: the output would be written inside the input {input}; choose a path outside it")
     if satellite:
         if not variables or len(variables) != 1:
             raise ValueError("--satellite: name exactly one --var (the product variable to screen and fill)")

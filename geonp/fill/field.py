@@ -20,6 +20,10 @@ from geonp.data.far_context import Pyramid, build_pyramid
 from geonp.data.valid import MaskSpec
 from geonp.data.valid import valid_area as valid_area_of
 
+#: Magnitude from which a value is taken for an undeclared fill value (1e20, 9.96e36, 1e30 ...):
+#: far beyond any geophysical quantity in any unit geonp fills.
+ABSURD = 1e20
+
 
 @dataclass
 class Field:
@@ -28,7 +32,7 @@ class Field:
     ``data`` is the lazy ``[time, rows, cols]`` DataArray (dims ``dims``), ``valid`` a bool
     numpy array ``[rows, cols]`` or ``[time, rows, cols]`` (True where data may exist), ``mean``
     and ``spread`` the variable's mean and standard deviation over observed valid cells, ``gaps``
-    the number of missing cells inside the valid area.
+    the number of missing cells inside the valid area (``infinite`` of them hold +-inf).
     """
 
     name: str
@@ -38,6 +42,7 @@ class Field:
     spread: float = 1.0
     observed: int = 0
     gaps: int = 0
+    infinite: int = 0  # cells holding +-inf, filled as gaps
     _pyramids: dict[int, Pyramid] = dataclass_field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -72,6 +77,9 @@ def select_variables(ds: xr.Dataset, variables: str | list[str] | None, source: 
             raise ValueError(f"--var {v}: no such variable in {source} (it has: {', '.join(fields) or 'none'})")
         if not set(horizontal_dims(ds)) <= set(ds[v].dims):
             raise ValueError(f"--var {v}: not on the horizontal grid of {source} (dims {ds[v].dims})")
+        if ds[v].dtype == bool:
+            raise ValueError(f"--var {v}: a boolean mask in {source}, not a field to fill "
+                             f"(to say where data may exist, pass --valid-mask {v})")
     return list(variables)
 
 
@@ -99,12 +107,18 @@ def summarise(fields: list[Field], source: str) -> None:
         valid = xr.DataArray(f.valid, dims=f.data.dims[3 - f.valid.ndim:])
         observed = np.isfinite(f.data) & valid
         x = f.data.where(observed).astype(np.float64)
-        todo.append((observed.sum(), x.sum(), (x**2).sum(), (~np.isfinite(f.data) & valid).sum()))
+        todo.append((observed.sum(), x.sum(), (x**2).sum(), (~np.isfinite(f.data) & valid).sum(),
+                     np.isinf(f.data).sum(), (abs(x) >= ABSURD).sum(), abs(x).max()))
     (results,) = dask.compute(todo)
-    for f, (n, s, s2, gaps) in zip(fields, results):
+    for f, (n, s, s2, gaps, infinite, absurd, largest) in zip(fields, results):
         n, s, s2 = int(n), float(s), float(s2)
+        if absurd:
+            # 1e20 and beyond is no geophysical value: a fill value the file does not declare.
+            raise ValueError(f"--var {f.name}: {int(absurd)} cells of {source} hold values as large as "
+                             f"{float(largest):.3g}, which look like an undeclared fill value; declare it "
+                             "(_FillValue, missing_value or valid_max) or set those cells to NaN")
         if n == 0:
             raise ValueError(f"--var {f.name}: no observed value inside the valid area of {source}")
-        f.observed, f.gaps = n, int(gaps)
+        f.observed, f.gaps, f.infinite = n, int(gaps), int(infinite)
         f.mean = s / n
         f.spread = float(np.sqrt(max(s2 / n - f.mean**2, 0.0))) or 1.0

@@ -106,18 +106,21 @@ def _order(layer: xr.DataArray, dim: str, like: xr.Dataset, target: str,
     if here is None or there is None or there.dims != (target,):
         return None
     values = np.asarray(there.values)
-    if dim == "lon" and np.issubdtype(values.dtype, np.number):
-        values = (values.astype(float) + 180.0) % 360.0 - 180.0  # the working cube's longitudes
-    if np.issubdtype(values.dtype, np.number) and np.issubdtype(here.dtype, np.number):
-        positions = _nearest(here.astype(float), values.astype(float))
-        spacing = np.median(np.abs(np.diff(here))) if here.size > 1 else 1.0
-        bad = np.abs(here[positions] - values) > 1e-3 * spacing
-    else:
+    if not (np.issubdtype(values.dtype, np.number) and np.issubdtype(here.dtype, np.number)):
         positions = pd.Index(here).get_indexer(values)
-        bad = positions < 0
-    if bad.any():
-        raise ValueError(f"cannot match the output's {dim!r} to the input's {target!r} (e.g. {values[bad][0]!r})")
-    return None if np.array_equal(positions, np.arange(here.size)) else positions
+        if (positions < 0).any():
+            raise ValueError(f"cannot match the output's {dim!r} to the input's {target!r} "
+                             f"(e.g. {values[positions < 0][0]!r})")
+        return None if np.array_equal(positions, np.arange(here.size)) else positions
+    values, here = values.astype(float), here.astype(float)
+    spacing = np.median(np.abs(np.diff(here))) if here.size > 1 else 1.0
+    # Longitudes as the input has them, or as the working cube may have made them (wrapped to
+    # [-180, 180), or 0..360 to keep a grid across the antimeridian contiguous).
+    for candidate in ([values, (values + 180.0) % 360.0 - 180.0, values % 360.0] if dim == "lon" else [values]):
+        positions = _nearest(here, candidate)
+        if np.all(np.abs(here[positions] - candidate) <= 1e-3 * spacing):
+            return None if np.array_equal(positions, np.arange(here.size)) else positions
+    raise ValueError(f"cannot match the output's {dim!r} to the input's {target!r}")
 
 
 def _working_values(layer: xr.DataArray, dim: str) -> np.ndarray | None:

@@ -235,6 +235,8 @@ def _stored(ds: xr.Dataset) -> xr.Dataset:
 
 
 def is_complete(path: str | Path) -> bool:
-    """True when ``path`` is an infill output whose run finished."""
+    """True when ``path`` is an infill output whose run finished (False for anything else)."""
+    if not zarr_store.is_zarr(Path(path)):
+        return False
     state = zarr_store.read_state(Path(path))
     return state is not None and state.attrs.get(STATUS) == "complete"

@@ -77,6 +77,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="cells each window predicts along time, rows, cols (default: 1,16,16)")
     infill.add_argument("--scheduler", default=None, metavar="ADDRESS",
                         help="dask.distributed scheduler to spread blocks over (default: this process)")
+    infill.add_argument("--workers", type=int, default=None, metavar="N",
+                        help="start a local dask cluster of N worker processes and spread blocks over it")
     infill.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     infill.add_argument("--zarr-format", type=int, default=3, choices=(2, 3), help="(default: 3)")
     infill.add_argument("--overwrite", action="store_true", help="replace an existing output store")
@@ -165,7 +167,7 @@ def _run(args: argparse.Namespace) -> int:
         infill_file(args.input, args.out, args.var, args.model, satellite=args.satellite, checkpoint=args.checkpoint,
                     elevation=args.elevation, valid_mask=args.valid_mask, fit_steps=args.fit_steps,
                     device=args.device, batch_size=args.batch_size, window=args.window, scheduler=args.scheduler,
-                    seed=args.seed, zarr_format=args.zarr_format, overwrite=args.overwrite,
+                    workers=args.workers, seed=args.seed, zarr_format=args.zarr_format, overwrite=args.overwrite,
                     progress=not args.quiet, command=args.command_line)
     elif args.command == "evaluate":
         from geonp.evaluate import run_evaluate

@@ -231,14 +231,19 @@ def infill(ds: xr.Dataset, variables: str | list[str] | None = None, model: str 
 
 def infill_to_zarr(ds: xr.Dataset, out: str | Path, variables: str | list[str] | None = None,
                    model: str = "te-pt-tnp", *, source: str = "the input", overwrite: bool = False,
-                   zarr_format: int = 3, scheduler: str | None = None, progress: bool = True,
-                   like: xr.Dataset | None = None, **options: Any) -> Path:
+                   zarr_format: int = 3, scheduler: str | None = None, workers: int | None = None,
+                   progress: bool = True, like: xr.Dataset | None = None, **options: Any) -> Path:
     """Fill ``ds`` into the Zarr store ``out`` (see :mod:`geonp.fill.output`); resumable.
 
     ``scheduler``: None fills blocks one after another in this process (torch uses the cores);
-    a dask.distributed scheduler address spreads blocks over its workers. ``like``: the layout
-    of the finished store (default ``ds``; see :func:`infill`).
+    a dask.distributed scheduler address spreads blocks over its workers; ``workers=N`` starts a
+    local cluster of N worker processes for that. ``like``: the layout of the finished store
+    (default ``ds``; see :func:`infill`).
     """
+    if scheduler is not None and workers is not None:
+        raise ValueError("--scheduler and --workers: give one (an existing cluster, or a local one to start)")
+    if workers is not None and workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
     out = Path(out)
     say = _stderr if progress else None
     p = plan(ds, variables, model, source=source, **options)
@@ -251,8 +256,10 @@ def infill_to_zarr(ds: xr.Dataset, out: str | Path, variables: str | list[str] |
         say(f"resuming {out}: {int(store.done().sum())} of {store.done().size} blocks already written")
     _finetune(p, out, say)
     todo = [(i, region) for (i, region), done in zip(store.blocks(), store.done().ravel()) if not done]
-    run = _distributed if scheduler else _sequential
-    run(p, store, todo, scheduler, say)
+    if workers is not None:
+        _on_local_cluster(p, store, todo, workers, say)
+    else:
+        (_distributed if scheduler else _sequential)(p, store, todo, scheduler, say)
     layout = ds if like is None else like
     # Summed over every block in the store, those of an earlier run included; the store is then
     # rewritten in the input's layout, without the resume bookkeeping.
@@ -280,6 +287,22 @@ def _sequential(p: Plan, store: InfillStore, todo: list, scheduler: str | None, 
 
     for index, region in tqdm(todo, desc="infill blocks", unit="block", disable=say is None, file=sys.stderr):
         store.write_block(index, region, *_block_values(p, region))
+
+
+def _on_local_cluster(p: Plan, store: InfillStore, todo: list, workers: int, say) -> None:
+    """Start a LocalCluster of ``workers`` processes, torch's threads shared out among them."""
+    import os
+
+    try:
+        from dask.distributed import LocalCluster
+    except ImportError:
+        raise ValueError("--workers needs dask.distributed: pip install distributed") from None
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
+                      env={"OMP_NUM_THREADS": str(threads)}) as cluster:
+        if say:
+            say(f"local dask cluster: {workers} worker processes, {threads} torch thread(s) each")
+        _distributed(p, store, todo, cluster.scheduler_address, say)
 
 
 def _distributed(p: Plan, store: InfillStore, todo: list, scheduler: str | None, say) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from geonp import __version__
+from geonp.atomic import write_atomic
 
 _META_KEY = "geonp"
 _PICKLE_MAGIC = b"\x80"  # pickle protocol >= 2 starts with PROTO
@@ -28,20 +28,10 @@ _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default container (a zip holding a pi
 
 def write_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Path:
     """Atomically write ``tensors`` and the JSON-serialisable ``meta`` to ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     header = json.dumps({"geonp_version": __version__, **meta}, sort_keys=True)
     # safetensors refuses shared or non-contiguous storage: give it plain copies.
     flat = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(flat, tmp, metadata={_META_KEY: header})
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    return write_atomic(path, lambda tmp: save_file(flat, tmp, metadata={_META_KEY: header}))
 
 
 def _looks_like_safetensors(path: Path) -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from geonp.atomic import write_text_atomic
 from geonp.metrics import DISTANCE_BINS
 
 #: Codes of a result's ``donors`` (one per step) besides a donor step's index (>= 0): the step got
@@ -46,9 +47,9 @@ def write_table(
     json_path = Path(json_path) if json_path is not None else md_path.with_suffix(".json")
     parts = [header.rstrip() + "\n"] if header.strip() else []
     parts += [markdown(res) for res in results]
-    md_path.write_text("\n".join(parts))
-    json_path.write_text(json.dumps({"header": header, "results": _plain(list(results))}, indent=1,
-                                    allow_nan=False) + "\n")
+    write_text_atomic(md_path, "\n".join(parts))
+    write_text_atomic(json_path, json.dumps({"header": header, "results": _plain(list(results))}, indent=1,
+                                            allow_nan=False) + "\n")
     return md_path, json_path
 
 

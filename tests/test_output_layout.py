@@ -146,3 +146,16 @@ def test_an_output_in_era5_names_is_drawn(tmp_path: Path) -> None:
     infill_file(str(tmp_path / "in.nc"), tmp_path / "out.zarr", model="linear", progress=False, fit_steps=0)
     png = plot_file(tmp_path / "out.zarr", tmp_path / "map.png", time="2021-06-01T18", truth=str(tmp_path / "in.nc"))
     assert png.stat().st_size > 10_000
+
+
+def test_input_coordinates_with_conflicting_fill_encodings(tmp_path: Path) -> None:
+    """A crop of the Alboran scene re-saved by xarray: its time holds missing_value and _FillValue
+    both; the output keeps only how the time is stored (units, calendar, dtype)."""
+    scene = xr.open_dataset(real_file("satellite/alboran_sst_avhrr_2017-05.nc")).isel(
+        time=slice(0, 2), lat=slice(100, 160), lon=slice(150, 230)).load()
+    scene.to_netcdf(tmp_path / "crop.nc")
+    infill_file(str(tmp_path / "crop.nc"), tmp_path / "out.zarr", ["SST"], "linear", satellite=True,
+                valid_mask="mask", progress=False, fit_steps=0)
+    out = xr.open_zarr(tmp_path / "out.zarr")
+    xr.align(xr.open_dataset(tmp_path / "crop.nc"), out, join="exact")
+    assert out["SST"].dims == ("time", "lat", "lon") and is_complete(tmp_path / "out.zarr")

@@ -21,6 +21,7 @@ import calendar
 import datetime as dt
 import math
 import os
+import shutil
 import sys
 import tempfile
 import zipfile
@@ -288,6 +289,8 @@ def fetch_era5(variables: str | Sequence[str], start: str | dt.date, end: str | 
              "source": "ERA5 hourly data on single levels, Copernicus Climate Change Service (CDS)",
              **(state.attrs if state else {}), "geonp_months": spans}
     out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(f".{out.name}.download-*"):  # left by a fetch that was killed
+        shutil.rmtree(stale, ignore_errors=True)
     steps = len(query.hours)
     # Downloads land beside the output (same file system, cleaned up whatever happens).
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.download-") as tmp:

@@ -161,11 +161,15 @@ def _finetune(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None
     if p.fit_steps == 0 or not p.choice.model.trainable or all(f.gaps == 0 for f in p.fields):
         return
     from geonp.fill.finetune import finetune
+    from geonp.fill.predictor import PREDICT_BLOCK_ELEMS
     from geonp.models import load, save
+    from geonp.models.te_attention import set_block_elems
 
     saved = None if store_dir is None else store_dir / "geonp_fitted_model.safetensors"
     if saved is not None and saved.exists():
-        p.choice.model = load(saved, device=p.device).eval()
+        # The same attention blocking as the fine-tuned model had: another blocking sums in
+        # another order, and a resumed run must write what an uninterrupted one would.
+        p.choice.model = set_block_elems(load(saved, device=p.device), PREDICT_BLOCK_ELEMS).eval()
         return
     p.choice.model = finetune(p.choice.model, p.fields, p.spec, p.fit_steps, p.device, p.seed, p.elevation, say)
     if saved is not None:

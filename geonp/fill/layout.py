@@ -24,8 +24,8 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-#: Encoding of an input coordinate that is kept: how times are stored, and the stored type.
-_COORD_ENCODING = ("units", "calendar", "dtype")
+from geonp.fill.output import coordinate_encoding
+
 #: Suffixes of the layers beside each filled variable.
 _LAYERS = ("", "_std", "_flag")
 
@@ -139,7 +139,7 @@ def _nearest(sorted_values: np.ndarray, values: np.ndarray) -> np.ndarray:
 def _input_coordinate(coord: xr.DataArray) -> xr.DataArray:
     """An input coordinate as it was, with only the encoding that says how it is stored."""
     out = coord.reset_coords(drop=True).copy()
-    out.encoding = {k: v for k, v in coord.encoding.items() if k in _COORD_ENCODING}
+    out.encoding = coordinate_encoding(coord)
     return out
 
 

@@ -45,6 +45,17 @@ STATUS = "geonp_status"
 FINAL, WORK = ".geonp-final", ".geonp-work"
 
 
+#: Encoding an input coordinate keeps in the output: how it is stored (time units and calendar,
+#: dtype). Everything else (fill and missing values, compression, chunk sizes) describes the input
+#: file and may contradict what xarray writes.
+COORD_ENCODING = ("units", "calendar", "dtype")
+
+
+def coordinate_encoding(var: xr.Variable | xr.DataArray) -> dict[str, Any]:
+    """The part of a coordinate's encoding the output keeps (see :data:`COORD_ENCODING`)."""
+    return {k: v for k, v in var.encoding.items() if k in COORD_ENCODING}
+
+
 def chunk_regions(chunks: tuple[tuple[int, ...], ...]) -> Iterator[tuple[tuple[int, ...], tuple[slice, ...]]]:
     """``(block index, slices)`` for every block of an array chunked as ``chunks`` (dask style), in order."""
     bounds = [np.concatenate([[0], np.cumsum(c)]) for c in chunks]
@@ -61,6 +72,8 @@ def output_template(cube: xr.Dataset, variables: list[str]) -> xr.Dataset:
     # Coordinates are small (1-D axes, 2-D lat/lon, elevation): computed now, so that creating the
     # store writes them.
     out = xr.Dataset(coords={k: c.compute() for k, c in cube.coords.items()})
+    for c in out.coords.values():
+        c.encoding = coordinate_encoding(c)
     for v in variables:
         da = cube[v]
         chunks = da.chunks if da.chunks is not None else tuple((n,) for n in da.shape)
@@ -227,7 +240,7 @@ def _stored(ds: xr.Dataset) -> xr.Dataset:
     ds = ds.copy()
     sizes = {d: max(c) for d, c in ds.chunksizes.items()} if ds.chunks else {}
     for name, var in ds.variables.items():
-        keep = {k: v for k, v in var.encoding.items() if k in ("units", "calendar", "dtype")}
+        keep = coordinate_encoding(var)
         if name in ds.data_vars:
             keep["_FillValue"] = np.float32(np.nan) if var.dtype == np.float32 else None
         var.encoding = keep

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import xarray as xr
 
+from geonp.atomic import write_atomic
 from geonp.maps import natural_earth
 from geonp.maps.crs import MapGrid, lonlat, map_grid, projection
 from geonp.maps.series import draw_series
@@ -35,11 +36,8 @@ def plot_infill(ds: xr.Dataset, variable: str, path: str | Path, *, dpi: int = 1
     fig = map_figure(ds, variable, **options)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)  # attach the Agg canvas: no pyplot, no change to the global backend
-    fig.savefig(path, dpi=dpi, format="png")
-    return path
+    return write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))
 
 
 def map_figure(ds: xr.Dataset, variable: str, *, time: int | str = 0, truth: xr.DataArray | None = None,

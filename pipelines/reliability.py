@@ -132,9 +132,10 @@ def infill_trials(n: int, rng: np.random.Generator, work: Path) -> list[dict]:
         code = _kill_at([*cmd, "-o", str(out)], at)
         state = "finished before the kill" if code == 0 else (
             "incomplete store" if out.exists() else "nothing written yet")
-        again = subprocess.run([*cmd, "-o", str(out)], env=ENV, capture_output=True, text=True)
+        # A run that finished before the kill is complete: a rerun would rightly be refused.
+        rerun = 0 if code == 0 else subprocess.run([*cmd, "-o", str(out)], env=ENV, capture_output=True).returncode
         rows.append({"trial": trial, "killed_at_s": round(at, 1), "of_s": round(whole, 1), "left": state,
-                     "rerun_exit": again.returncode, "identical": again.returncode == 0
+                     "rerun_exit": rerun if code else "no rerun", "identical": rerun == 0
                      and _same_store(work / "reference.zarr", out)})
         print(f"infill trial {trial}: {rows[-1]}", flush=True)
     return rows

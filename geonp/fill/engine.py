@@ -340,7 +340,7 @@ def infill_file(input: str, out: str | Path, variables: list[str] | None = None,
     Refuses an output that is the input itself before anything is read or written.
     """
     from geonp.data import open_cube, open_satellite
-    from geonp.data.cube import open_input
+    from geonp.data.readers import open_input
 
     if Path(out).resolve() == Path(input).resolve():
         raise ValueError(f"-o {out}: the output would overwrite the input; choose another path")

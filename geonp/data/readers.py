@@ -1,0 +1,100 @@
+"""Reading gridded files as xarray decodes them, before geonp's convention: NetCDF/HDF5, GRIB
+(cfgrib), Zarr v2/v3 and GeoTIFF (rioxarray), from local paths or fsspec URLs, lazily.
+
+:func:`open_input` is what :func:`geonp.data.cube.open_cube` brings to the convention, and the
+layout an infill output keeps (:mod:`geonp.fill.layout`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from geonp.data import zarr_store
+
+_GRIB_SUFFIXES = (".grib", ".grb", ".grib1", ".grib2", ".grb2")
+_TIFF_SUFFIXES = (".tif", ".tiff", ".geotiff")
+
+
+def open_input(path: str | os.PathLike) -> xr.Dataset:
+    """The file as xarray decodes it, before geonp's convention (lazy): the layout an output keeps."""
+    return open_raw(str(path))
+
+
+def _is_url(name: str) -> bool:
+    return "://" in name and not name.startswith("file://")
+
+
+def open_raw(name: str) -> xr.Dataset:
+    """The file as xarray decodes it (CF scale/offset/fill applied), still lazy."""
+    local = name[len("file://"):] if name.startswith("file://") else name
+    is_zarr = local.rstrip("/").endswith(".zarr") or (not _is_url(local) and zarr_store.is_zarr(Path(local)))
+    if not _is_url(local) and not Path(local).exists():
+        raise FileNotFoundError(f"{name}: no such file or directory")
+    try:
+        if is_zarr:
+            return xr.open_zarr(local, chunks={}, decode_timedelta=False)
+        if _is_url(local):
+            import fsspec
+
+            # Formats other than Zarr need a seekable local file: cache it once.
+            local = fsspec.open_local(f"simplecache::{local}", simplecache={"same_names": True})
+        suffix = Path(local).suffix.lower()
+        if suffix in _GRIB_SUFFIXES:
+            return xr.open_dataset(local, engine="cfgrib", chunks={}, decode_timedelta=False,
+                                   backend_kwargs={"indexpath": ""})
+        if suffix in _TIFF_SUFFIXES:
+            return _open_geotiff(local)
+        return xr.open_dataset(local, chunks={}, decode_timedelta=False)
+    except (OSError, ValueError, KeyError) as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        why = "not a format any installed reader recognises" if "IO backends" in str(err) else str(err).splitlines()[0]
+        raise ValueError(f"{name}: cannot read it as NetCDF, GRIB, Zarr or GeoTIFF ({why})") from None
+    except ImportError as err:
+        raise ValueError(f"{name}: the reader for this format is not installed ({err}); "
+                         "install geonp[grib] for GRIB or geonp[geotiff] for GeoTIFF") from None
+
+
+def _open_geotiff(path: str) -> xr.Dataset:
+    """A GeoTIFF as a Dataset: one variable per band, lat/lon computed for projected CRSs."""
+    import rioxarray
+
+    da = rioxarray.open_rasterio(path, chunks={"band": 1, "y": "auto", "x": "auto"}, mask_and_scale=True)
+    crs = da.rio.crs
+    stem = Path(path).stem
+    if da.sizes["band"] == 1:
+        ds = da.isel(band=0, drop=True).to_dataset(name=stem)
+    else:  # band descriptions name the variables where the file has them
+        described = da.attrs.get("long_name")
+        described = described if isinstance(described, tuple) else (None,) * da.sizes["band"]
+        names = [d or f"{stem}_band{b}" for d, b in zip(described, da["band"].values)]
+        ds = xr.Dataset({n: da.isel(band=i, drop=True) for i, n in enumerate(names)})
+    for v in ds.data_vars:
+        ds[v].attrs = {k: val for k, val in da.attrs.items() if k in ("units", "scale_factor", "add_offset")}
+    if crs is not None and crs.is_geographic:
+        return ds.rename({"x": "lon", "y": "lat"})
+    if crs is None:
+        raise ValueError("the GeoTIFF has no coordinate reference system")
+    return _add_lat_lon(ds, crs)
+
+
+def _add_lat_lon(ds: xr.Dataset, crs) -> xr.Dataset:
+    """Attach 2-D ``lat``/``lon`` coordinates to a projected grid, computed lazily per chunk."""
+    import dask.array as dsa
+    from pyproj import Transformer
+
+    to_geo = Transformer.from_crs(crs, "EPSG:4326", always_xy=True)
+    first = ds[next(iter(ds.data_vars))]
+    chunks = first.chunks if first.chunks is not None else None
+    xx = dsa.broadcast_to(dsa.from_array(ds["x"].values[None, :]), (ds.sizes["y"], ds.sizes["x"]))
+    yy = dsa.broadcast_to(dsa.from_array(ds["y"].values[:, None]), (ds.sizes["y"], ds.sizes["x"]))
+    if chunks is not None:
+        xx, yy = xx.rechunk(chunks[-2:]), yy.rechunk(chunks[-2:])
+    # One transform per block gives both coordinates, stacked on a new leading axis.
+    both = dsa.map_blocks(lambda x, y: np.stack(to_geo.transform(x, y)), xx, yy, dtype=float, new_axis=0,
+                          chunks=((2,), *xx.chunks))
+    return ds.assign_coords(lat=(("y", "x"), both[1]), lon=(("y", "x"), both[0]))

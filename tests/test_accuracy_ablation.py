@@ -24,10 +24,13 @@ def test_every_variant_is_trainable_or_points_at_a_committed_file():
             assert (REPO / v["checkpoint"]).exists(), name
         elif v.get("train", True):
             assert v["config"]["out_dir"] == f"runs/accuracy/{name}"
-            # Every trained variant starts from the weights bundled before #13, not today's.
+            # A trained variant starts from the weights bundled before #13, not today's, so its
+            # row means the same whatever is bundled later; only the flagship-* rows are defined
+            # relative to today's bundled te-pt-tnp (as the checkpoint rows above them are).
             start = v["config"].get("init_from")
             assert start is None or (REPO / start).exists(), name
-            assert start != "geonp/weights/te-pt-tnp.safetensors", name
+            if not name.startswith("flagship"):
+                assert start != "geonp/weights/te-pt-tnp.safetensors", name
 
 
 @pytest.mark.parametrize("mean, gate", [("kriging", 1.0), ("decoder", 0.0)])

@@ -13,11 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 import xarray as xr
 from conftest import real_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import geonp
 from geonp.fill.engine import infill_file
 from geonp.fill.output import PROGRESS, WITHOUT_CONTEXT, WORK, InfillStore, is_complete, output_template
 
@@ -96,8 +98,10 @@ def test_the_finished_store_has_the_inputs_layout(tmp_path_factory, lat_descendi
     assert not any(p.name.startswith("out.zarr.") for p in folder.iterdir())  # no temporary stores left
 
 
-def test_the_accessor_returns_the_inputs_layout() -> None:
-    given_ds = _input(True, True, "scalar", "era5", False, 0)
+@pytest.mark.parametrize("time, names", [("scalar", "era5"), ("none", "short"), ("axis", "short")])
+def test_the_accessor_returns_the_inputs_layout(time: str, names: str) -> None:
+    # In memory (no store between): the working cube keeps a north-to-south latitude as given.
+    given_ds = _input(True, True, time, names, False, 0)
     out = given_ds.geonp.infill(model="linear", fit_steps=0)
     _check_same_layout(given_ds, out)
 
@@ -159,3 +163,15 @@ def test_input_coordinates_with_conflicting_fill_encodings(tmp_path: Path) -> No
     out = xr.open_zarr(tmp_path / "out.zarr")
     xr.align(xr.open_dataset(tmp_path / "crop.nc"), out, join="exact")
     assert out["SST"].dims == ("time", "lat", "lon") and is_complete(tmp_path / "out.zarr")
+
+
+def test_a_north_to_south_scene_without_time_comes_back_as_given() -> None:
+    # A single satellite scene in memory, latitude north to south (the case the infill benchmark hit).
+    rng = np.random.default_rng(0)
+    values = rng.normal(280.0, 1.0, (48, 48)).astype(np.float32)  # the output layers are float32
+    values[10:20, 5:30] = np.nan
+    given_ds = xr.Dataset({"t2m": (("lat", "lon"), values, {"units": "K"})},
+                          coords={"lat": np.linspace(50.0, 45.0, 48), "lon": np.linspace(5.0, 10.0, 48)},
+                          attrs={"history": "made by a test"})
+    out = geonp.infill(given_ds, "t2m", model="linear", fit_steps=0)
+    _check_same_layout(given_ds, out)

@@ -127,13 +127,15 @@ def _working_values(layer: xr.DataArray, dim: str) -> np.ndarray | None:
     return np.asarray(layer[dim].values) if dim in layer.coords and layer[dim].dims == (dim,) else None
 
 
-def _nearest(sorted_values: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Index of the nearest of ``sorted_values`` (ascending) to each of ``values``."""
-    if sorted_values.size == 1:
+def _nearest(axis: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Index into ``axis`` (monotonic, ascending or descending) of its nearest cell to each of ``values``."""
+    if axis.size == 1:
         return np.zeros(values.shape, int)
-    right = np.clip(np.searchsorted(sorted_values, values), 1, sorted_values.size - 1)
+    order = np.argsort(axis, kind="stable")
+    ascending = axis[order]
+    right = np.clip(np.searchsorted(ascending, values), 1, axis.size - 1)
     left = right - 1
-    return np.where(np.abs(sorted_values[right] - values) < np.abs(sorted_values[left] - values), right, left)
+    return order[np.where(np.abs(ascending[right] - values) < np.abs(ascending[left] - values), right, left)]
 
 
 def _input_coordinate(coord: xr.DataArray) -> xr.DataArray:

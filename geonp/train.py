@@ -45,6 +45,7 @@ from geonp.metrics import task_log_likelihood, task_scores
 from geonp.models import build, save
 from geonp.models.base import NeuralProcess
 from geonp.parallel import Group, setup, shutdown
+from geonp.train_paths import check_paths
 from geonp.train_state import initialise_from, load_state, rank_state, restore_rank, save_state
 
 
@@ -233,6 +234,8 @@ def train(config: TrainConfig | dict | str | Path, resume: bool = False, progres
         cfg = TrainConfig(**config)
     else:
         cfg = config
+    # Before anything is loaded or written; a given task source replaces the config's data.
+    check_paths(cfg.out_dir, cfg.init_from, cfg.data if source is None else {})
     group = setup(resolve_device(cfg.device))
     try:
         return _train(_Run(cfg, group, model, source), resume, progress and group.is_main, on_step)

@@ -263,6 +263,39 @@ def config_that_is_not_yaml(tmp):
     return _config(tmp, "model: [te-pt-tnp\n", "train.yaml: not valid YAML at line 2")
 
 
+@case
+def config_naming_a_missing_cube(tmp):
+    # A relative path is looked for from the working directory, and the error says where.
+    return _config(tmp, f"model: te-pt-tnp\nout_dir: {tmp / 'run'}\ndata: {{name: cube, path: nowhere.zarr, "
+                   "variables: [t2m]}\n", f"config data.path: {Path.cwd().resolve() / 'nowhere.zarr'}: no such file")
+
+
+@case
+def config_naming_a_missing_window_file(tmp):
+    return _config(tmp, f"model: te-pt-tnp\nout_dir: {tmp / 'run'}\ndata: {{name: windows, files: [{{path: "
+                   f"{tmp / 'gone.nc'}, variable: sst}}]}}\n",
+                   f"config data.files[0].path: {(tmp / 'gone.nc').resolve()}: no such file")
+
+
+@case
+def config_whose_out_dir_is_a_file(tmp):
+    (tmp / "taken").write_text("a file")
+    case = _config(tmp, f"model: te-pt-tnp\nout_dir: {tmp / 'taken'}\n", "out_dir: ")
+    case.expect = f"config out_dir: {tmp.resolve() / 'taken'} is a file, not a folder"
+    case.inputs.append(tmp / "taken")
+    return case
+
+
+@case
+def config_whose_out_dir_holds_its_input(tmp):
+    (tmp / "run").mkdir()
+    path = _cube(tmp / "run", "cube.nc")
+    case = _config(tmp, f"model: te-pt-tnp\nout_dir: {tmp / 'run'}\n"
+                   f"data: {{name: cube, path: {path}, variables: [t2m]}}\n", "holds the input data.path")
+    case.inputs.append(path)
+    return case
+
+
 # -- outputs --------------------------------------------------------------------------------------
 
 @case

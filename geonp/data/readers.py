@@ -24,20 +24,21 @@ def open_input(path: str | os.PathLike) -> xr.Dataset:
     return open_raw(str(path))
 
 
-def _is_url(name: str) -> bool:
+def is_url(name: str) -> bool:
+    """True for a remote address (``https://``, ``s3://``, ...); ``file://`` is a local path."""
     return "://" in name and not name.startswith("file://")
 
 
 def open_raw(name: str) -> xr.Dataset:
     """The file as xarray decodes it (CF scale/offset/fill applied), still lazy."""
     local = name[len("file://"):] if name.startswith("file://") else name
-    is_zarr = local.rstrip("/").endswith(".zarr") or (not _is_url(local) and zarr_store.is_zarr(Path(local)))
-    if not _is_url(local) and not Path(local).exists():
+    is_zarr = local.rstrip("/").endswith(".zarr") or (not is_url(local) and zarr_store.is_zarr(Path(local)))
+    if not is_url(local) and not Path(local).exists():
         raise FileNotFoundError(f"{name}: no such file or directory")
     try:
         if is_zarr:
             return xr.open_zarr(local, chunks={}, decode_timedelta=False)
-        if _is_url(local):
+        if is_url(local):
             import fsspec
 
             # Formats other than Zarr need a seekable local file: cache it once.

@@ -124,7 +124,10 @@ def test_resume_after_kill_matches_an_uninterrupted_run(tmp_path: Path, tiny_che
     subprocess.run([*args, "-o", str(reference)], env=env, check=True, timeout=600)
 
     out = tmp_path / "killed.zarr"
-    proc = subprocess.Popen([*args, "-o", str(out)], env=env, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C as at a terminal even when the suite itself runs in the background (`cmd &` starts
+    # children with SIGINT ignored, and Python then never raises KeyboardInterrupt).
+    proc = subprocess.Popen([*args, "-o", str(out)], env=env, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     done = 0
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:

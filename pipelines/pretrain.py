@@ -8,7 +8,8 @@ Each config is a ``geonp train`` configuration with ``data: {name: windows}`` (i
 windows from synthetic random fields and real reanalysis fields, validation on ERA5 over another
 region). A run that stopped (killed, or its time budget spent) is resumed, then its
 ``model.safetensors`` (which carries the window scaling in its ``infill`` header) is copied to
-``geonp/weights/<model>.safetensors`` and a row goes into ``pipelines/results/pretrain_<device>.md``.
+``geonp/weights/<model>.safetensors`` (with the inference-only choices of ``AT_INFERENCE`` in
+its header) and a row goes into ``pipelines/results/pretrain_<device>.md``.
 """
 
 from __future__ import annotations
@@ -21,12 +22,19 @@ from pathlib import Path
 import torch
 import yaml
 
-from geonp.checkpoint import read_checkpoint
+from geonp.checkpoint import read_checkpoint, write_checkpoint
 from geonp.train import TrainConfig, resolve_device, train
 from pipelines.provenance import REPO, git_commit, header
 
 CONFIGS = REPO / "pipelines" / "configs" / "bundled"
 WEIGHTS = REPO / "geonp" / "weights"
+#: Architecture arguments that hold no weights, set in the exported header (same trained
+#: tensors), chosen on issue #13's validation crops (pipelines/results/accuracy_ablation.md):
+#: the local kriging's 64 neighbours taken 16 per quadrant around the target (flagship-q64), and
+#: the predicted mean the local kriging mean alone, the decoder setting sigma
+#: (flagship-q64-kriging-mean: validation RMSE 0.2094 / 1.297 / 1.708 against the learned gate's
+#: 0.2189 / 1.310 / 1.747).
+AT_INFERENCE = {"te-pt-tnp": {"kriging_quadrant_dims": [1, 2], "kriging_mix": "kriging"}}
 
 
 def _configs(models: list[str] | None) -> list[Path]:
@@ -58,7 +66,11 @@ def _run(path: Path, export_only: bool, trained_at: str | None) -> dict:
     if "infill" not in meta:
         raise SystemExit(f"{model}: no infill header; train it with data: {{name: windows}}")
     WEIGHTS.mkdir(exist_ok=True)
-    shutil.copyfile(model, WEIGHTS / f"{cfg.model}.safetensors")
+    if cfg.model in AT_INFERENCE:
+        meta["model"]["kwargs"].update(AT_INFERENCE[cfg.model])
+        write_checkpoint(WEIGHTS / f"{cfg.model}.safetensors", tensors, meta)
+    else:
+        shutil.copyfile(model, WEIGHTS / f"{cfg.model}.safetensors")
     done = json.loads(summary.read_text())
     return {"model": cfg.model, "preset": cfg.preset, "parameters": sum(t.numel() for t in tensors.values()),
             "steps": done["step"], "tasks": done["step"] * cfg.batch_size, "elapsed_s": round(done["elapsed_s"]),

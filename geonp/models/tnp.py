@@ -206,9 +206,12 @@ class TEPTTNP(_TETransformerNP):
         # num_neighbours) nearest context points (geonp.models.local_kriging); its mean and log
         # variance join the target tokens, and the predicted mean mixes it in: "gate", a per-target
         # weight g = sigmoid(w . [token, log variance] + b) starting at 1/2, mean = (1 - g) decoder +
-        # g kriging; or "gain", decoder + a learned scalar (from 0) times kriging.
-        if kriging_mix not in ("gate", "gain"):
-            raise ValueError(f"kriging_mix must be 'gate' or 'gain', got {kriging_mix!r}")
+        # g kriging; "gain", decoder + a learned scalar (from 0) times kriging; or "kriging", the
+        # kriging mean alone (a gated model's gate pinned at 1: issue #13 chose it on the validation
+        # crops; the gate's weights are kept, unused, so a gated checkpoint loads either way). The
+        # decoder always sets sigma, from tokens that carry the kriging mean and variance.
+        if kriging_mix not in ("gate", "gain", "kriging"):
+            raise ValueError(f"kriging_mix must be 'gate', 'gain' or 'kriging', got {kriging_mix!r}")
         self.kriging_neighbours = kriging_neighbours or num_neighbours
         self.kriging_mix = kriging_mix
         # kriging_quadrant_dims: two input dimensions (e.g. [1, 2], rows and columns); the kriging
@@ -279,6 +282,8 @@ class TEPTTNP(_TETransformerNP):
         loc, pre_scale = raw.float().split(self.dim_y, dim=-1)
         if self.kriging_mix == "gain":
             loc = loc + self.kriging_gain * k_mean
+        elif self.kriging_mix == "kriging":
+            loc = k_mean.float()
         else:
             g = torch.sigmoid(self.kriging_gate(torch.cat([zt, k_logvar.to(zt.dtype)], -1)).float())  # [B, Nt, Dy]
             loc = loc + g * (k_mean - loc)

@@ -208,8 +208,9 @@ def test_local_kriging_ignores_absent_neighbours():
 
 
 def test_kriging_gate_starts_halfway_and_the_exponential_kernel_interpolates():
-    """The gate mixes decoder and kriging means half and half at the start; the exponential head is
-    (nearly) exact at a context point when its nugget is negligible."""
+    """The gate mixes decoder and kriging means half and half at the start (``kriging_mix="kriging"``
+    takes the kriging mean, the decoder's sigma); the exponential head is (nearly) exact at a
+    context point when its nugget is negligible."""
     from geonp.models.local_kriging import LocalKriging
 
     xc, yc, xt, mask_c = random_tasks(dx=2)
@@ -223,6 +224,14 @@ def test_kriging_gate_starts_halfway_and_the_exponential_kernel_interpolates():
         alone = model(xc, yc, xt, mask_c).loc
         model.kriging_gate.bias.fill_(30.0)  # gate open: the kriging mean alone
         kriged = model(xc, yc, xt, mask_c).loc
+        model.kriging_mix = "kriging"  # the bundled choice: the kriging mean whatever the gate says
+        model.kriging_gate.bias.fill_(-30.0)
+        chosen = model(xc, yc, xt, mask_c)
+        model.kriging_mix = "gate"
+        model.kriging_gate.bias.fill_(0.0)
+        gated_scale = model(xc, yc, xt, mask_c).scale
+    torch.testing.assert_close(chosen.loc, kriged, atol=1e-6, rtol=0)
+    torch.testing.assert_close(chosen.scale, gated_scale)  # sigma is the decoder's in either mode
     torch.testing.assert_close(mixed, (alone + kriged) / 2, atol=1e-5, rtol=1e-5)
     head = LocalKriging(8, 2, "exponential")
     with torch.no_grad():

@@ -147,3 +147,26 @@ def test_satellite_cv_renders_committed_table_and_mixes_old_and_new_rows(tmp_pat
         assert "| te-pt-tnp | 0 | 0.5 | – | – | – | 2 |" in text and "| kriging | 0 | – | – | – | – | – |" in text
         assert "| 1 (n=4) | 2-3 | 4-6 | 7-12 | >12 (n=6) |" in text
         assert "| te-pt-tnp | 0 | 0.5 | – | – | 1 1 1 1 1 1 1 1 1 1 |" in text
+
+
+def test_sigma_scale_rescales_only_sigma_and_fills_once(monkeypatch):
+    import numpy as np
+    import xarray as xr
+
+    import pipelines.sigma_scale as module
+
+    calls = []
+
+    def once(ds, variable, **options):  # stands in for geonp.infill: counts its calls
+        calls.append(variable)
+        return ds
+
+    monkeypatch.setattr(module, "infill", once)
+    ds = xr.Dataset({"v": ("x", np.array([1.0, 2.0])), "v_std": ("x", np.array([0.5, 1.0]))})
+    cache: dict = {}
+    a = module.scaled_infill(cache, ds, "v", scale=1.0)
+    b = module.scaled_infill(cache, ds, "v", scale=1.2)
+    assert calls == ["v"]
+    np.testing.assert_array_equal(a["v"], b["v"])
+    np.testing.assert_allclose(b["v_std"], [0.6, 1.2])
+    np.testing.assert_allclose(ds["v_std"], [0.5, 1.0])  # the cached fill is not changed in place

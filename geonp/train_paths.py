@@ -18,7 +18,7 @@ from typing import Any
 from geonp.data.readers import is_url
 
 
-def config_paths(out_dir: str | None, init_from: str | None, data: dict[str, Any]) -> Iterator[tuple[str, Path]]:
+def config_paths(init_from: str | None, data: dict[str, Any]) -> Iterator[tuple[str, Path]]:
     """``(config key, resolved path)`` of every input file the config names (URLs left out)."""
     if init_from is not None:
         yield "init_from", _resolved(init_from, None)
@@ -48,7 +48,7 @@ def check_paths(out_dir: str | None, init_from: str | None, data: dict[str, Any]
     Checks: every input file exists; ``out_dir`` is not a file, is none of the inputs and holds
     none of them (a run rewrites what is in its folder).
     """
-    inputs = list(config_paths(out_dir, init_from, data))
+    inputs = list(config_paths(init_from, data))
     for key, path in inputs:
         if not path.exists():
             raise ValueError(f"config {key}: {path}: no such file or directory")

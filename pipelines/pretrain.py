@@ -22,8 +22,9 @@ from pathlib import Path
 import torch
 import yaml
 
-from geonp.checkpoint import read_checkpoint, write_checkpoint
+from geonp.checkpoint import read_checkpoint
 from geonp.train import TrainConfig, resolve_device, train
+from pipelines.accuracy_ablation import variant_checkpoint
 from pipelines.provenance import REPO, git_commit, header
 
 CONFIGS = REPO / "pipelines" / "configs" / "bundled"
@@ -67,8 +68,7 @@ def _run(path: Path, export_only: bool, trained_at: str | None) -> dict:
         raise SystemExit(f"{model}: no infill header; train it with data: {{name: windows}}")
     WEIGHTS.mkdir(exist_ok=True)
     if cfg.model in AT_INFERENCE:
-        meta["model"]["kwargs"].update(AT_INFERENCE[cfg.model])
-        write_checkpoint(WEIGHTS / f"{cfg.model}.safetensors", tensors, meta)
+        variant_checkpoint(model, WEIGHTS / f"{cfg.model}.safetensors", model_args=AT_INFERENCE[cfg.model])
     else:
         shutil.copyfile(model, WEIGHTS / f"{cfg.model}.safetensors")
     done = json.loads(summary.read_text())

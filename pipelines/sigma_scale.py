@@ -48,11 +48,11 @@ def self_supervised(ds: xr.Dataset, variable: str, windows: int = 64, seed: int 
     ``windows`` self-supervised windows of ``ds``: the second is the sigma scale they would suggest."""
     p = plan(ds, variable, "te-pt-tnp", device="cpu", fit_steps=0, seed=seed)
     source = FieldWindows(p.fields, p.spec, seed, p.choice.model.dim_x, p.elevation)
-    z = []
+    model, z = p.choice.model.eval(), []
     with torch.no_grad():
         for _ in range(windows // 16):
             b = source.sample(16)
-            d = p.choice.model.eval()(b.xc, b.yc, b.xt, b.mask_c, b.mask_t)
+            d = model(b.xc, b.yc, b.xt, b.mask_c, b.mask_t)
             z.append(((b.yt - d.loc) / d.scale)[b.mask_t].abs().flatten())
     a = torch.cat(z)
     return a.numel(), float((a <= 1.6449).float().mean()), float(torch.quantile(a, 0.9) / 1.6449)

@@ -51,6 +51,37 @@ def test_without_real_clouds_the_stream_is_unchanged():
     np.testing.assert_array_equal(a.yc, b.yc)
 
 
+def test_wide_clouds_also_hide_the_halo_and_score_only_the_region():
+    values = np.random.default_rng(0).standard_normal((3, 60, 60))  # every cell observed
+    valid = np.ones(values.shape, bool)
+    spec = WindowSpec(core=(1, 16, 16), overlap=(0, 4, 4), halo=(1, 6, 6), max_context=10_000)
+    hidden_halo = []
+    for wide in (0.0, 1.0):
+        rng = np.random.default_rng(3)
+        for _ in range(20):
+            task = training_window(values, valid, spec, rng, 1.0, wide_clouds=wide)
+            if task is None:
+                continue
+            # Targets only inside the 20 x 20 prediction region (the centre is rounded down to a cell).
+            assert np.abs(task.xt[:, 1:] * spec.cells_per_unit).max() <= 10
+            # Another step is all context and spans the view: the central step's cells in view.
+            steps, counts = np.unique(task.xc[:, 0], return_counts=True)
+            view_cells = int(counts[steps != 0].max())
+            on_centre = int(counts[steps == 0].sum())
+            hidden_halo.append((wide, view_cells - on_centre - task.xt.shape[0]))
+    assert all(n == 0 for w, n in hidden_halo if w == 0.0)  # the halo is always clear
+    assert sum(n > 0 for w, n in hidden_halo if w == 1.0) > 10  # wide clouds hide part of it
+
+
+def test_without_wide_clouds_the_stream_is_unchanged():
+    values, valid = _history()
+    spec = WindowSpec()
+    a = training_window(values, valid, spec, np.random.default_rng(5), 1.0, real_clouds=0.5)
+    b = training_window(values, valid, spec, np.random.default_rng(5), 1.0, real_clouds=0.5, wide_clouds=0.0)
+    np.testing.assert_array_equal(a.xt, b.xt)
+    np.testing.assert_array_equal(a.yc, b.yc)
+
+
 def test_field_entries_select_exclude_and_join(tmp_path):
     rng = np.random.default_rng(0)
     for day in range(3):

@@ -111,19 +111,20 @@ class WindowSource:
         seed: the synthetic validation seed offset (training randomness comes from ``sample``'s rng).
         real_clouds: probability that a window's hidden cells are another time step's real gaps
             (see :func:`~geonp.data.windows.training_window`) rather than synthetic clouds.
+        wide_clouds: probability that a window's clouds span its whole view, halo included.
     """
 
     dim_x, dim_y = 3, 1
 
     def __init__(self, files: list[dict] | None = None, val_files: list[dict] | None = None,
                  synthetic: float = 0.5, window: dict | None = None, seed: int = 0,
-                 real_clouds: float = 0.0) -> None:
+                 real_clouds: float = 0.0, wide_clouds: float = 0.0) -> None:
         self.spec = WindowSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in (window or {}).items()})
         folder = data_folder()
         self.fields = [_load(e, folder) for e in files or []]
         self.val_fields = [_load(e, folder) for e in val_files or []]
         self.synthetic = synthetic if self.fields else 1.0
-        self.real_clouds = real_clouds
+        self.real_clouds, self.wide_clouds = real_clouds, wide_clouds
         self.checkpoint_meta = {"inputs": {"kind": "windows"},
                                 "infill": {"cells_per_unit": self.spec.cells_per_unit,
                                            "steps_per_unit": self.spec.steps_per_unit,
@@ -136,7 +137,8 @@ class WindowSource:
                 valid, spread = np.ones(values.shape, bool), float(np.nanstd(values)) or 1.0
             else:
                 values, valid, spread = fields[int(rng.integers(len(fields)))]
-            task = training_window(values, valid, self.spec, rng, spread, real_clouds=self.real_clouds)
+            task = training_window(values, valid, self.spec, rng, spread, real_clouds=self.real_clouds,
+                                   wide_clouds=self.wide_clouds)
             if task is not None:
                 return task
 

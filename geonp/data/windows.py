@@ -254,7 +254,7 @@ def _thin(ci: np.ndarray, shape: tuple[int, int, int], focus: tuple[slice, slice
 
 def training_window(values: np.ndarray, valid: np.ndarray, spec: WindowSpec, rng: np.random.Generator,
                     spread: float, elevation: np.ndarray | None = None, cover: tuple[float, float] = (0.1, 0.7),
-                    real_clouds: float = 0.0) -> WindowTask | None:
+                    real_clouds: float = 0.0, wide_clouds: float = 0.0) -> WindowTask | None:
     """One self-supervised task from a ``[T, R, C]`` array (NaN = missing), or None if too sparse.
 
     The window is placed at random; at its central time step a part of the observed cells of the
@@ -263,8 +263,11 @@ def training_window(values: np.ndarray, valid: np.ndarray, spec: WindowSpec, rng
     probability ``real_clouds`` (and when ``values`` has another time step whose gaps hide between
     5% and 95% of those cells) the hidden cells are another step's real gaps laid over this one,
     so the model learns to fill a day under another day's clouds from its history; otherwise a
-    smooth synthetic cloud mask covers a fraction ``U(cover)`` of the region. ``valid`` is
-    ``[T, R, C]`` (True where data may exist); ``elevation`` ``[R, C]`` m.
+    smooth synthetic cloud mask covers a fraction ``U(cover)`` of the region. With probability
+    ``wide_clouds`` the clouds (synthetic or real) are drawn over the whole view, halo included, and
+    the halo cells under them leave the context: infill meets gaps wider than a window, whose
+    targets see observations on one side only, and windows whose halo is always clear never show
+    the model that. ``valid`` is ``[T, R, C]`` (True where data may exist); ``elevation`` ``[R, C]`` m.
     """
     shape = values.shape
     size = [min(c + o, n) for c, o, n in zip(spec.core, spec.overlap, shape)]
@@ -278,19 +281,26 @@ def training_window(values: np.ndarray, valid: np.ndarray, spec: WindowSpec, rng
     region = (t_mid - lo[0], slice(start[1] - lo[1], start[1] - lo[1] + size[1]),
               slice(start[2] - lo[2], start[2] - lo[2] + size[2]))
     here = observed[region]
+    wide = wide_clouds > 0 and rng.random() < wide_clouds  # drawn only when asked: the stream stays as it was
+    # The cloud mask covers the region, or with ``wide`` the whole view; ``inner`` cuts the region out of it.
+    area = (slice(lo[1], hi[1]), slice(lo[2], hi[2])) if wide else \
+        (slice(start[1], start[1] + size[1]), slice(start[2], start[2] + size[2]))
+    inner = region[1:] if wide else (slice(None), slice(None))
     clouds = None
     if real_clouds > 0 and shape[0] > 1 and rng.random() < real_clouds:
         donor = int(rng.integers(shape[0] - 1))
         donor += donor >= t_mid  # any step but this one
-        rows, cols = slice(start[1], start[1] + size[1]), slice(start[2], start[2] + size[2])
-        gaps = ~np.isfinite(values[donor, rows, cols]) & valid[donor, rows, cols]
-        share = (gaps & here).sum() / max(here.sum(), 1)
+        gaps = ~np.isfinite(values[(donor, *area)]) & valid[(donor, *area)]
+        share = (gaps[inner] & here).sum() / max(here.sum(), 1)
         clouds = gaps if 0.05 <= share <= 0.95 else None
     if clouds is None:
-        clouds = random_clouds((size[1], size[2]), float(rng.uniform(*cover)), rng, float(rng.uniform(2.0, 8.0)))
+        shape_c = (area[0].stop - area[0].start, area[1].stop - area[1].start)
+        clouds = random_clouds(shape_c, float(rng.uniform(*cover)), rng, float(rng.uniform(2.0, 8.0)))
     target = np.zeros(v.shape, bool)
-    target[region] = clouds & here
+    target[region] = clouds[inner] & here
     context = observed & ~target
+    if wide:
+        context[region[0]] &= ~clouds  # the halo under the cloud is hidden too, but not scored
     if target.sum() < MIN_POINTS or context.sum() < MIN_POINTS:
         return None
     centre = (t_mid - lo[0], start[1] - lo[1] + (size[1] - 1) / 2, start[2] - lo[2] + (size[2] - 1) / 2)

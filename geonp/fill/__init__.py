@@ -13,3 +13,6 @@ store) are the entry points; see :mod:`geonp.fill.engine`.
 FIT_STEPS = 30
 #: Learning rate of that fine-tuning.
 FIT_LR = 1e-4
+#: Share of fine-tuning windows whose clouds span the whole view, halo included
+#: (``training_window``'s ``wide_clouds``).
+FIT_WIDE_CLOUDS = 0.0

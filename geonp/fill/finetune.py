@@ -19,7 +19,7 @@ import torch
 
 from geonp.data.batch import Batch
 from geonp.data.windows import WindowSpec, WindowTask, collate_windows, training_window
-from geonp.fill import FIT_LR
+from geonp.fill import FIT_LR, FIT_WIDE_CLOUDS
 from geonp.fill.field import Field
 from geonp.fill.predictor import PREDICT_BLOCK_ELEMS, TRAIN_BLOCK_ELEMS
 from geonp.models.base import NeuralProcess
@@ -35,15 +35,16 @@ class FieldWindows:
     """
 
     def __init__(self, fields: list[Field], spec: WindowSpec, seed: int, dim_x: int,
-                 elevation: np.ndarray | None = None) -> None:
-        self.fields, self.spec, self.elevation = fields, spec, elevation
+                 elevation: np.ndarray | None = None, wide_clouds: float = FIT_WIDE_CLOUDS) -> None:
+        self.fields, self.spec, self.elevation, self.wide_clouds = fields, spec, elevation, wide_clouds
         self.dim_x, self.dim_y = dim_x, 1
         self.rng = np.random.default_rng([seed, 7919])
 
     def sample(self, batch_size: int, rng: torch.Generator | None = None) -> Batch:
         tasks: list[WindowTask] = []
         for _ in range(50 * batch_size):
-            task = _draw(self.fields[int(self.rng.integers(len(self.fields)))], self.spec, self.rng, self.elevation)
+            task = _draw(self.fields[int(self.rng.integers(len(self.fields)))], self.spec, self.rng, self.elevation,
+                         self.wide_clouds)
             if task is not None:
                 tasks.append(task)
             if len(tasks) == batch_size:
@@ -89,11 +90,12 @@ def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, steps:
     return set_block_elems(tuned.eval(), PREDICT_BLOCK_ELEMS)
 
 
-def _draw(f: Field, spec: WindowSpec, rng: np.random.Generator, elevation: np.ndarray | None) -> WindowTask | None:
+def _draw(f: Field, spec: WindowSpec, rng: np.random.Generator, elevation: np.ndarray | None,
+          wide_clouds: float = 0.0) -> WindowTask | None:
     """One training window at a random place of field ``f``, reading just the slab it needs."""
     size = [min(v, n) for v, n in zip(spec.view, f.shape)]
     key = tuple(slice(s, s + z) for s, z in ((int(rng.integers(0, n - z + 1)), z) for n, z in zip(f.shape, size)))
     with dask.config.set(scheduler="synchronous"):
         values = np.asarray(f.data[key].values, np.float64)
     elev = None if elevation is None else elevation[key[1], key[2]]
-    return training_window(values, f.valid_slab(key), spec, rng, f.spread, elev)
+    return training_window(values, f.valid_slab(key), spec, rng, f.spread, elev, wide_clouds=wide_clouds)

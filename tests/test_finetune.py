@@ -59,3 +59,10 @@ def test_the_cli_and_the_python_api_share_one_fit_steps_default(tiny_checkpoint,
     assert _parser().parse_args(["infill", "in.nc", "-o", "out.zarr"]).fit_steps == FIT_STEPS
     out = geonp.infill(smooth_cube(t=2, r=20, c=20), "sst", checkpoint=tiny_checkpoint)
     assert out.attrs["geonp_fit_steps"] == FIT_STEPS
+
+
+def test_wide_clouds_change_the_fine_tuning_windows(tiny_checkpoint, one_thread):
+    p = _plan(tiny_checkpoint)
+    plain = finetune(p.choice.model, p.fields, p.spec, 2, torch.device("cpu"), 3, batch_size=4)
+    wide = finetune(p.choice.model, p.fields, p.spec, 2, torch.device("cpu"), 3, batch_size=4, wide_clouds=1.0)
+    assert any(not torch.equal(v, wide.state_dict()[k]) for k, v in plain.state_dict().items())

@@ -59,12 +59,13 @@ class FieldWindows:
 
 def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, steps: int, device: torch.device,
              seed: int = 0, elevation: np.ndarray | None = None, say: Callable[[str], None] | None = None,
-             batch_size: int = 8, lr: float = FIT_LR,
+             batch_size: int = 8, lr: float = FIT_LR, wide_clouds: float = FIT_WIDE_CLOUDS,
              on_step: Callable[[int, NeuralProcess, float], None] | None = None) -> NeuralProcess:
     """A fine-tuned copy of ``model`` after ``steps`` optimizer steps on windows of ``fields``.
 
     Runs geonp's training loop (:func:`geonp.train.train`) in memory: AdamW without weight
-    decay (i.e. Adam), gradients clipped at norm 1. Each window reads only its own slab of the
+    decay (i.e. Adam), gradients clipped at norm 1. ``wide_clouds``: share of windows whose clouds
+    span the whole view (see :func:`~geonp.data.windows.training_window`). Each window reads only its own slab of the
     cube, so memory does not grow with the cube. Deterministic for a given seed: the first ``n``
     steps of a longer run are an ``n``-step run, so ``on_step(step, model, loss)`` (called after
     every step, ``model`` in training mode) can take snapshots for a fine-tuning curve in one run.
@@ -85,7 +86,7 @@ def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, steps:
                       weight_decay=0.0, clip_grad_norm=1.0, val_tasks=0, seed=seed, val_seed=seed + 1,
                       device=str(device), log_every=every)
     start = set_block_elems(copy.deepcopy(model), TRAIN_BLOCK_ELEMS)
-    source = FieldWindows(fields, spec, seed, model.dim_x, elevation)
+    source = FieldWindows(fields, spec, seed, model.dim_x, elevation, wide_clouds)
     tuned = train(cfg, progress=False, model=start, source=source, on_step=step_done).model
     return set_block_elems(tuned.eval(), PREDICT_BLOCK_ELEMS)
 

@@ -27,7 +27,15 @@ from geonp.data.clouds import random_clouds
 from geonp.data.cube import horizontal_dims, open_cube
 from geonp.data.satellite import open_satellite
 from geonp.data.valid import MaskSpec, valid_area
-from geonp.metrics import DISTANCE_BINS, binned_rmse, distance_bin, distance_to_observed, gaussian_skill, pit_histogram
+from geonp.metrics import (
+    DISTANCE_BINS,
+    binned_coverage,
+    binned_rmse,
+    distance_bin,
+    distance_to_observed,
+    gaussian_skill,
+    pit_histogram,
+)
 from geonp.skill_table import DONOR_CLOUDS, DONOR_NONE, write_table
 
 MIN_OBSERVED = 50  # a step with fewer observed cells is too small to hide from and still fill
@@ -158,7 +166,8 @@ def evaluate(
         "hidden_fraction" (of the observed cells), "donors" (per step, see ``hide_cells``),
         "hidden_by_distance" (``{bin label: hidden cells}``, bins of ``geonp.metrics.DISTANCE_BINS``),
         "rows"}``; each row is ``{"model", **gaussian_skill scores, "rmse_by_distance"
-        (``{bin label: {"n", "rmse", "mae"}}``), "pit" (10 counts, ``pit_histogram``), "wall_s"
+        (``{bin label: {"n", "rmse", "mae"}}``), "coverage_90_by_distance" (``{bin label: 90%
+        interval coverage}``), "pit" (10 counts, ``pit_histogram``), "wall_s"
         (seconds for the infill call), "fit_steps", "checkpoint"}``. Scores are in the variable's
         units, NLL in nats per cell; ``n`` counts the hidden cells the model gave a finite mean and
         std > 0. A hidden cell's distance is Euclidean, in grid cells, to the nearest cell of the
@@ -213,6 +222,8 @@ def evaluate(
         usable = np.isfinite(truth) & np.isfinite(mean) & np.isfinite(std) & (std > 0)
         rows.append({"model": model, **scores,
                      "rmse_by_distance": binned_rmse(np.where(usable, mean - truth, np.nan), distance),
+                     "coverage_90_by_distance": binned_coverage(np.where(usable, mean - truth, np.nan), std,
+                                                                distance),
                      "pit": pit_histogram(truth, mean, std), "wall_s": wall, "fit_steps": steps,
                      "checkpoint": checkpoint})
     per_bin = np.bincount(distance_bin(distance), minlength=len(DISTANCE_BINS))

@@ -147,6 +147,32 @@ def binned_rmse(err: np.ndarray, distance: np.ndarray) -> dict[str, dict[str, fl
     return out
 
 
+def binned_coverage(err: np.ndarray, std: np.ndarray, distance: np.ndarray, level: float = 0.9) -> dict[str, float]:
+    """Coverage of the central ``level`` Gaussian interval grouped by ``distance`` into ``DISTANCE_BINS``.
+
+    Args:
+        err: prediction minus truth (any units, any shape); NaN drops a point.
+        std: the predicted 1-sigma in the same units (same shape); a point with std <= 0 or NaN is dropped.
+        distance: grid cells to the nearest observed cell (same shape), as for :func:`binned_rmse`.
+        level: the interval's probability, strictly between 0 and 1.
+
+    Returns:
+        ``{label: fraction of the bin's points inside the interval}`` for every bin in order,
+        NaN for an empty bin. A calibrated model is near ``level`` in every bin; the bins show
+        where it is not (e.g. too sure a few cells inside a gap, too cautious next to data).
+    """
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be strictly between 0 and 1, got {level}")
+    err, std, distance = (np.asarray(a, dtype=np.float64).ravel() for a in (err, std, distance))
+    if not err.shape == std.shape == distance.shape:
+        raise ValueError(f"err, std and distance have {err.size}, {std.size} and {distance.size} points")
+    keep = np.isfinite(err) & np.isfinite(std) & (std > 0) & ~np.isnan(distance)
+    inside = np.abs(err[keep]) <= norm.ppf(0.5 + level / 2) * std[keep]
+    which = distance_bin(distance[keep])
+    return {label: float(inside[which == i].mean()) if np.any(which == i) else math.nan
+            for i, (label, _) in enumerate(DISTANCE_BINS)}
+
+
 def pit_histogram(y: np.ndarray, mean: np.ndarray, std: np.ndarray, bins: int = 10) -> list[int]:
     """Counts of the probability integral transform ``Phi((y - mean) / std)`` in ``bins`` equal bins of [0, 1].
 

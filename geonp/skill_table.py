@@ -1,8 +1,8 @@
 """Skill tables of ``geonp.evaluate`` results: markdown for people, JSON for everything.
 
-Per dataset, three markdown tables: the main scores (RMSE, MAE, NLL, CRPS, coverage, interval
-score, wall time), RMSE by distance to the nearest observed cell, and calibration (central 50/90/95%
-coverage and the PIT histogram). Results written before the diagnostics existed (no
+Per dataset, four markdown tables: the main scores (RMSE, MAE, NLL, CRPS, coverage, interval
+score, wall time), RMSE by distance to the nearest observed cell, calibration (central 50/90/95%
+coverage and the PIT histogram) and 90% coverage by distance. Results written before the diagnostics existed (no
 ``rmse_by_distance``, ``pit`` or ``coverage_50`` in their rows) still render: a missing value
 prints as "–", and a dataset none of whose rows has the diagnostics gets only the main table.
 """
@@ -36,7 +36,7 @@ def write_table(
     json_path: str | Path | None = None,
     header: str = "",
 ) -> tuple[Path, Path]:
-    """Write ``evaluate`` results as markdown (three tables per dataset) and JSON (everything).
+    """Write ``evaluate`` results as markdown (up to four tables per dataset) and JSON (everything).
 
     ``header`` (markdown, e.g. ``pipelines.provenance.header``) is prepended. Numbers get 4
     significant digits; the best RMSE and CRPS of the main table, and the best RMSE of each
@@ -82,6 +82,13 @@ def markdown(res: Mapping[str, Any]) -> str:
         body = [[row["model"], row.get("fit_steps")] + [row.get(key) for _, key in CALIBRATION]
                 + [" ".join(map(str, row["pit"])) if row.get("pit") else None] for row in rows]
         lines += _table([("model", ""), ("fit steps", "")] + CALIBRATION + [("PIT", "")], body)
+    if any("coverage_90_by_distance" in r for r in rows):
+        lines += ["", "90% interval coverage by distance to the nearest observed cell (cells): where sigma is "
+                  "too small (below 0.9) or too large.", ""]
+        labels = [label for label, _ in DISTANCE_BINS]
+        body = [[row["model"], row.get("fit_steps")] + [row.get("coverage_90_by_distance", {}).get(label)
+                                                         for label in labels] for row in rows]
+        lines += _table([("model", ""), ("fit steps", "")] + [(label, "") for label in labels], body)
     return "\n".join(lines) + "\n"
 
 

@@ -213,6 +213,9 @@ def test_evaluate_diagnostics_by_distance_and_pit():
     assert a["pit"][0] + a["pit"][9] == a["n"] and min(a["pit"][0], a["pit"][9]) > 0
     assert b["pit"][1] + b["pit"][8] == b["n"]
     assert a["coverage_50"] == b["coverage_50"] == 0.0
+    # 90% coverage by distance: |z| = 1.67 is outside the interval (1.645 sigma) everywhere, |z| = 1 inside.
+    for row, inside in ((a, 0.0), (b, 1.0)):
+        assert all(v == inside if expected[k] else math.isnan(v) for k, v in row["coverage_90_by_distance"].items())
     # Distances are taken on the horizontal grid whatever the dims' order.
     turned = ds.transpose("lat", "lon", "time")
     again = evaluate(turned, "sst", ["a"], infill_fn=Oracle(turned["sst"], {"a": (0.5, 0.3)}), seed=3)
@@ -259,7 +262,8 @@ def test_write_table_round_trips(tmp_path):
 def test_write_table_has_distance_and_calibration_tables_and_renders_old_rows(tmp_path):
     ds = cube(steps=4)
     res = evaluate(ds, "sst", ["a", "b"], infill_fn=Oracle(ds["sst"], {"a": (0.5, 0.3), "b": (1.0, 1.0)}))
-    for key in ("rmse_by_distance", "pit", "coverage_50"):  # b as written before the diagnostics existed
+    for key in ("rmse_by_distance", "pit", "coverage_50", "coverage_90_by_distance"):  # b as written before
+        # the diagnostics existed
         del res["rows"][1][key]
     res["rows"][1]["commit"] = "abc1234"
     text = write_table([res], tmp_path / "t.md")[0].read_text()
@@ -274,12 +278,16 @@ def test_write_table_has_distance_and_calibration_tables_and_renders_old_rows(tm
     pit = " ".join(map(str, res["rows"][0]["pit"]))
     assert f"| a | 0 | 0 | 0 | 1 | {pit} |" in text and "| b | 0 | – | 1 | 1 | – |" in text
     assert "| commit |" in text and "abc1234" in text
+    assert "90% interval coverage by distance" in text and text.count("| b | 0 | – | – | – | – | – |") == 2
+
 
     for row in res["rows"]:  # a whole table from before the diagnostics: the main table only
-        row.pop("rmse_by_distance", None), row.pop("pit", None), row.pop("coverage_50", None)
+        for key in ("rmse_by_distance", "pit", "coverage_50", "coverage_90_by_distance"):
+            row.pop(key, None)
     del res["hidden_by_distance"]
     text = write_table([res], tmp_path / "old.md")[0].read_text()
     assert "| b | 0 |" in text and "(n=" not in text and "Calibration" not in text
+    assert "coverage by distance" not in text
 
 
 def test_run_evaluate_tiny_netcdf(tmp_path):

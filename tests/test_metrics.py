@@ -7,7 +7,14 @@ import math
 import numpy as np
 import pytest
 
-from geonp.metrics import DISTANCE_BINS, binned_rmse, distance_to_observed, gaussian_skill, pit_histogram
+from geonp.metrics import (
+    DISTANCE_BINS,
+    binned_coverage,
+    binned_rmse,
+    distance_to_observed,
+    gaussian_skill,
+    pit_histogram,
+)
 
 
 def test_calibrated_gaussian_scores_match_theory():
@@ -75,6 +82,21 @@ def test_binned_rmse_puts_edge_distances_in_the_right_bins():
     assert bins[">12"]["rmse"] == 5.0  # 5 (at 12+) and -5 (no observed cell: inf)
     empty = binned_rmse(np.array([1.0]), np.array([1.0]))["7-12"]
     assert empty["n"] == 0 and math.isnan(empty["rmse"]) and math.isnan(empty["mae"])
+
+
+def test_binned_coverage_near_the_level_when_calibrated_and_nan_when_empty():
+    rng = np.random.default_rng(0)
+    distance = np.repeat([1.0, 2.0, 5.0, 10.0], 20_000)
+    std = np.repeat([0.5, 1.0, 2.0, 4.0], 20_000)
+    err = rng.standard_normal(distance.size) * std
+    cov = binned_coverage(err, std, distance)
+    assert list(cov) == ["1", "2-3", "4-6", "7-12", ">12"] and math.isnan(cov[">12"])
+    assert all(abs(cov[k] - 0.9) < 0.01 for k in ("1", "2-3", "4-6", "7-12"))
+    narrow = binned_coverage(err, np.where(distance > 4, std / 2, std), distance)
+    assert abs(narrow["1"] - 0.9) < 0.01 and narrow["7-12"] < 0.65  # too sure inside the gap: shown per bin
+    assert binned_coverage(np.array([0.1, np.nan]), np.array([1.0, 1.0]), np.array([1.0, 1.0]), 0.5)["1"] == 1.0
+    with pytest.raises(ValueError, match="level"):
+        binned_coverage(err, std, distance, level=1.0)
 
 
 def test_pit_histogram_flat_when_calibrated_u_when_too_narrow():

@@ -170,3 +170,18 @@ def test_sigma_scale_rescales_only_sigma_and_fills_once(monkeypatch):
     np.testing.assert_array_equal(a["v"], b["v"])
     np.testing.assert_allclose(b["v_std"], [0.6, 1.2])
     np.testing.assert_allclose(ds["v_std"], [0.5, 1.0])  # the cached fill is not changed in place
+
+
+def test_sigma_scale_window_distances_count_cells_on_the_target_step_only():
+    import torch
+
+    from geonp.data.batch import Batch
+    from pipelines.sigma_scale import _nearest_on_step
+
+    # Inputs (time, row, col) in units of 8 cells: context on step 0 at (0, 0) and (0, 3 cells), on
+    # step 1 right at the target; a padded context point (mask False) at the target too.
+    xc = torch.tensor([[[0, 0, 0], [0, 0, 3 / 8], [1, 0, 5 / 8], [0, 0, 5 / 8]]], dtype=torch.float32)
+    xt = torch.tensor([[[0, 0, 5 / 8], [1, 0, 0]]], dtype=torch.float32)
+    mask_c = torch.tensor([[True, True, True, False]])
+    b = Batch(xc, torch.zeros(1, 4, 1), xt, torch.zeros(1, 2, 1), mask_c, torch.ones(1, 2, dtype=torch.bool))
+    assert _nearest_on_step(b, 8.0).tolist() == [[2.0, 5.0]]

@@ -185,3 +185,16 @@ def test_sigma_scale_window_distances_count_cells_on_the_target_step_only():
     mask_c = torch.tensor([[True, True, True, False]])
     b = Batch(xc, torch.zeros(1, 4, 1), xt, torch.zeros(1, 2, 1), mask_c, torch.ones(1, 2, dtype=torch.bool))
     assert _nearest_on_step(b, 8.0).tolist() == [[2.0, 5.0]]
+
+
+def test_more_crops_refuses_a_crop_over_the_test_cells_and_malformed_ones():
+    import pytest
+
+    from pipelines.more_crops import crop_boxes
+
+    test = {"y": slice(800, 1000), "x": slice(0, 300)}
+    assert crop_boxes(["400:0", "600:300", "800:300"], test) == [(400, 0), (600, 300), (800, 300)]
+    with pytest.raises(SystemExit, match="overlaps satellite_cv's test crop"):
+        crop_boxes(["700:100"], test)  # rows 700-900 and cols 100-400 reach into the test crop
+    with pytest.raises(SystemExit, match="not ROW:COL"):
+        crop_boxes(["400"], test)

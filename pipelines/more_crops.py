@@ -1,14 +1,15 @@
 """Does a choice made on one validation crop carry over? te-pt-tnp weights on more crops of one product.
 
     python -m pipelines.more_crops                                   # MODIS LST, bundled vs wide clouds
-    python -m pipelines.more_crops --crops 400:0 600:300 --weights bundled=geonp/weights/te-pt-tnp.safetensors
+    python -m pipelines.more_crops --scene olci --crops 600:800 400:1100
 
 The accuracy ablation chooses on one validation crop per product. This scores the same te-pt-tnp
 checkpoints on further crops of a product (each 200 x 300 cells, ``--crops ROW:COL`` giving the
 top-left cell), hidden as ``geonp evaluate`` hides them with the validation seed (1), without
 fine-tuning. Crops must not overlap satellite_cv's test crop (checked), and for a product the
 weights trained on they must lie outside its training part: the default product, MODIS LST, is
-never trained on. Writes ``pipelines/results/more_crops.md``.
+never trained on; OLCI's are inside the box its training excludes (e.g. ``--scene olci --crops
+600:800 400:1100``). Writes ``pipelines/results/more_crops_<scene>.md``.
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ def main() -> None:
     parser.add_argument("--scene", default="modis", choices=list(SCENES))
     parser.add_argument("--crops", nargs="*", default=["400:0", "600:300", "800:300", "1000:300"])
     parser.add_argument("--weights", nargs="*", help="NAME=CHECKPOINT (default: bundled and flagship-wide-trained)")
-    parser.add_argument("--out", default=str(REPO / "pipelines" / "results" / "more_crops.md"))
+    parser.add_argument("--out", help="results file (default: pipelines/results/more_crops_<scene>.md)")
     args = parser.parse_args()
+    out = Path(args.out or REPO / "pipelines" / "results" / f"more_crops_{args.scene}.md")
     weights = dict(w.split("=", 1) for w in args.weights) if args.weights else DEFAULT_WEIGHTS
     for name, path in weights.items():
         if not (REPO / path).is_file():
@@ -75,8 +77,8 @@ def main() -> None:
     text = header(f"te-pt-tnp weights on more crops of {args.scene} ({variable})", torch.device("cpu"),
                   f"no fine-tuning; hidden cells as geonp evaluate hides them, seed {SEED}; crops of "
                   f"{SIZE[0]} x {SIZE[1]} cells")
-    Path(args.out).write_text(text + "\n" + "\n".join(lines) + "\n")
-    print(Path(args.out).read_text())
+    out.write_text(text + "\n" + "\n".join(lines) + "\n")
+    print(out.read_text())
 
 
 if __name__ == "__main__":

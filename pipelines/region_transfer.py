@@ -266,9 +266,15 @@ def main() -> None:
     rows = {m: r for m, r in rows.items() if r}
     out.parent.mkdir(parents=True, exist_ok=True)
     write_table(cfg, rows, text, out)
-    shown = next((m for m in ("te-pt-tnp", "te-tnp") if m in models), next(iter(models)))
-    for path in draw_maps(cfg, models[shown], shown, tasks, normaliser, out.parent):
-        print(f"wrote {path}")
+    # The maps show a TE model; a run of other models alone keeps the maps an earlier run drew.
+    shown = next((m for m in ("te-pt-tnp", "te-tnp") if m in models), None)
+    if shown is None and models and not any(out.parent.glob(f"region_transfer_{cfg['name']}_*.png")):
+        shown = next(iter(models))
+    if shown is None:
+        print("maps kept: they show te-pt-tnp or te-tnp, and neither ran now")
+    else:
+        for path in draw_maps(cfg, models[shown], shown, tasks, normaliser, out.parent):
+            print(f"wrote {path}")
     print(out.read_text())
 
 

@@ -46,11 +46,14 @@ def test_the_protocol_runs_end_to_end_and_keeps_earlier_rows(tmp_path, monkeypat
 
     # Scoring again keeps the other models' rows, and a finished run is reused, not retrained.
     trained = (tmp_path / "runs" / "cnp" / "model.safetensors").read_bytes()
+    maps = {p.name: p.read_bytes() for p in (tmp_path / "out").glob("*.png")}
     monkeypatch.setattr(sys, "argv", ["region_transfer", str(config), "--models", "linear", "cnp"])
     region_transfer.main()
     again = (tmp_path / "out" / "rt.md").read_text()
     assert again.count("| te-pt-tnp | ") == 2 and again.count("| linear | ") == 2
     assert (tmp_path / "runs" / "cnp" / "model.safetensors").read_bytes() == trained
+    # The maps show te-pt-tnp; a run without it leaves them as they were.
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").glob("*.png")} == maps
 
 
 def test_unknown_keys_are_refused_and_time_slices_select_dates(tmp_path):

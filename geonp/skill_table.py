@@ -2,8 +2,9 @@
 
 Per dataset, four markdown tables: the main scores (RMSE, MAE, NLL, CRPS, coverage, interval
 score, wall time), RMSE by distance to the nearest observed cell, calibration (central 50/90/95%
-coverage and the PIT histogram) and 90% coverage by distance. Results written before the diagnostics existed (no
-``rmse_by_distance``, ``pit`` or ``coverage_50`` in their rows) still render: a missing value
+coverage and the PIT histogram) and 90% coverage by distance. Results written before the
+diagnostics existed (no ``rmse_by_distance``, ``pit``, ``coverage_50`` or
+``coverage_90_by_distance`` in their rows) still render: a missing value
 prints as "–", and a dataset none of whose rows has the diagnostics gets only the main table.
 """
 

@@ -65,8 +65,8 @@ def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, steps:
 
     Runs geonp's training loop (:func:`geonp.train.train`) in memory: AdamW without weight
     decay (i.e. Adam), gradients clipped at norm 1. ``wide_clouds``: share of windows whose clouds
-    span the whole view (see :func:`~geonp.data.windows.training_window`). Each window reads only its own slab of the
-    cube, so memory does not grow with the cube. Deterministic for a given seed: the first ``n``
+    span the whole view (see :func:`~geonp.data.windows.training_window`). Each window reads only
+    its own slab of the cube, so memory does not grow with the cube. Deterministic for a given seed: the first ``n``
     steps of a longer run are an ``n``-step run, so ``on_step(step, model, loss)`` (called after
     every step, ``model`` in training mode) can take snapshots for a fine-tuning curve in one run.
     """

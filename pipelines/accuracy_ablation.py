@@ -57,6 +57,15 @@ VALIDATION = {
     "modis": ("satellite/modis_lst_brazil_2019-11-01.nc", "LST_Day_1km", {},
               {"y": slice(600, 800), "x": slice(0, 300)}),
 }
+#: Further validation crops (200 x 300 cells from the top-left ``row:col``) where one crop per
+#: product left a choice open: MODIS LST (never trained on) and OLCI inside the box its training
+#: excludes; none touches a test crop (``pipelines.more_crops`` checks the same boxes).
+MORE_VALIDATION = {
+    f"{scene}@{r}:{c}": (*VALIDATION[scene][:3], {rows: slice(r, r + 200), cols: slice(c, c + 300)})
+    for scene, rows, cols, corners in (("modis", "y", "x", [(400, 0), (600, 300), (800, 300), (1000, 300)]),
+                                       ("olci", "lat", "lon", [(600, 800), (400, 1100)]))
+    for r, c in corners
+}
 SPLITS = {"val": (VALIDATION, 1), "test": (TEST, 0)}
 
 

@@ -3,14 +3,17 @@ learning rate, to choose the default.
 
     python -m pipelines.finetune_curve                                  # bundled te-pt-tnp
     python -m pipelines.finetune_curve --checkpoint runs/x/model.safetensors --steps 0 30 100
+    python -m pipelines.finetune_curve --steps 30 --lrs 1e-4 --own-gaps 0 0.5 --scenes modis@400:0
 
 Each scene of the accuracy ablation's validation split (``pipelines.accuracy_ablation.VALIDATION``:
-crops neither training nor the satellite_cv test touches) is masked as ``geonp evaluate`` masks
-it (same seed, same hidden cells); the model is fine-tuned on the masked scene's observed cells
-with each learning rate (and each share of windows under clouds spanning the whole view,
-``--wide-clouds``) once, up to the largest step count, and snapshotted at every requested
-count (a run's first ``n`` steps are the ``n``-step run: ``finetune`` is deterministic), and each
-snapshot fills the hidden cells. Fit seconds are the fine-tuning time up to that step (1 thread).
+crops neither training nor the satellite_cv test touches; ``--scenes`` may also name its further
+crops, ``MORE_VALIDATION``) is masked as ``geonp evaluate`` masks it (same seed, same hidden
+cells); the model is fine-tuned on the masked scene's observed cells with each learning rate (and
+each share of windows under clouds spanning the whole view, ``--wide-clouds``, and of windows
+under the scene's own gaps from elsewhere, ``--own-gaps``) once, up to the largest step count,
+and snapshotted at every requested count (a run's first ``n`` steps are the ``n``-step run:
+``finetune`` is deterministic), and each snapshot fills the hidden cells. Fit seconds are the
+fine-tuning time up to that step (1 thread).
 Writes ``pipelines/results/finetune_curve.md`` and ``.json``.
 """
 
@@ -34,15 +37,16 @@ from geonp.evaluate import evaluate, hide_cells, static_valid_area
 from geonp.fill.engine import plan
 from geonp.fill.finetune import finetune
 from geonp.models import save
-from pipelines.accuracy_ablation import VALIDATION
+from pipelines.accuracy_ablation import MORE_VALIDATION, VALIDATION
 from pipelines.provenance import REPO, git_commit, header
 
 SEED = 1  # the validation split's seed in the accuracy ablation
+CROPS = {**VALIDATION, **MORE_VALIDATION}
 
 
 def curve(scene: str, checkpoint: str, model: str, steps: list[int], lrs: list[float],
-          wides: list[float]) -> list[dict]:
-    path, variable, kwargs, crop = VALIDATION[scene]
+          wides: list[float], owns: list[float]) -> list[dict]:
+    path, variable, kwargs, crop = CROPS[scene]
     ds = open_satellite(data_folder() / path, variable, **kwargs).isel(crop)
     da = ds[variable].compute()
     valid = static_valid_area(ds, da, None, scene)
@@ -52,22 +56,22 @@ def curve(scene: str, checkpoint: str, model: str, steps: list[int], lrs: list[f
     extra = {k: v for k, v in meta.items() if k not in ("kind", "model")}
     rows = []
 
-    def score(snapshot: torch.nn.Module, fit: int, lr: float | None, wide: float, fit_s: float) -> None:
+    def score(snapshot: torch.nn.Module, fit: int, lr: float | None, wide: float, own: float, fit_s: float) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             saved = Path(tmp) / "snapshot.safetensors"
             save(snapshot, saved, extra=extra)
             res = evaluate(ds, variable, [model], checkpoints={model: str(saved)}, seed=SEED,
                            options={"device": "cpu"})
         r = res["rows"][0]
-        rows.append({"scene": scene, "fit_steps": fit, "lr": lr, "wide_clouds": wide, "rmse": r["rmse"],
-                     "crps": r["crps"],
+        rows.append({"scene": scene, "fit_steps": fit, "lr": lr, "wide_clouds": wide, "own_gaps": own,
+                     "rmse": r["rmse"], "crps": r["crps"],
                      "coverage_90": r["coverage_90"], "nll": r["nll"], "fit_s": fit_s, "infill_s": r["wall_s"]})
-        print(f"{scene} steps {fit} lr {lr} wide {wide}: RMSE {r['rmse']:.4g} CRPS {r['crps']:.4g} "
+        print(f"{scene} steps {fit} lr {lr} wide {wide} own gaps {own}: RMSE {r['rmse']:.4g} CRPS {r['crps']:.4g} "
               f"cov90 {r['coverage_90']:.3f} (fit {fit_s:.0f} s)", flush=True)
 
     p = plan(masked_ds, variable, model, checkpoint=checkpoint, valid_mask=valid, device="cpu", seed=SEED)
-    score(p.choice.model, 0, None, 0.0, 0.0)
-    for lr, wide in itertools.product(lrs, wides):
+    score(p.choice.model, 0, None, 0.0, 0.0, 0.0)
+    for lr, wide, own in itertools.product(lrs, wides, owns):
         snaps: dict[int, tuple[torch.nn.Module, float]] = {}
         start = time.perf_counter()
 
@@ -76,9 +80,9 @@ def curve(scene: str, checkpoint: str, model: str, steps: list[int], lrs: list[f
                 snaps[step] = (copy.deepcopy(m).eval(), time.perf_counter() - start)
 
         finetune(p.choice.model, p.fields, p.spec, max(steps), torch.device("cpu"), SEED, p.elevation, lr=lr,
-                 wide_clouds=wide, on_step=keep)
+                 wide_clouds=wide, own_gaps=own, on_step=keep)
         for step in sorted(snaps):
-            score(snaps[step][0], step, lr, wide, snaps[step][1])
+            score(snaps[step][0], step, lr, wide, own, snaps[step][1])
     return rows
 
 
@@ -86,11 +90,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="te-pt-tnp")
     parser.add_argument("--checkpoint", default=str(REPO / "geonp" / "weights" / "te-pt-tnp.safetensors"))
-    parser.add_argument("--scenes", nargs="*", default=list(VALIDATION), choices=list(VALIDATION))
+    parser.add_argument("--scenes", nargs="*", default=list(VALIDATION), choices=list(CROPS))
     parser.add_argument("--steps", nargs="*", type=int, default=[30, 100, 300, 1000])
     parser.add_argument("--lrs", nargs="*", type=float, default=[1e-4, 3e-4, 1e-3])
     parser.add_argument("--wide-clouds", nargs="*", type=float, default=[0.0],
                         help="shares of fine-tuning windows under clouds spanning the whole view")
+    parser.add_argument("--own-gaps", nargs="*", type=float, default=[0.0],
+                        help="shares of fine-tuning windows under the scene's own gaps from another place")
     parser.add_argument("--out", default=str(REPO / "pipelines" / "results" / "finetune_curve.md"))
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -104,18 +110,20 @@ def main() -> None:
     rows: list[dict] = []
     for scene in args.scenes:  # the table is rewritten after each scene: a stopped run keeps its scenes
         rows += [{**r, "commit": git_commit()} for r in curve(scene, args.checkpoint, args.model,
-                                                             sorted(args.steps), args.lrs, args.wide_clouds)]
-        write(sorted(kept + rows, key=lambda r: list(VALIDATION).index(r["scene"])), text, Path(args.out))
+                                                             sorted(args.steps), args.lrs, args.wide_clouds,
+                                                             args.own_gaps)]
+        write(sorted(kept + rows, key=lambda r: list(CROPS).index(r["scene"])), text, Path(args.out))
     print(Path(args.out).read_text())
 
 
 def write(rows: list[dict], text: str, out: Path) -> None:
-    lines = [text, "", "| scene | fit steps | lr | wide clouds | RMSE | CRPS | cov90 | NLL | fit s | infill s "
-             "| commit |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [text, "", "| scene | fit steps | lr | wide clouds | own gaps | RMSE | CRPS | cov90 | NLL | fit s "
+             "| infill s | commit |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         lines.append(f"| {r['scene']} | {r['fit_steps']} | {r['lr'] if r['lr'] else '–'} | "
-                     f"{r.get('wide_clouds', 0.0) if r['fit_steps'] else '–'} | {r['rmse']:.4g} | "
+                     f"{r.get('wide_clouds', 0.0) if r['fit_steps'] else '–'} | "
+                     f"{r.get('own_gaps', 0.0) if r['fit_steps'] else '–'} | {r['rmse']:.4g} | "
                      f"{r['crps']:.4g} | {r['coverage_90']:.3f} | {r['nll']:.3f} | {r['fit_s']:.0f} | "
                      f"{r['infill_s']:.0f} | {r.get('commit', '–')} |")
     out.write_text("\n".join(lines) + "\n")

@@ -82,6 +82,32 @@ def test_without_wide_clouds_the_stream_is_unchanged():
     np.testing.assert_array_equal(a.yc, b.yc)
 
 
+def test_a_gap_donor_is_the_cloud_over_the_whole_view():
+    values = np.random.default_rng(0).standard_normal((3, 60, 60))  # every cell observed
+    valid = np.ones(values.shape, bool)
+    donor = np.zeros((60, 60), bool)
+    donor[:, ::4] = True  # every fourth column is a gap elsewhere in the scene
+    spec = WindowSpec(core=(1, 16, 16), overlap=(0, 4, 4), halo=(1, 6, 6), max_context=10_000)
+    rng = np.random.default_rng(3)
+    for _ in range(10):
+        task = training_window(values, valid, spec, rng, 1.0, gap_donor=donor)
+        # Any 20 adjacent columns of the 20 x 20 region hold 5 donor columns: 100 targets.
+        assert task.xt.shape[0] == 100
+        steps, counts = np.unique(task.xc[:, 0], return_counts=True)
+        view_cells, on_centre = int(counts[steps != 0].max()), int(counts[steps == 0].sum())
+        # The donor's columns leave the context in the halo too, unscored: about a quarter of the view.
+        hidden = view_cells - on_centre
+        assert task.xt.shape[0] < hidden and abs(hidden / view_cells - 0.25) < 0.05
+
+
+def test_a_gap_donor_that_hides_nothing_falls_back_to_synthetic_clouds():
+    values = np.random.default_rng(0).standard_normal((1, 60, 60))
+    valid = np.ones(values.shape, bool)
+    task = training_window(values, valid, WindowSpec(), np.random.default_rng(3), 1.0,
+                           gap_donor=np.zeros((60, 60), bool))
+    assert task is not None and task.xt.shape[0] > 0
+
+
 def test_field_entries_select_exclude_and_join(tmp_path):
     rng = np.random.default_rng(0)
     for day in range(3):

@@ -254,7 +254,8 @@ def _thin(ci: np.ndarray, shape: tuple[int, int, int], focus: tuple[slice, slice
 
 def training_window(values: np.ndarray, valid: np.ndarray, spec: WindowSpec, rng: np.random.Generator,
                     spread: float, elevation: np.ndarray | None = None, cover: tuple[float, float] = (0.1, 0.7),
-                    real_clouds: float = 0.0, wide_clouds: float = 0.0) -> WindowTask | None:
+                    real_clouds: float = 0.0, wide_clouds: float = 0.0,
+                    gap_donor: np.ndarray | None = None) -> WindowTask | None:
     """One self-supervised task from a ``[T, R, C]`` array (NaN = missing), or None if too sparse.
 
     The window is placed at random; at its central time step a part of the observed cells of the
@@ -267,7 +268,12 @@ def training_window(values: np.ndarray, valid: np.ndarray, spec: WindowSpec, rng
     ``wide_clouds`` the clouds (synthetic or real) are drawn over the whole view, halo included, and
     the halo cells under them leave the context: infill meets gaps wider than a window, whose
     targets see observations on one side only, and windows whose halo is always clear never show
-    the model that. ``valid`` is ``[T, R, C]`` (True where data may exist); ``elevation`` ``[R, C]`` m.
+    the model that. ``gap_donor`` (``bool [R, C]``, True = a real gap) is a gap pattern the caller
+    copied from elsewhere in the scene (another place, another day): when given, and when it hides
+    5% to 95% of the region's observed cells, it is the cloud mask over the whole view (as a wide
+    cloud; otherwise a synthetic cloud over the whole view), so the hidden cells have the shapes and
+    sizes of the gaps the scene really has.
+    ``valid`` is ``[T, R, C]`` (True where data may exist); ``elevation`` ``[R, C]`` m.
     """
     shape = values.shape
     size = [min(c + o, n) for c, o, n in zip(spec.core, spec.overlap, shape)]
@@ -281,13 +287,18 @@ def training_window(values: np.ndarray, valid: np.ndarray, spec: WindowSpec, rng
     region = (t_mid - lo[0], slice(start[1] - lo[1], start[1] - lo[1] + size[1]),
               slice(start[2] - lo[2], start[2] - lo[2] + size[2]))
     here = observed[region]
-    wide = wide_clouds > 0 and rng.random() < wide_clouds  # drawn only when asked: the stream stays as it was
+    # Drawn only when asked: without wide clouds the random stream stays as it was.
+    wide = gap_donor is not None or (wide_clouds > 0 and rng.random() < wide_clouds)
     # The cloud mask covers the region, or with ``wide`` the whole view; ``inner`` cuts the region out of it.
     area = (slice(lo[1], hi[1]), slice(lo[2], hi[2])) if wide else \
         (slice(start[1], start[1] + size[1]), slice(start[2], start[2] + size[2]))
     inner = region[1:] if wide else (slice(None), slice(None))
     clouds = None
-    if real_clouds > 0 and shape[0] > 1 and rng.random() < real_clouds:
+    if gap_donor is not None:
+        gaps = gap_donor[area]
+        share = (gaps[inner] & here).sum() / max(here.sum(), 1)
+        clouds = gaps if 0.05 <= share <= 0.95 else None
+    elif real_clouds > 0 and shape[0] > 1 and rng.random() < real_clouds:
         donor = int(rng.integers(shape[0] - 1))
         donor += donor >= t_mid  # any step but this one
         gaps = ~np.isfinite(values[(donor, *area)]) & valid[(donor, *area)]

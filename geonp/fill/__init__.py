@@ -16,3 +16,6 @@ FIT_LR = 1e-4
 #: Share of fine-tuning windows whose clouds span the whole view, halo included
 #: (``training_window``'s ``wide_clouds``).
 FIT_WIDE_CLOUDS = 0.0
+#: Share of fine-tuning windows whose hidden cells copy the input's own gap pattern from another
+#: place (or day) of the cube (``FieldWindows``' ``own_gaps``).
+FIT_OWN_GAPS = 0.0

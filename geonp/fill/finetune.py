@@ -19,7 +19,7 @@ import torch
 
 from geonp.data.batch import Batch
 from geonp.data.windows import WindowSpec, WindowTask, collate_windows, training_window
-from geonp.fill import FIT_LR, FIT_WIDE_CLOUDS
+from geonp.fill import FIT_LR, FIT_OWN_GAPS, FIT_WIDE_CLOUDS
 from geonp.fill.field import Field
 from geonp.fill.predictor import PREDICT_BLOCK_ELEMS, TRAIN_BLOCK_ELEMS
 from geonp.models.base import NeuralProcess
@@ -31,12 +31,17 @@ class FieldWindows:
 
     Its random stream is its own (seeded from the run's seed), not the trainer's: fine-tuning is
     short, its result is saved whole, and a given seed must give the same windows however the
-    trainer's generator is used.
+    trainer's generator is used. ``own_gaps``: share of windows whose hidden cells copy the gap
+    pattern of another place (any time step) of the same field, laid over the whole view, so that
+    fine-tuning practises on gaps of the sizes the cube really has rather than on small synthetic
+    clouds inside a clear halo.
     """
 
     def __init__(self, fields: list[Field], spec: WindowSpec, seed: int, dim_x: int,
-                 elevation: np.ndarray | None = None, wide_clouds: float = FIT_WIDE_CLOUDS) -> None:
+                 elevation: np.ndarray | None = None, wide_clouds: float = FIT_WIDE_CLOUDS,
+                 own_gaps: float = FIT_OWN_GAPS) -> None:
         self.fields, self.spec, self.elevation, self.wide_clouds = fields, spec, elevation, wide_clouds
+        self.own_gaps = own_gaps
         self.dim_x, self.dim_y = dim_x, 1
         self.rng = np.random.default_rng([seed, 7919])
 
@@ -44,7 +49,7 @@ class FieldWindows:
         tasks: list[WindowTask] = []
         for _ in range(50 * batch_size):
             task = _draw(self.fields[int(self.rng.integers(len(self.fields)))], self.spec, self.rng, self.elevation,
-                         self.wide_clouds)
+                         self.wide_clouds, self.own_gaps)
             if task is not None:
                 tasks.append(task)
             if len(tasks) == batch_size:
@@ -60,12 +65,14 @@ class FieldWindows:
 def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, steps: int, device: torch.device,
              seed: int = 0, elevation: np.ndarray | None = None, say: Callable[[str], None] | None = None,
              batch_size: int = 8, lr: float = FIT_LR, wide_clouds: float = FIT_WIDE_CLOUDS,
+             own_gaps: float = FIT_OWN_GAPS,
              on_step: Callable[[int, NeuralProcess, float], None] | None = None) -> NeuralProcess:
     """A fine-tuned copy of ``model`` after ``steps`` optimizer steps on windows of ``fields``.
 
     Runs geonp's training loop (:func:`geonp.train.train`) in memory: AdamW without weight
     decay (i.e. Adam), gradients clipped at norm 1. ``wide_clouds``: share of windows whose clouds
-    span the whole view (see :func:`~geonp.data.windows.training_window`). Each window reads only
+    span the whole view (see :func:`~geonp.data.windows.training_window`); ``own_gaps``: share of
+    windows hidden under the input's own gaps from elsewhere (see :class:`FieldWindows`). Each window reads only
     its own slab of the cube, so memory does not grow with the cube. Deterministic for a given seed: the first ``n``
     steps of a longer run are an ``n``-step run, so ``on_step(step, model, loss)`` (called after
     every step, ``model`` in training mode) can take snapshots for a fine-tuning curve in one run.
@@ -86,17 +93,27 @@ def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, steps:
                       weight_decay=0.0, clip_grad_norm=1.0, val_tasks=0, seed=seed, val_seed=seed + 1,
                       device=str(device), log_every=every)
     start = set_block_elems(copy.deepcopy(model), TRAIN_BLOCK_ELEMS)
-    source = FieldWindows(fields, spec, seed, model.dim_x, elevation, wide_clouds)
+    source = FieldWindows(fields, spec, seed, model.dim_x, elevation, wide_clouds, own_gaps)
     tuned = train(cfg, progress=False, model=start, source=source, on_step=step_done).model
     return set_block_elems(tuned.eval(), PREDICT_BLOCK_ELEMS)
 
 
 def _draw(f: Field, spec: WindowSpec, rng: np.random.Generator, elevation: np.ndarray | None,
-          wide_clouds: float = 0.0) -> WindowTask | None:
+          wide_clouds: float = 0.0, own_gaps: float = 0.0) -> WindowTask | None:
     """One training window at a random place of field ``f``, reading just the slab it needs."""
     size = [min(v, n) for v, n in zip(spec.view, f.shape)]
-    key = tuple(slice(s, s + z) for s, z in ((int(rng.integers(0, n - z + 1)), z) for n, z in zip(f.shape, size)))
+
+    def place() -> tuple[slice, ...]:
+        return tuple(slice(s, s + z) for s, z in ((int(rng.integers(0, n - z + 1)), z) for n, z in zip(f.shape, size)))
+
+    key = place()
     with dask.config.set(scheduler="synchronous"):
         values = np.asarray(f.data[key].values, np.float64)
+        donor = None
+        if own_gaps > 0 and rng.random() < own_gaps:  # drawn only when asked: the stream stays as it was
+            other = place()
+            step = (slice(other[0].start, other[0].start + 1), *other[1:])  # one day's gaps
+            donor = ~np.isfinite(np.asarray(f.data[step].values[0], np.float64)) & f.valid_slab(step)[0]
     elev = None if elevation is None else elevation[key[1], key[2]]
-    return training_window(values, f.valid_slab(key), spec, rng, f.spread, elev, wide_clouds=wide_clouds)
+    return training_window(values, f.valid_slab(key), spec, rng, f.spread, elev, wide_clouds=wide_clouds,
+                           gap_donor=donor)

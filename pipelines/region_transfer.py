@@ -226,8 +226,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: the config's)")
     parser.add_argument("--tasks", type=int, default=None, help="test tasks per region (default: the config's)")
     parser.add_argument("--out", default=None, help="results file (default: the config's out)")
+    parser.add_argument("--runs", default=None,
+                        help="folder of the training runs, one per model (default: the config's runs, else "
+                             "runs/region_transfer/<name>); a run there resumes")
+    parser.add_argument("--train-only", action="store_true",
+                        help="train (or resume) to --steps and stop: a long run in parts, scored when complete")
     args = parser.parse_args()
     cfg = load_config(args.config)
+    if args.runs is not None:
+        cfg["runs"] = args.runs
     if args.tasks is not None:
         cfg.setdefault("evaluation", {})["tasks"] = args.tasks
     names = args.models or list(cfg["models"])
@@ -237,6 +244,8 @@ def main() -> None:
     out = Path(args.out or REPO / cfg["out"])
     fetch_if_asked(cfg["data"])
     checkpoints = train_models(cfg, names, args.steps)
+    if args.train_only:
+        return
     data = cfg["data"]
     # The training region's statistics, as the checkpoints record them (fitted afresh when only
     # models without weights run): every region is normalised with them.

@@ -56,6 +56,32 @@ def test_the_protocol_runs_end_to_end_and_keeps_earlier_rows(tmp_path, monkeypat
     assert {p.name: p.read_bytes() for p in (tmp_path / "out").glob("*.png")} == maps
 
 
+def test_a_run_in_parts_trains_in_the_given_folder_and_scores_only_when_asked(tmp_path, monkeypatch):
+    import json
+
+    _cube(tmp_path / "cube.nc")
+    cfg = {"name": "tiny", "description": "synthetic",
+           "data": {"path": str(tmp_path / "cube.nc"), "variable": "t2m", "units": "K", "inputs": ["lat", "lon"],
+                    "window": [10, 10], "context_fraction": [0.05, 0.3]},
+           "train": {"region": {"name": "west", "lat": [40, 51.75], "lon": [0, 7.75]}},
+           "test": [{"region": {"name": "east", "lat": [40, 51.75], "lon": [8, 15.75]}}],
+           "training": {"steps": 4, "batch_size": 4, "val_tasks": 4, "checkpoint_every": 2, "val_every": 2},
+           "models": {"cnp": {"preset": "tiny"}},
+           "evaluation": {"tasks": 8, "batch_size": 4, "seed": 1}, "out": str(tmp_path / "out" / "rt.md")}
+    config = tmp_path / "rt.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    runs = tmp_path / "kept"
+    monkeypatch.setattr(sys, "argv", ["region_transfer", str(config), "--runs", str(runs), "--steps", "2",
+                                      "--train-only"])
+    region_transfer.main()
+    assert json.loads((runs / "cnp" / "summary.json").read_text())["step"] == 2
+    assert not (tmp_path / "out").exists()  # nothing scored yet
+    monkeypatch.setattr(sys, "argv", ["region_transfer", str(config), "--runs", str(runs)])
+    region_transfer.main()  # resumes to the config's 4 steps, then scores
+    assert json.loads((runs / "cnp" / "summary.json").read_text())["step"] == 4
+    assert (tmp_path / "out" / "rt.md").read_text().count("| cnp | ") == 2
+
+
 def test_unknown_keys_are_refused_and_time_slices_select_dates(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text(yaml.safe_dump({"name": "x", "modles": {}}))

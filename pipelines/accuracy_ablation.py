@@ -57,14 +57,17 @@ VALIDATION = {
     "modis": ("satellite/modis_lst_brazil_2019-11-01.nc", "LST_Day_1km", {},
               {"y": slice(600, 800), "x": slice(0, 300)}),
 }
-#: Further validation crops (200 x 300 cells from the top-left ``row:col``) where one crop per
-#: product left a choice open: MODIS LST (never trained on) and OLCI inside the box its training
-#: excludes; none touches a test crop (``pipelines.more_crops`` checks the same boxes).
+#: Rows, cols of a further validation crop: the size of satellite_cv's MODIS and OLCI crops.
+CROP_SIZE = (200, 300)
+#: Top-left cells of the further validation crops, where one crop per product left a choice open:
+#: MODIS LST (never trained on) and OLCI inside the box its training excludes; none touches a test
+#: crop (``pipelines.more_crops`` checks such boxes).
+MORE_CORNERS = {"modis": [(400, 0), (600, 300), (800, 300), (1000, 300)], "olci": [(600, 800), (400, 1100)]}
+#: Those crops as ``VALIDATION`` entries, named ``scene@row:col``.
 MORE_VALIDATION = {
-    f"{scene}@{r}:{c}": (*VALIDATION[scene][:3], {rows: slice(r, r + 200), cols: slice(c, c + 300)})
-    for scene, rows, cols, corners in (("modis", "y", "x", [(400, 0), (600, 300), (800, 300), (1000, 300)]),
-                                       ("olci", "lat", "lon", [(600, 800), (400, 1100)]))
-    for r, c in corners
+    f"{scene}@{r}:{c}": (*VALIDATION[scene][:3], {rows: slice(r, r + CROP_SIZE[0]), cols: slice(c, c + CROP_SIZE[1])})
+    for scene, (rows, cols) in (("modis", ("y", "x")), ("olci", ("lat", "lon")))
+    for r, c in MORE_CORNERS[scene]
 }
 SPLITS = {"val": (VALIDATION, 1), "test": (TEST, 0)}
 

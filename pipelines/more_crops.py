@@ -22,10 +22,11 @@ import torch
 from geonp.data import open_satellite
 from geonp.data.window_source import data_folder
 from geonp.evaluate import evaluate
+from pipelines.accuracy_ablation import CROP_SIZE as SIZE
+from pipelines.accuracy_ablation import MORE_CORNERS
 from pipelines.provenance import REPO, header
 from pipelines.satellite_cv import SCENES
 
-SIZE = (200, 300)  # rows, cols of a crop: the size of satellite_cv's MODIS and OLCI crops
 SEED = 1  # the validation seed of the accuracy ablation
 DEFAULT_WEIGHTS = {"bundled": "geonp/weights/te-pt-tnp.safetensors",
                    "flagship-wide-trained": "pipelines/weights/te-pt-tnp-wide-clouds.safetensors"}
@@ -50,7 +51,7 @@ def crop_boxes(crops: list[str], test: dict[str, slice]) -> list[tuple[int, int]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scene", default="modis", choices=list(SCENES))
-    parser.add_argument("--crops", nargs="*", default=["400:0", "600:300", "800:300", "1000:300"])
+    parser.add_argument("--crops", nargs="*", default=[f"{r}:{c}" for r, c in MORE_CORNERS["modis"]])
     parser.add_argument("--weights", nargs="*", help="NAME=CHECKPOINT (default: bundled and flagship-wide-trained)")
     parser.add_argument("--out", help="results file (default: pipelines/results/more_crops_<scene>.md)")
     args = parser.parse_args()

@@ -293,15 +293,14 @@ def training_window(values: np.ndarray, valid: np.ndarray, spec: WindowSpec, rng
     area = (slice(lo[1], hi[1]), slice(lo[2], hi[2])) if wide else \
         (slice(start[1], start[1] + size[1]), slice(start[2], start[2] + size[2]))
     inner = region[1:] if wide else (slice(None), slice(None))
-    clouds = None
+    clouds = gaps = None
     if gap_donor is not None:
         gaps = gap_donor[area]
-        share = (gaps[inner] & here).sum() / max(here.sum(), 1)
-        clouds = gaps if 0.05 <= share <= 0.95 else None
     elif real_clouds > 0 and shape[0] > 1 and rng.random() < real_clouds:
         donor = int(rng.integers(shape[0] - 1))
         donor += donor >= t_mid  # any step but this one
         gaps = ~np.isfinite(values[(donor, *area)]) & valid[(donor, *area)]
+    if gaps is not None:  # real gaps are the cloud only if they hide some, but not all, of the region
         share = (gaps[inner] & here).sum() / max(here.sum(), 1)
         clouds = gaps if 0.05 <= share <= 0.95 else None
     if clouds is None:

@@ -72,10 +72,11 @@ def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, steps:
     Runs geonp's training loop (:func:`geonp.train.train`) in memory: AdamW without weight
     decay (i.e. Adam), gradients clipped at norm 1. ``wide_clouds``: share of windows whose clouds
     span the whole view (see :func:`~geonp.data.windows.training_window`); ``own_gaps``: share of
-    windows hidden under the input's own gaps from elsewhere (see :class:`FieldWindows`). Each window reads only
-    its own slab of the cube, so memory does not grow with the cube. Deterministic for a given seed: the first ``n``
-    steps of a longer run are an ``n``-step run, so ``on_step(step, model, loss)`` (called after
-    every step, ``model`` in training mode) can take snapshots for a fine-tuning curve in one run.
+    windows hidden under the input's own gaps from elsewhere (see :class:`FieldWindows`). Each
+    window reads only its own slab of the cube, so memory does not grow with the cube.
+    Deterministic for a given seed: the first ``n`` steps of a longer run are an ``n``-step run,
+    so ``on_step(step, model, loss)`` (called after every step, ``model`` in training mode) can
+    take snapshots for a fine-tuning curve in one run.
     """
     from geonp.train import TrainConfig, train
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import csv
 import dataclasses
+import io
 import json
 import sys
 import time
@@ -40,6 +41,7 @@ from typing import Any
 import torch
 import yaml
 
+from geonp.atomic import write_text_atomic
 from geonp.data.sources import make_task_source
 from geonp.metrics import task_log_likelihood, task_scores
 from geonp.models import build, save
@@ -263,10 +265,12 @@ def _train(run: _Run, resume: bool, progress: bool,
         # Keep only log rows up to the checkpoint being resumed: rows written after it
         # belong to steps that are about to be run again.
         kept = _log_rows_up_to(log_path, run.step) if run.step > 0 else []
-        log = open(log_path, "w", newline="")
+        # Rewritten whole-or-none, so a run killed as it resumes keeps its earlier rows.
+        text = io.StringIO(newline="")
+        csv.writer(text).writerows([_LOG_COLUMNS, *kept])
+        write_text_atomic(log_path, text.getvalue())
+        log = open(log_path, "a", newline="")
         writer = csv.writer(log)
-        writer.writerow(_LOG_COLUMNS)
-        writer.writerows(kept)
     bar = tqdm(total=cfg.steps, initial=run.step, disable=not progress, desc=cfg.model, dynamic_ncols=True,
                file=sys.stderr)
     val_nll, window_loss, window_steps, window_start = float("nan"), 0.0, 0, time.perf_counter()

@@ -49,6 +49,19 @@ def test_resume_continues_the_same_run_exactly(tmp_path):
     assert [int(r["step"]) for r in rows] == [5, 10, 15, 20]
 
 
+def test_a_resumed_run_keeps_its_earlier_log_rows_on_disk_from_the_start(tmp_path):
+    # A run killed as it resumes, before its first new log row, must not lose the rows it had.
+    train(config(tmp_path, steps=10), progress=False)
+    on_disk = []
+
+    def read_log(step, model, loss):
+        if not on_disk:
+            on_disk.extend(int(r["step"]) for r in csv.DictReader(open(tmp_path / "run" / "log.csv")))
+
+    train(config(tmp_path), resume=True, progress=False, on_step=read_log)
+    assert on_disk == [5, 10]
+
+
 def test_existing_run_is_not_overwritten_and_resume_needs_a_run(tmp_path):
     train(config(tmp_path, steps=5), progress=False)
     with pytest.raises(ValueError, match="already holds a run"):

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from geonp.models import te_fused
 from geonp.models.layers import mlp
 
 #: Default cap on hidden activations alive at once (elements; 2**24 floats = 64 MiB).
@@ -59,7 +60,8 @@ class TEAttention(nn.Module):
 
     ``fast`` (class attribute, default True) selects the CPU-friendly formulation of the same
     function (split first layer of ``rho``, folded last layer of ``phi``, see ``_logits_fast``);
-    False runs the direct form, kept as the reference the tests hold the fast one to.
+    False runs the direct form, kept as the reference the tests hold the fast one to. ``fused``
+    (default True) runs the fast form through a C++ kernel where it applies (see ``te_fused``).
 
     Args:
         dim: token size ``Dz``.
@@ -72,6 +74,9 @@ class TEAttention(nn.Module):
     """
 
     fast: bool = True
+    #: Run the fast path through the C++ kernel of :mod:`geonp.models.te_fused` where it applies
+    #: (CPU, float32, no autograd, kernel built); False keeps the Python fast path.
+    fused: bool = True
 
     def __init__(
         self,
@@ -124,6 +129,11 @@ class TEAttention(nn.Module):
             # exact to rounding of the differences rather than of absolute positions.
             x0 = (xk * mask_k[..., None]).sum(1, keepdim=True) / n_valid[:, None, None]  # [B, 1, Dx]
             xq, xk = xq - x0, xk - x0
+        if self.fast and self.fused and te_fused.usable(q, xq, xk):
+            out, dx = te_fused.fused_attention(self.logit_mlp, self.loc_mlp, self.log_lengthscale, q, k, v, xq, xk,
+                                               mask_k)
+            out = out.transpose(1, 2).reshape(b, nq, -1)  # [B, Nq, H * Dh]
+            return self.to_out(out), xq_in + dx if self.loc_mlp is not None else xq_in
         width = max(self.dim_hidden, h)
         bk = min(nk, _KEY_BLOCK)
         grad = torch.is_grad_enabled()

@@ -1,0 +1,119 @@
+"""Fused TE attention on the CPU: a C++ kernel for TEAttention's fast path.
+
+The Python fast path (``TEAttention._logits_fast``) evaluates the logit MLP on blocks of
+``[B, bq, bk, hidden]`` pairs: memory traffic, not arithmetic, bounds it. The kernel in
+``kernels/te_attention_cpu.cpp`` runs the whole per-pair chain (``q.k``, the MLP rho, the
+distance prior, softmax, value sum and the location MLP phi of Eq. 10) for one query row at a
+time, in tiles of 16 keys held in registers, so no pair tensor ever exists and memory is
+``O(threads * H * Nk)`` whatever the sizes.
+
+It is compiled on first use with ``torch.utils.cpp_extension`` (needs a C++ compiler and
+``ninja``; cached under ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``).
+Where it cannot be built, or with ``GEONP_FUSED=0`` in the environment, :func:`cpu_kernel`
+returns None and TEAttention keeps its Python path: same function, slower. The kernel has no
+backward yet, so it serves forward passes without autograd (infill, evaluation).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+#: Keys per tile in the kernel: the key axis is padded to a multiple of it.
+KEY_TILE = 16
+_SOURCE = Path(__file__).with_name("kernels") / "te_attention_cpu.cpp"
+
+
+def _cpu_flags() -> list[str]:
+    """Optimisation flags: AVX2 + FMA code where this CPU has them (a cache per flag set, so a
+    shared home directory on mixed nodes never hands one CPU another's build)."""
+    flags = ["-O3", "-fopenmp"]
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return flags
+    if " avx2" in info and " fma" in info:
+        flags += ["-mavx2", "-mfma"]
+    return flags
+
+
+@functools.cache
+def cpu_kernel() -> ModuleType | None:
+    """The compiled kernel module, or None (``GEONP_FUSED=0``, no compiler, no ninja)."""
+    if os.environ.get("GEONP_FUSED", "1") == "0":
+        return None
+    flags = _cpu_flags()
+    name = "geonp_te_attention_cpu" + ("_avx2" if "-mavx2" in flags else "")
+    try:
+        from torch.utils.cpp_extension import load
+
+        return load(name, [str(_SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
+    except Exception as err:  # no compiler, no ninja, a failed build: the Python path still works
+        warnings.warn(f"geonp: fused TE attention kernel unavailable ({type(err).__name__}: "
+                      f"{str(err).splitlines()[0] if str(err) else ''}); using the slower Python path",
+                      stacklevel=2)
+        return None
+
+
+def usable(*tensors: torch.Tensor) -> bool:
+    """Whether the kernel can run on these tensors now: CPU float32, no autograd needed, built."""
+    if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in tensors):
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return False
+    return cpu_kernel() is not None
+
+
+def fused_attention(rho: nn.Sequential, phi: nn.Sequential | None, log_lengthscale: torch.Tensor | None,
+                    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, xq: torch.Tensor, xk: torch.Tensor,
+                    mask_k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """TE attention weights applied to values, and the Eq. 10 location update, by the kernel.
+
+    Args:
+        rho, phi: the logit MLP (``H + Dx -> J -> J -> H``) and location MLP (``H -> J -> J -> H``,
+            or None for no update), both ``geonp.models.layers.mlp`` with two hidden layers.
+        log_lengthscale: ``[H]`` distance-prior lengthscales (log, input units), or None.
+        q: ``[B, H, Nq, Dh]`` queries, already scaled by ``1 / sqrt(Dh)``.
+        k, v: ``[B, H, Nk, Dh]``.
+        xq, xk: ``[B, Nq, Dx]``, ``[B, Nk, Dx]`` locations (centred: only differences matter).
+        mask_k: ``[B, Nk]`` bool, True where a key is present.
+
+    Returns:
+        ``out [B, H, Nq, Dh]`` and ``dx [B, Nq, Dx]`` (zeros when ``phi`` is None).
+    """
+    ext = cpu_kernel()
+    if ext is None:
+        raise RuntimeError("fused TE attention kernel unavailable; see geonp.models.te_fused")
+    h = q.shape[1]
+    pad = (-k.shape[2]) % KEY_TILE
+    if pad:  # padded keys are absent keys
+        k, v = F.pad(k, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad))
+        xk, mask_k = F.pad(xk, (0, 0, 0, pad)), F.pad(mask_k, (0, pad))
+    first, second, last = rho[0], rho[2], rho[4]
+    w_x = first.weight[:, h:]  # [J, Dx]
+    pq = F.linear(xq, w_x, first.bias)  # [B, Nq, J]: the query half of rho's first layer
+    neg_pk = -F.linear(xk, w_x)  # [B, Nk, J]: the key half, negated
+    if log_lengthscale is None:
+        half_inv_ell2 = q.new_zeros(h)
+    else:
+        half_inv_ell2 = 0.5 * torch.exp(-2.0 * log_lengthscale)
+    if phi is None:
+        unused = q.new_zeros(1)
+        phi_args = (unused.expand(1, h), unused, unused.expand(1, 1), unused, unused, unused)
+    else:
+        phi_args = (phi[0].weight, phi[0].bias, phi[2].weight, phi[2].bias, phi[4].weight.sum(0),
+                    phi[4].bias.sum().view(1))
+    out, dx = ext.forward(
+        q.contiguous(), k.transpose(-1, -2).contiguous(), v.contiguous(), xq.contiguous(),
+        xk.transpose(1, 2).contiguous(), mask_k.float().contiguous(), pq.contiguous(),
+        neg_pk.transpose(1, 2).contiguous(), first.weight[:, :h].contiguous(), second.weight.contiguous(),
+        second.bias.contiguous(), last.weight.contiguous(), last.bias.contiguous(), half_inv_ell2.contiguous(),
+        *(t.contiguous() for t in phi_args), phi is not None)
+    return out, dx

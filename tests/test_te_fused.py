@@ -1,0 +1,92 @@
+"""The fused CPU kernel computes TEAttention's function; without it the Python path runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+
+import pytest
+import torch
+from conftest import random_tasks
+
+from geonp.models import build, te_fused
+from geonp.models.te_attention import TEAttention
+
+BUILDABLE = shutil.which("c++") is not None and importlib.util.find_spec("ninja") is not None
+needs_kernel = pytest.mark.skipif(not BUILDABLE, reason="no C++ compiler or ninja to build the fused kernel")
+
+
+@needs_kernel
+def test_the_kernel_builds_where_a_compiler_and_ninja_exist():
+    assert te_fused.cpu_kernel() is not None
+
+
+def layer_inputs(nq: int, nk: int, dx: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    zq, zk = torch.randn(3, nq, 16, generator=g), torch.randn(3, nk, 16, generator=g)
+    xq, xk = torch.randn(3, nq, dx, generator=g), torch.randn(3, nk, dx, generator=g)
+    mask = torch.ones(3, nk, dtype=torch.bool)
+    mask[0, nk // 2:] = False  # padding at the end
+    mask[1, 1::3] = False  # absent keys in the middle
+    return zq, xq, zk, xk, mask
+
+
+@needs_kernel
+@pytest.mark.parametrize("nk", [5, 16, 37])
+@pytest.mark.parametrize("dx", [1, 3, 4])
+@pytest.mark.parametrize("update_locations, distance_prior", [(True, True), (False, True), (True, False)])
+def test_fused_layer_matches_the_python_fast_path(nk, dx, update_locations, distance_prior, monkeypatch):
+    torch.manual_seed(nk + dx)
+    heads = 3 if nk == 37 else 4  # rows of the kernel's tiles in blocks of four and one by one
+    layer = TEAttention(16, heads, 4, dx, 12, update_locations=update_locations, distance_prior=distance_prior)
+    if layer.loc_mlp is not None:
+        with torch.no_grad():
+            torch.nn.init.normal_(layer.loc_mlp[-1].weight, std=0.3)  # switch Eq. 10 on
+    inputs = layer_inputs(9, nk, dx)
+    with torch.no_grad():
+        monkeypatch.setattr(TEAttention, "fused", False)
+        out_py, x_py = layer(*inputs)
+        monkeypatch.setattr(TEAttention, "fused", True)
+        out_fused, x_fused = layer(*inputs)
+    torch.testing.assert_close(out_fused, out_py, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(x_fused, x_py, atol=1e-5, rtol=1e-5)
+    if update_locations:
+        assert (x_fused - inputs[1]).abs().max() > 1e-3  # the update is on, not trivially zero
+
+
+@needs_kernel
+@pytest.mark.parametrize("name", ["te-tnp", "te-pt-tnp"])
+def test_fused_models_predict_as_the_python_path_far_from_the_origin(name, monkeypatch):
+    xc, yc, xt, mask_c = random_tasks(b=2, nc=40, nt=21, dx=3)
+    xc, xt = xc + 300.0, xt + 300.0  # locations are centred before the kernel sees them
+    torch.manual_seed(0)
+    model = build(name, 3, 1, preset="tiny").eval()
+    with torch.no_grad():
+        monkeypatch.setattr(TEAttention, "fused", False)
+        slow = model(xc, yc, xt, mask_c)
+        monkeypatch.setattr(TEAttention, "fused", True)
+        fast = model(xc, yc, xt, mask_c)
+    torch.testing.assert_close(fast.loc, slow.loc, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fast.scale, slow.scale, atol=1e-5, rtol=1e-5)
+
+
+def test_training_keeps_the_python_path_and_its_gradients(monkeypatch):
+    calls = []
+    monkeypatch.setattr(te_fused, "fused_attention", lambda *a, **k: calls.append(1))
+    layer = TEAttention(16, 4, 4, 2, 12)
+    out, _ = layer(*layer_inputs(5, 7, 2))
+    out.sum().backward()
+    assert not calls and layer.to_q.weight.grad is not None
+
+
+def test_without_the_kernel_the_python_path_runs(monkeypatch):
+    monkeypatch.setenv("GEONP_FUSED", "0")
+    te_fused.cpu_kernel.cache_clear()
+    try:
+        assert te_fused.cpu_kernel() is None
+        layer = TEAttention(16, 4, 4, 2, 12)
+        with torch.no_grad():
+            out, x = layer(*layer_inputs(5, 7, 2))
+        assert out.shape == (3, 5, 16) and torch.isfinite(out).all()
+    finally:
+        te_fused.cpu_kernel.cache_clear()

@@ -70,13 +70,32 @@ def test_fused_models_predict_as_the_python_path_far_from_the_origin(name, monke
     torch.testing.assert_close(fast.scale, slow.scale, atol=1e-5, rtol=1e-5)
 
 
-def test_training_keeps_the_python_path_and_its_gradients(monkeypatch):
+@needs_kernel
+@pytest.mark.parametrize("update_locations, distance_prior", [(True, True), (False, False)])
+def test_fused_gradients_match_the_python_fast_path(update_locations, distance_prior, monkeypatch):
+    """Every parameter's gradient and those of the tokens and locations, through both outputs."""
+    torch.manual_seed(1)
+    layer = TEAttention(16, 3, 4, 3, 12, update_locations=update_locations, distance_prior=distance_prior)
+    if layer.loc_mlp is not None:
+        with torch.no_grad():
+            torch.nn.init.normal_(layer.loc_mlp[-1].weight, std=0.3)
     calls = []
-    monkeypatch.setattr(te_fused, "fused_attention", lambda *a, **k: calls.append(1))
-    layer = TEAttention(16, 4, 4, 2, 12)
-    out, _ = layer(*layer_inputs(5, 7, 2))
-    out.sum().backward()
-    assert not calls and layer.to_q.weight.grad is not None
+    apply = te_fused._Kernel.apply
+    monkeypatch.setattr(te_fused._Kernel, "apply", lambda *a: calls.append(1) or apply(*a))
+    results = []
+    for fused in (False, True):
+        monkeypatch.setattr(TEAttention, "fused", fused)
+        zq, xq, zk, xk, mask = (t.clone().requires_grad_(t.is_floating_point()) for t in layer_inputs(9, 37, 3))
+        layer.zero_grad()
+        out, x = layer(zq, xq, zk, xk, mask)
+        g = torch.Generator().manual_seed(2)
+        (out * torch.randn(out.shape, generator=g)).sum().add((x * torch.randn(x.shape, generator=g)).sum()).backward()
+        results.append([p.grad.clone() for p in layer.parameters() if p.grad is not None] +
+                       [zq.grad, xq.grad, zk.grad, xk.grad])
+    slow, fast = results
+    assert calls == [1] and len(slow) == len(fast)
+    for a, b in zip(slow, fast):
+        torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-4)
 
 
 def test_without_the_kernel_the_python_path_runs(monkeypatch):

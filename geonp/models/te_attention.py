@@ -75,7 +75,7 @@ class TEAttention(nn.Module):
 
     fast: bool = True
     #: Run the fast path through the C++ kernel of :mod:`geonp.models.te_fused` where it applies
-    #: (CPU, float32, no autograd, kernel built); False keeps the Python fast path.
+    #: (CPU float32 tensors, kernel built), forward and backward; False keeps the Python fast path.
     fused: bool = True
 
     def __init__(

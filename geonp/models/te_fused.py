@@ -10,8 +10,10 @@ time, in tiles of 16 keys held in registers, so no pair tensor ever exists and m
 It is compiled on first use with ``torch.utils.cpp_extension`` (needs a C++ compiler and
 ``ninja``; cached under ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``).
 Where it cannot be built, or with ``GEONP_FUSED=0`` in the environment, :func:`cpu_kernel`
-returns None and TEAttention keeps its Python path: same function, slower. The kernel has no
-backward yet, so it serves forward passes without autograd (infill, evaluation).
+returns None and TEAttention keeps its Python path: same function, slower. The backward pass
+is fused too: it recomputes each query row's pair activations tile by tile rather than storing
+them, so training memory is that of the forward pass (the Python path checkpoints row blocks
+for the same reason).
 """
 
 from __future__ import annotations
@@ -63,12 +65,28 @@ def cpu_kernel() -> ModuleType | None:
 
 
 def usable(*tensors: torch.Tensor) -> bool:
-    """Whether the kernel can run on these tensors now: CPU float32, no autograd needed, built."""
+    """Whether the kernel can run on these tensors: CPU float32, and the kernel built."""
     if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in tensors):
         return False
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return False
     return cpu_kernel() is not None
+
+
+class _Kernel(torch.autograd.Function):
+    """The kernel's forward and backward as one differentiable step (inputs as in ``fused_attention``)."""
+
+    @staticmethod
+    def forward(ctx, has_phi: bool, *inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.has_phi = has_phi
+        ctx.save_for_backward(*inputs)
+        out, dx = cpu_kernel().forward(list(inputs), has_phi)
+        return out, dx
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_out: torch.Tensor, g_dx: torch.Tensor) -> tuple:
+        grads = cpu_kernel().backward(list(ctx.saved_tensors), ctx.has_phi, g_out, g_dx)
+        grads.insert(5, None)  # the mask
+        return (None, *grads)
 
 
 def fused_attention(rho: nn.Sequential, phi: nn.Sequential | None, log_lengthscale: torch.Tensor | None,
@@ -110,10 +128,10 @@ def fused_attention(rho: nn.Sequential, phi: nn.Sequential | None, log_lengthsca
     else:
         phi_args = (phi[0].weight, phi[0].bias, phi[2].weight, phi[2].bias, phi[4].weight.sum(0),
                     phi[4].bias.sum().view(1))
-    out, dx = ext.forward(
-        q.contiguous(), k.transpose(-1, -2).contiguous(), v.contiguous(), xq.contiguous(),
-        xk.transpose(1, 2).contiguous(), mask_k.float().contiguous(), pq.contiguous(),
-        neg_pk.transpose(1, 2).contiguous(), first.weight[:, :h].contiguous(), second.weight.contiguous(),
-        second.bias.contiguous(), last.weight.contiguous(), last.bias.contiguous(), half_inv_ell2.contiguous(),
-        *(t.contiguous() for t in phi_args), phi is not None)
+    inputs = [q, k.transpose(-1, -2), v, xq, xk.transpose(1, 2), mask_k.float(), pq, neg_pk.transpose(1, 2),
+              first.weight[:, :h], second.weight, second.bias, last.weight, last.bias, half_inv_ell2, *phi_args]
+    inputs = [t.contiguous() for t in inputs]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        return _Kernel.apply(phi is not None, *inputs)
+    out, dx = ext.forward(inputs, phi is not None)
     return out, dx

@@ -8,9 +8,9 @@
 // Within a query row, keys are taken in tiles of KT (the key axis is padded to a multiple in
 // Python) so that the innermost loops run over the keys of a tile, contiguous in memory, and
 // vectorise; key-major copies of k, the key location projections and the key locations are
-// made once per call in Python. The backward pass recomputes each row's pair activations
-// tile by tile instead of storing them (as FlashAttention does), so its memory is that of the
-// forward pass.
+// made once per call in Python. The backward pass recomputes one query row at a time (as
+// FlashAttention does) and keeps only that row's activations, [hidden][Nk] per layer, so its
+// memory is that of the forward pass plus a few rows per thread.
 //
 // Shapes: B batch, H heads, Nq queries, Nk keys, Dh head size, Dx location size, J hidden
 // width of rho and phi.
@@ -63,55 +63,56 @@ void tile_layer(const float* w, const float* bias, const float* in, int64_t in_s
   }
 }
 
-// grad[i][t] *= (act[i][t] > 0): back through a ReLU whose output was act.
-void relu_back(float* grad, const float* act, int64_t rows) {
-  for (int64_t i = 0; i < rows * KT; ++i) grad[i] = act[i] > 0.f ? grad[i] : 0.f;
+// The layer y = x W^T on rows of n keys (x [cols][n], y [rows][n], both with stride n):
+// tile_layer over the row's tiles, then back through a ReLU whose output was act (if given).
+void row_layer(const float* w, const float* x, float* y, const float* act, int64_t rows, int64_t cols, int64_t n,
+               int64_t last) {
+  for (int64_t m0 = 0; m0 < last; m0 += KT) tile_layer(w, nullptr, x + m0, n, nullptr, 0, y + m0, n, rows, cols, false);
+  if (act)
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t m = 0; m < last; ++m) y[i * n + m] = act[i * n + m] > 0.f ? y[i * n + m] : 0.f;
 }
 
-// A weight gradient sum_m a[i][m] b[j][m] over the keys of one query row: the tiles of a and b
-// are gathered into rows of Nk and multiplied once per row, so that the sum over keys stays in
-// registers instead of a [rows][cols] accumulator being read and written for every tile.
-struct Outer {
-  int64_t rows, cols, nk;
-  std::vector<float> a, b;  // [rows][nk], [cols][nk]
-  Outer(int64_t rows, int64_t cols, int64_t nk) : rows(rows), cols(cols), nk(nk), a(rows * nk), b(cols * nk) {}
-  void put(int64_t m0, const float* ta, int64_t a_stride, const float* tb, int64_t b_stride) {
-    for (int64_t i = 0; i < rows; ++i) std::copy(ta + i * a_stride, ta + i * a_stride + KT, a.data() + i * nk + m0);
-    for (int64_t j = 0; j < cols; ++j) std::copy(tb + j * b_stride, tb + j * b_stride + KT, b.data() + j * nk + m0);
-  }
-  // g[rows][cols] += a[:, :last] b[:, :last]^T, two rows of a by four of b at a time with
-  // eight-key partial sums in registers, reduced once per row (last is a multiple of KT).
-  void flush(int64_t last, float* g) const {
-    int64_t i = 0;
-    for (; i + 2 <= rows; i += 2) {
-      int64_t j = 0;
-      for (; j + 4 <= cols; j += 4) {
-        float acc[2][4][8] = {};
-        for (int64_t m = 0; m < last; m += 8)
-          for (int r = 0; r < 2; ++r)
-            for (int c = 0; c < 4; ++c)
-              for (int l = 0; l < 8; ++l) acc[r][c][l] += a[(i + r) * nk + m + l] * b[(j + c) * nk + m + l];
+// sum_m x[m] y[m] over m < last (a multiple of 8), in eight lanes so that it vectorises.
+float row_dot(const float* x, const float* y, int64_t last) {
+  float acc[8] = {};
+  for (int64_t m = 0; m < last; m += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += x[m + l] * y[m + l];
+  float s = 0.f;
+  for (int l = 0; l < 8; ++l) s += acc[l];
+  return s;
+}
+
+float row_sum(const float* x, int64_t last) {
+  float acc[8] = {};
+  for (int64_t m = 0; m < last; m += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += x[m + l];
+  float s = 0.f;
+  for (int l = 0; l < 8; ++l) s += acc[l];
+  return s;
+}
+
+// g[rows][cols] += a[:, :last] b[:, :last]^T for rows of stride n: a weight gradient summed over
+// a query row's keys. Two rows of a by four of b at a time, eight-key partial sums in registers.
+void outer_rows(const float* a, const float* b, int64_t rows, int64_t cols, int64_t n, int64_t last, float* g) {
+  int64_t i = 0;
+  for (; i + 2 <= rows; i += 2) {
+    int64_t j = 0;
+    for (; j + 4 <= cols; j += 4) {
+      float acc[2][4][8] = {};
+      for (int64_t m = 0; m < last; m += 8)
         for (int r = 0; r < 2; ++r)
           for (int c = 0; c < 4; ++c)
-            for (int l = 0; l < 8; ++l) g[(i + r) * cols + j + c] += acc[r][c][l];
-      }
-      for (; j < cols; ++j) dot_into(i, j, last, g), dot_into(i + 1, j, last, g);
+            for (int l = 0; l < 8; ++l) acc[r][c][l] += a[(i + r) * n + m + l] * b[(j + c) * n + m + l];
+      for (int r = 0; r < 2; ++r)
+        for (int c = 0; c < 4; ++c)
+          for (int l = 0; l < 8; ++l) g[(i + r) * cols + j + c] += acc[r][c][l];
     }
-    for (; i < rows; ++i)
-      for (int64_t j = 0; j < cols; ++j) dot_into(i, j, last, g);
+    for (; j < cols; ++j)
+      for (int r = 0; r < 2; ++r) g[(i + r) * cols + j] += row_dot(a + (i + r) * n, b + j * n, last);
   }
-  void dot_into(int64_t i, int64_t j, int64_t last, float* g) const {
-    float acc[8] = {};
-    for (int64_t m = 0; m < last; m += 8)
-      for (int l = 0; l < 8; ++l) acc[l] += a[i * nk + m + l] * b[j * nk + m + l];
-    for (int l = 0; l < 8; ++l) g[i * cols + j] += acc[l];
-  }
-};
-
-// acc[i][t] += a[i][t]: a bias gradient summed over keys later.
-void rows_acc(float* acc, const float* a, int64_t a_stride, int64_t rows) {
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t t = 0; t < KT; ++t) acc[i * KT + t] += a[i * a_stride + t];
+  for (; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) g[i * cols + j] += row_dot(a + i * n, b + j * n, last);
 }
 
 // Contiguous [cols, rows] copy of a [rows, cols] matrix: the transposed layers of the backward.
@@ -131,45 +132,73 @@ struct Args {
   bool has_phi;
 };
 
-// Per-thread buffers of one query row.
-struct Scratch {
-  std::vector<float> alpha, dots, h1, h2, prior, w, zeros, dist2;
-  Scratch(const Args& a)
-      : alpha(a.H * a.Nk), dots(a.H * KT), h1(a.J * KT), h2(a.J * KT), prior(a.H * KT), w(KT),
-        zeros(std::max(a.J, a.H), 0.f), dist2(KT) {}
+// Where one layer stack writes its activations for a tile: rows of stride ``stride``, the tile
+// at column ``off`` (per-tile buffers: stride KT, off 0; per-row buffers: stride Nk, off m0).
+struct Acts {
+  float *dots, *h1, *h2, *dist2;  // rho: q.k [H], hidden [J], hidden [J], |x_q - x_k|^2 [1]
+  float *g1, *g2, *w;              // phi: hidden [J], hidden [J], summed output [1]
+  int64_t stride;
 };
 
-// rho on one tile of keys m0..m0+KT for query (b, n): fills s.dist2, s.dots [H][KT],
-// s.h1 and s.h2 [J][KT] (post-ReLU) and writes the logits (prior included, mask not) to
-// logit: H rows of KT with the given row stride.
-void rho_tile(const Args& a, int64_t b, int64_t n, int64_t m0, Scratch& s, float* logit, int64_t logit_stride) {
+// Per-thread buffers: the row's attention weights, one tile's activations and, for the
+// backward pass, one row's activations.
+struct Scratch {
+  std::vector<float> alpha, prior, zeros, tile, row;
+  Acts tile_acts, row_acts;
+  Scratch(const Args& a, bool rows)
+      : alpha(a.H * a.Nk), prior(a.H * KT), zeros(std::max(a.J, a.H), 0.f), tile((a.H + 4 * a.J + 2) * KT),
+        row(rows ? (a.H + 4 * a.J + 2) * a.Nk : 0) {
+    tile_acts = split(tile.data(), a, KT);
+    if (rows) row_acts = split(row.data(), a, a.Nk);
+  }
+  static Acts split(float* p, const Args& a, int64_t n) {
+    Acts s;
+    s.stride = n;
+    s.dots = p; p += a.H * n;
+    s.h1 = p; p += a.J * n;
+    s.h2 = p; p += a.J * n;
+    s.g1 = p; p += a.J * n;
+    s.g2 = p; p += a.J * n;
+    s.dist2 = p; p += n;
+    s.w = p;
+    return s;
+  }
+};
+
+// rho on one tile of keys m0..m0+KT for query (b, n): its activations into ``acts`` at column
+// ``off`` and its logits (prior included, mask not) into H rows of ``logit`` (stride Nk).
+void rho_tile(const Args& a, int64_t b, int64_t n, int64_t m0, Scratch& s, const Acts& acts, int64_t off,
+              float* logit) {
+  const int64_t st = acts.stride;
   const float* xqn = a.xq + (b * a.Nq + n) * a.Dx;
-  std::fill(s.dist2.begin(), s.dist2.end(), 0.f);
+  float* dist2 = acts.dist2 + off;
+  for (int64_t t = 0; t < KT; ++t) dist2[t] = 0.f;
   for (int64_t d = 0; d < a.Dx; ++d) {
     const float* xk = a.xkT + (b * a.Dx + d) * a.Nk + m0;
-    for (int64_t t = 0; t < KT; ++t) { const float e = xqn[d] - xk[t]; s.dist2[t] += e * e; }
+    for (int64_t t = 0; t < KT; ++t) { const float e = xqn[d] - xk[t]; dist2[t] += e * e; }
   }
   for (int64_t h = 0; h < a.H; ++h) {
-    for (int64_t t = 0; t < KT; ++t) s.prior[h * KT + t] = -a.he[h] * s.dist2[t];
+    for (int64_t t = 0; t < KT; ++t) s.prior[h * KT + t] = -a.he[h] * dist2[t];
     tile_layer(a.q + ((b * a.H + h) * a.Nq + n) * a.Dh, nullptr, a.kT + (b * a.H + h) * a.Dh * a.Nk + m0, a.Nk,
-               nullptr, 0, s.dots.data() + h * KT, KT, 1, a.Dh, false);  // q . k
+               nullptr, 0, acts.dots + h * st + off, st, 1, a.Dh, false);  // q . k
   }
   // W_dots dots + (W_x xq + b1) - W_x xk, ReLU; W2 . + b2, ReLU; W3 . + b3 - prior
-  tile_layer(a.wd, a.pq + (b * a.Nq + n) * a.J, s.dots.data(), KT, a.npkT + b * a.J * a.Nk + m0, a.Nk, s.h1.data(),
-             KT, a.J, a.H, true);
-  tile_layer(a.w2, a.b2, s.h1.data(), KT, nullptr, 0, s.h2.data(), KT, a.J, a.J, true);
-  tile_layer(a.w3, a.b3, s.h2.data(), KT, s.prior.data(), KT, logit, logit_stride, a.H, a.J, false);
+  tile_layer(a.wd, a.pq + (b * a.Nq + n) * a.J, acts.dots + off, st, a.npkT + b * a.J * a.Nk + m0, a.Nk,
+             acts.h1 + off, st, a.J, a.H, true);
+  tile_layer(a.w2, a.b2, acts.h1 + off, st, nullptr, 0, acts.h2 + off, st, a.J, a.J, true);
+  tile_layer(a.w3, a.b3, acts.h2 + off, st, s.prior.data(), KT, logit + m0, a.Nk, a.H, a.J, false);
 }
 
-// The attention weights of query row (b, n) into s.alpha [H][Nk] (0 at absent keys); returns
-// the end of the keys that matter (padding at the end of a task is skipped whole tiles at a time).
-int64_t row_alpha(const Args& a, int64_t b, int64_t n, Scratch& s) {
+// The attention weights of query row (b, n) into s.alpha [H][Nk] (0 at absent keys), rho's
+// activations into ``acts`` (per row, or per tile and overwritten: ``per_row`` false); returns the end of the keys
+// that matter (padding at the end of a task is skipped whole tiles at a time).
+int64_t row_alpha(const Args& a, int64_t b, int64_t n, Scratch& s, const Acts& acts, bool per_row) {
   const float* mk = a.mask + b * a.Nk;
   int64_t last = a.Nk;
   while (last > 0 && mk[last - 1] == 0.f) --last;
   last = (last + KT - 1) / KT * KT;
   for (int64_t m0 = 0; m0 < last; m0 += KT) {
-    rho_tile(a, b, n, m0, s, s.alpha.data() + m0, a.Nk);
+    rho_tile(a, b, n, m0, s, acts, per_row ? m0 : 0, s.alpha.data());
     for (int64_t h = 0; h < a.H; ++h)
       for (int64_t t = 0; t < KT; ++t)
         if (mk[m0 + t] == 0.f) s.alpha[h * a.Nk + m0 + t] = NEG_INF;
@@ -190,14 +219,15 @@ int64_t row_alpha(const Args& a, int64_t b, int64_t n, Scratch& s) {
   return last;
 }
 
-// phi on one tile: s.h1 = ReLU(V1 alpha + c1), s.h2 = ReLU(V2 s.h1 + c2), s.w = v3 . s.h2 + c3
-// (phi's last layer summed over heads), times the mask.
-void phi_tile(const Args& a, int64_t b, int64_t m0, Scratch& s) {
-  tile_layer(a.v1, a.c1, s.alpha.data() + m0, a.Nk, nullptr, 0, s.h1.data(), KT, a.J, a.H, true);
-  tile_layer(a.v2, a.c2, s.h1.data(), KT, nullptr, 0, s.h2.data(), KT, a.J, a.J, true);
-  tile_layer(a.v3, &a.c3, s.h2.data(), KT, nullptr, 0, s.w.data(), KT, 1, a.J, false);
+// phi on one tile: g1 = ReLU(V1 alpha + c1), g2 = ReLU(V2 g1 + c2), w = (v3 . g2 + c3) * mask
+// (phi's last layer summed over heads), into ``acts`` at column ``off``.
+void phi_tile(const Args& a, int64_t b, int64_t m0, const Scratch& s, const Acts& acts, int64_t off) {
+  const int64_t st = acts.stride;
+  tile_layer(a.v1, a.c1, s.alpha.data() + m0, a.Nk, nullptr, 0, acts.g1 + off, st, a.J, a.H, true);
+  tile_layer(a.v2, a.c2, acts.g1 + off, st, nullptr, 0, acts.g2 + off, st, a.J, a.J, true);
+  tile_layer(a.v3, &a.c3, acts.g2 + off, st, nullptr, 0, acts.w + off, st, 1, a.J, false);
   const float* mk = a.mask + b * a.Nk + m0;
-  for (int64_t t = 0; t < KT; ++t) s.w[t] *= mk[t];
+  for (int64_t t = 0; t < KT; ++t) acts.w[off + t] *= mk[t];
 }
 
 float present(const Args& a, int64_t b) {
@@ -207,14 +237,15 @@ float present(const Args& a, int64_t b) {
 }
 
 Args make_args(const std::vector<torch::Tensor>& t, bool has_phi) {
-  Args a;
-  a.B = t[0].size(0); a.H = t[0].size(1); a.Nq = t[0].size(2); a.Dh = t[0].size(3);
-  a.Nk = t[1].size(3); a.Dx = t[3].size(2); a.J = t[9].size(0);
-  TORCH_CHECK(a.Nk % KT == 0, "te_attention_cpu: keys must be padded to a multiple of ", KT);
+  TORCH_CHECK(t.size() == 20, "te_attention_cpu: expected 20 inputs, got ", t.size());
   for (const auto& x : t) {
     TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
                 "te_attention_cpu: every input must be a contiguous float32 CPU tensor");
   }
+  Args a;
+  a.B = t[0].size(0); a.H = t[0].size(1); a.Nq = t[0].size(2); a.Dh = t[0].size(3);
+  a.Nk = t[1].size(3); a.Dx = t[3].size(2); a.J = t[9].size(0);
+  TORCH_CHECK(a.Nk % KT == 0, "te_attention_cpu: keys must be padded to a multiple of ", KT);
   const float** slots[] = {&a.q, &a.kT, &a.v, &a.xq, &a.xkT, &a.mask, &a.pq, &a.npkT, &a.wd, &a.w2, &a.b2,
                            &a.w3, &a.b3, &a.he, &a.v1, &a.c1, &a.v2, &a.c2, &a.v3};
   for (size_t i = 0; i < 19; ++i) *slots[i] = t[i].data_ptr<float>();
@@ -238,11 +269,12 @@ std::vector<torch::Tensor> te_attention_forward(std::vector<torch::Tensor> input
   auto dx = torch::zeros({a.B, a.Nq, a.Dx}, inputs[0].options());
   float *OUT = out.data_ptr<float>(), *DX = dx.data_ptr<float>();
   at::parallel_for(0, a.B * a.Nq, 8, [&](int64_t begin, int64_t end) {
-    Scratch s(a);
+    Scratch s(a, false);
+    const Acts& acts = s.tile_acts;
     std::vector<float> swx(a.Dx);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / a.Nq, n = row % a.Nq;
-      const int64_t last = row_alpha(a, b, n, s);
+      const int64_t last = row_alpha(a, b, n, s, acts, false);
       for (int64_t h = 0; h < a.H; ++h) {  // out = alpha v
         const float* ah = s.alpha.data() + h * a.Nk;
         const float* vh = a.v + (b * a.H + h) * a.Nk * a.Dh;
@@ -255,11 +287,11 @@ std::vector<torch::Tensor> te_attention_forward(std::vector<torch::Tensor> input
       float sw = 0.f;
       std::fill(swx.begin(), swx.end(), 0.f);
       for (int64_t m0 = 0; m0 < last; m0 += KT) {
-        phi_tile(a, b, m0, s);
-        for (int64_t t = 0; t < KT; ++t) sw += s.w[t];
+        phi_tile(a, b, m0, s, acts, 0);
+        for (int64_t t = 0; t < KT; ++t) sw += acts.w[t];
         for (int64_t d = 0; d < a.Dx; ++d) {
           const float* xk = a.xkT + (b * a.Dx + d) * a.Nk + m0;
-          for (int64_t t = 0; t < KT; ++t) swx[d] += s.w[t] * xk[t];
+          for (int64_t t = 0; t < KT; ++t) swx[d] += acts.w[t] * xk[t];
         }
       }
       const float inv_n = 1.f / present(a, b);
@@ -289,141 +321,120 @@ std::vector<torch::Tensor> te_attention_backward(std::vector<torch::Tensor> inpu
   const float *GO = g_out.data_ptr<float>(), *GDX = g_dx.data_ptr<float>();
   const std::vector<float> wdT = transposed(a.wd, J, H), w2T = transposed(a.w2, J, J), w3T = transposed(a.w3, H, J);
   const std::vector<float> v1T = transposed(a.v1, J, H), v2T = transposed(a.v2, J, J);
-  // Weight gradients in input order 8..19, per key of a tile until the end: [rows][cols][KT].
+  enum { WD, W2, B2, W3, B3, HE, V1, C1, V2, C2, V3, C3 };  // the weight gradients, in input order 8..19
   const int64_t wsize[] = {J * H, J * J, J, H * J, H, H, J * H, J, J * J, J, J, 1};
-  const bool by_gemm[] = {true, true, false, true, false, false, true, false, true, false, true, false};
   std::mutex lock;
   at::parallel_for(0, a.B, 1, [&](int64_t begin, int64_t end) {
-    Scratch s(a);
-    std::vector<std::vector<float>> acc;  // [rows][cols] for the GEMM'd weights, [rows][KT] for the rest
-    for (size_t w = 0; w < 12; ++w) acc.emplace_back(wsize[w] * (by_gemm[w] ? 1 : KT), 0.f);
-    Outer o_wd(J, H, Nk), o_w2(J, J, Nk), o_w3(H, J, Nk), o_v1(J, H, Nk), o_v2(J, J, Nk), o_v3(1, J, Nk);
-    std::vector<float> dalpha(H * Nk), logit(H * KT), dl(H * KT), dh1(J * KT), dh2(J * KT), dw(KT), g_dist2(KT), ddots(H * KT);
+    Scratch s(a, true);
+    const Acts& r = s.row_acts;
+    std::vector<std::vector<float>> acc;
+    for (int64_t size : wsize) acc.emplace_back(size, 0.f);
+    // One row's gradients: d alpha (then d logit) [H][Nk], two hidden layers [J][Nk], d dots
+    // [H][Nk], d w [Nk].
+    std::vector<float> dalpha(H * Nk), d2(J * Nk), d1(J * Nk), ddots(H * Nk), dw(Nk);
     for (int64_t b = begin; b < end; ++b) {
       const float inv_n = 1.f / present(a, b);
       const float* mk = a.mask + b * Nk;
       for (int64_t n = 0; n < a.Nq; ++n) {
-        const int64_t last = row_alpha(a, b, n, s);
+        const int64_t last = row_alpha(a, b, n, s, r, true);
         const float* xqn = a.xq + (b * a.Nq + n) * Dx;
         float* gxq = GXQ + (b * a.Nq + n) * Dx;
-        // d alpha from out = alpha v, and d v.
+        // out = alpha v: d alpha and d v.
         for (int64_t h = 0; h < H; ++h) {
           const float* go = GO + ((b * H + h) * a.Nq + n) * Dh;
           const float* vh = a.v + (b * H + h) * Nk * Dh;
           float* gv = GV + (b * H + h) * Nk * Dh;
+          const float* ah = s.alpha.data() + h * Nk;
           for (int64_t m = 0; m < last; ++m) {
-            float acc_m = 0.f;
+            float dot = 0.f;
             for (int64_t e = 0; e < Dh; ++e) {
-              acc_m += go[e] * vh[m * Dh + e];
-              gv[m * Dh + e] += s.alpha[h * Nk + m] * go[e];
+              dot += go[e] * vh[m * Dh + e];
+              gv[m * Dh + e] += ah[m] * go[e];
             }
-            dalpha[h * Nk + m] = acc_m;
+            dalpha[h * Nk + m] = dot;
           }
         }
-        if (a.has_phi) {  // back through dx and phi, tile by tile, into d alpha
+        if (a.has_phi) {  // back through dx and phi into d alpha
           const float* gdx = GDX + (b * a.Nq + n) * Dx;
-          for (int64_t m0 = 0; m0 < last; m0 += KT) {
-            phi_tile(a, b, m0, s);
-            for (int64_t t = 0; t < KT; ++t) dw[t] = 0.f;
-            for (int64_t d = 0; d < Dx; ++d) {
-              const float g = gdx[d] * inv_n;
-              const float* xk = a.xkT + (b * Dx + d) * Nk + m0;
-              float* gxk = GXKT + (b * Dx + d) * Nk + m0;
-              for (int64_t t = 0; t < KT; ++t) {
-                dw[t] += g * (xqn[d] - xk[t]);
-                gxq[d] += g * s.w[t];
-                gxk[t] -= g * s.w[t];
-              }
+          for (int64_t m0 = 0; m0 < last; m0 += KT) phi_tile(a, b, m0, s, r, m0);
+          std::fill(dw.begin(), dw.begin() + last, 0.f);
+          for (int64_t d = 0; d < Dx; ++d) {
+            const float g = gdx[d] * inv_n;
+            const float* xk = a.xkT + (b * Dx + d) * Nk;
+            float* gxk = GXKT + (b * Dx + d) * Nk;
+            gxq[d] += g * row_sum(r.w, last);
+            for (int64_t m = 0; m < last; ++m) {
+              dw[m] += g * (xqn[d] - xk[m]);
+              gxk[m] -= g * r.w[m];
             }
-            for (int64_t t = 0; t < KT; ++t) dw[t] *= mk[m0 + t];
-            o_v3.put(m0, dw.data(), KT, s.h2.data(), KT);  // v3
-            rows_acc(acc[11].data(), dw.data(), KT, 1);  // c3
-            for (int64_t i = 0; i < J; ++i)
-              for (int64_t t = 0; t < KT; ++t) dh2[i * KT + t] = s.h2[i * KT + t] > 0.f ? a.v3[i] * dw[t] : 0.f;
-            o_v2.put(m0, dh2.data(), KT, s.h1.data(), KT);  // v2
-            rows_acc(acc[9].data(), dh2.data(), KT, J);  // c2
-            tile_layer(v2T.data(), nullptr, dh2.data(), KT, nullptr, 0, dh1.data(), KT, J, J, false);
-            relu_back(dh1.data(), s.h1.data(), J);
-            o_v1.put(m0, dh1.data(), KT, s.alpha.data() + m0, Nk);  // v1
-            rows_acc(acc[7].data(), dh1.data(), KT, J);  // c1
-            tile_layer(v1T.data(), nullptr, dh1.data(), KT, dalpha.data() + m0, Nk, dalpha.data() + m0, Nk, H, J,
-                       false);
           }
-          o_v1.flush(last, acc[6].data());
-          o_v2.flush(last, acc[8].data());
-          o_v3.flush(last, acc[10].data());
+          for (int64_t m = 0; m < last; ++m) dw[m] *= mk[m];
+          outer_rows(dw.data(), r.g2, 1, J, Nk, last, acc[V3].data());
+          acc[C3][0] += row_sum(dw.data(), last);
+          for (int64_t i = 0; i < J; ++i)
+            for (int64_t m = 0; m < last; ++m) d2[i * Nk + m] = r.g2[i * Nk + m] > 0.f ? a.v3[i] * dw[m] : 0.f;
+          outer_rows(d2.data(), r.g1, J, J, Nk, last, acc[V2].data());
+          for (int64_t i = 0; i < J; ++i) acc[C2][i] += row_sum(d2.data() + i * Nk, last);
+          row_layer(v2T.data(), d2.data(), d1.data(), r.g1, J, J, Nk, last);
+          outer_rows(d1.data(), s.alpha.data(), J, H, Nk, last, acc[V1].data());
+          for (int64_t j = 0; j < J; ++j) acc[C1][j] += row_sum(d1.data() + j * Nk, last);
+          for (int64_t m0 = 0; m0 < last; m0 += KT)  // d alpha += V1^T d g1
+            tile_layer(v1T.data(), nullptr, d1.data() + m0, Nk, dalpha.data() + m0, Nk, dalpha.data() + m0, Nk, H,
+                       J, false);
         }
         // Softmax: d logit = alpha (d alpha - sum_m alpha d alpha), zero at absent keys.
         for (int64_t h = 0; h < H; ++h) {
-          float dot = 0.f;
-          for (int64_t m = 0; m < last; ++m) dot += s.alpha[h * Nk + m] * dalpha[h * Nk + m];
-          for (int64_t m = 0; m < last; ++m) dalpha[h * Nk + m] = s.alpha[h * Nk + m] * (dalpha[h * Nk + m] - dot);
+          float* dl = dalpha.data() + h * Nk;
+          const float* ah = s.alpha.data() + h * Nk;
+          const float dot = row_dot(ah, dl, last);
+          for (int64_t m = 0; m < last; ++m) dl[m] = ah[m] * (dl[m] - dot);
         }
-        // Back through rho, recomputing each tile's activations.
-        float* gpq = GPQ + (b * a.Nq + n) * J;
-        for (int64_t m0 = 0; m0 < last; m0 += KT) {
-          rho_tile(a, b, n, m0, s, logit.data(), KT);  // the activations; its logits are not needed
-          for (int64_t h = 0; h < H; ++h)
-            for (int64_t t = 0; t < KT; ++t) dl[h * KT + t] = dalpha[h * Nk + m0 + t];
-          o_w3.put(m0, dl.data(), KT, s.h2.data(), KT);  // w3
-          rows_acc(acc[4].data(), dl.data(), KT, H);  // b3
-          for (int64_t t = 0; t < KT; ++t) g_dist2[t] = 0.f;
-          for (int64_t h = 0; h < H; ++h)
-            for (int64_t t = 0; t < KT; ++t) {
-              acc[5][h * KT + t] -= dl[h * KT + t] * s.dist2[t];  // he
-              g_dist2[t] -= dl[h * KT + t] * a.he[h];
-            }
+        // Back through rho: its output layer and the distance prior ...
+        outer_rows(dalpha.data(), r.h2, H, J, Nk, last, acc[W3].data());
+        for (int64_t h = 0; h < H; ++h) {
+          acc[B3][h] += row_sum(dalpha.data() + h * Nk, last);
+          acc[HE][h] -= row_dot(dalpha.data() + h * Nk, r.dist2, last);
+        }
+        for (int64_t m = 0; m < last; ++m) {
+          float g_dist2 = 0.f;
+          for (int64_t h = 0; h < H; ++h) g_dist2 -= dalpha[h * Nk + m] * a.he[h];
           for (int64_t d = 0; d < Dx; ++d) {
-            const float* xk = a.xkT + (b * Dx + d) * Nk + m0;
-            float* gxk = GXKT + (b * Dx + d) * Nk + m0;
-            for (int64_t t = 0; t < KT; ++t) {
-              const float g = 2.f * g_dist2[t] * (xqn[d] - xk[t]);
-              gxq[d] += g;
-              gxk[t] -= g;
-            }
-          }
-          tile_layer(w3T.data(), nullptr, dl.data(), KT, nullptr, 0, dh2.data(), KT, J, H, false);
-          relu_back(dh2.data(), s.h2.data(), J);
-          o_w2.put(m0, dh2.data(), KT, s.h1.data(), KT);  // w2
-          rows_acc(acc[2].data(), dh2.data(), KT, J);  // b2
-          tile_layer(w2T.data(), nullptr, dh2.data(), KT, nullptr, 0, dh1.data(), KT, J, J, false);
-          relu_back(dh1.data(), s.h1.data(), J);
-          o_wd.put(m0, dh1.data(), KT, s.dots.data(), KT);  // wd
-          float* gnpk = GNPKT + b * J * Nk + m0;
-          for (int64_t j = 0; j < J; ++j)
-            for (int64_t t = 0; t < KT; ++t) {
-              gpq[j] += dh1[j * KT + t];
-              gnpk[j * Nk + t] += dh1[j * KT + t];
-            }
-          tile_layer(wdT.data(), nullptr, dh1.data(), KT, nullptr, 0, ddots.data(), KT, H, J, false);
-          for (int64_t h = 0; h < H; ++h) {  // dots = q . k
-            const float* qh = a.q + ((b * H + h) * a.Nq + n) * Dh;
-            float* gq = GQ + ((b * H + h) * a.Nq + n) * Dh;
-            const float* kh = a.kT + (b * H + h) * Dh * Nk + m0;
-            float* gk = GKT + (b * H + h) * Dh * Nk + m0;
-            const float* dd = ddots.data() + h * KT;
-            for (int64_t e = 0; e < Dh; ++e)
-              for (int64_t t = 0; t < KT; ++t) {
-                gq[e] += dd[t] * kh[e * Nk + t];
-                gk[e * Nk + t] += dd[t] * qh[e];
-              }
+            const float g = 2.f * g_dist2 * (xqn[d] - a.xkT[(b * Dx + d) * Nk + m]);
+            gxq[d] += g;
+            GXKT[(b * Dx + d) * Nk + m] -= g;
           }
         }
-        o_wd.flush(last, acc[0].data());
-        o_w2.flush(last, acc[1].data());
-        o_w3.flush(last, acc[3].data());
+        // ... its hidden layers ...
+        row_layer(w3T.data(), dalpha.data(), d2.data(), r.h2, J, H, Nk, last);
+        outer_rows(d2.data(), r.h1, J, J, Nk, last, acc[W2].data());
+        for (int64_t i = 0; i < J; ++i) acc[B2][i] += row_sum(d2.data() + i * Nk, last);
+        row_layer(w2T.data(), d2.data(), d1.data(), r.h1, J, J, Nk, last);
+        // ... and its first layer: W_dots dots + pq - (W_x xk), with dots = q . k.
+        outer_rows(d1.data(), r.dots, J, H, Nk, last, acc[WD].data());
+        float* gpq = GPQ + (b * a.Nq + n) * J;
+        float* gnpk = GNPKT + b * J * Nk;
+        for (int64_t j = 0; j < J; ++j) {
+          gpq[j] += row_sum(d1.data() + j * Nk, last);
+          for (int64_t m = 0; m < last; ++m) gnpk[j * Nk + m] += d1[j * Nk + m];
+        }
+        row_layer(wdT.data(), d1.data(), ddots.data(), nullptr, H, J, Nk, last);
+        for (int64_t h = 0; h < H; ++h) {
+          const float* qh = a.q + ((b * H + h) * a.Nq + n) * Dh;
+          float* gq = GQ + ((b * H + h) * a.Nq + n) * Dh;
+          const float* kh = a.kT + (b * H + h) * Dh * Nk;
+          float* gk = GKT + (b * H + h) * Dh * Nk;
+          const float* dd = ddots.data() + h * Nk;
+          for (int64_t e = 0; e < Dh; ++e) {
+            gq[e] += row_dot(dd, kh + e * Nk, last);
+            for (int64_t m = 0; m < last; ++m) gk[e * Nk + m] += dd[m] * qh[e];
+          }
+        }
       }
     }
     std::lock_guard<std::mutex> guard(lock);
     for (size_t w = 0; w < acc.size(); ++w) {
       float* g = grads[7 + w].data_ptr<float>();
-      for (int64_t i = 0; i < wsize[w]; ++i) {
-        if (by_gemm[w]) {
-          g[i] += acc[w][i];
-        } else {
-          for (int64_t t = 0; t < KT; ++t) g[i] += acc[w][i * KT + t];
-        }
-      }
+      for (int64_t i = 0; i < wsize[w]; ++i) g[i] += acc[w][i];
     }
   });
   return grads;

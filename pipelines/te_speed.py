@@ -1,15 +1,17 @@
-"""TE attention speed on CPU: training steps/s and infill targets/s, reference form vs fast path.
+"""TE attention speed on CPU: training steps/s and infill targets/s of its three forms, and peers.
 
     python -m pipelines.te_speed                 # writes pipelines/results/te_speed_cpu.md
     python -m pipelines.te_speed --repeats 7 --threads 1
 
-The forms compute the same function (tests/test_te_attention.py holds the fast one to the
-reference within 1e-5, gradients included). The tasks are infill windows as training and
-infill draw them (synthetic fields, ``WindowSource``): a training step is forward + backward +
-AdamW on a batch of 16 windows with at most 512 context cells (the bundled configs); infill is
-a no-grad forward over 16 windows with at most 1024 context cells. Each figure is the median of
-``--repeats`` timed runs after one warm-up, alternating the two forms so that a busy machine
-slows both alike.
+The forms compute the same function: the reference (direct) form, the Python fast path, and
+the fused C++ kernel (geonp/models/te_fused.py); tests/test_te_attention.py and
+tests/test_te_fused.py hold them to each other within 1e-5, gradients included. The peers are
+the models without TE attention that take the same tasks: TNP-D (tnp) and PT-TNP, tiny presets.
+The tasks are infill windows as training and infill draw them (synthetic fields,
+``WindowSource``): a training step is forward + backward + AdamW on a batch of 16 windows with
+at most 512 context cells (the bundled configs); infill is a no-grad forward over 16 windows
+with at most 1024 context cells. Each figure is the median of ``--repeats`` timed runs after
+one warm-up, the forms alternating within each run so that a busy machine slows all alike.
 """
 
 from __future__ import annotations
@@ -69,9 +71,13 @@ def time_infill(model: torch.nn.Module, data: list) -> float:
     return targets / (time.perf_counter() - start)
 
 
-#: (label, fast path, training block cap): the form as shipped before #13, the fast path, and the
-#: fast path with a training block cap large enough that no row block is recomputed in backward.
-FORMS = [("reference", False, 2**25), ("fast", True, 2**25), ("fast, no recompute", True, 2**28)]
+#: (label, fast path, fused kernel): the direct form, the Python fast path (split first layer of
+#: rho, row blocks recomputed in backward), and the fused kernel.
+FORMS = [("reference", False, False), ("fast", True, False), ("fused", True, True)]
+TRAIN_BLOCK_ELEMS = 2**25  # the Python forms' training block cap (the fused kernel has none)
+
+#: (label, model name, build keywords): models with standard attention on the same tasks.
+PEERS = [("tnp (TNP-D) tiny", "tnp", {"preset": "tiny"}), ("pt-tnp tiny", "pt-tnp", {"preset": "tiny"})]
 
 
 def measure(name: str, kwargs: dict, train_data: list, infill_data: list, repeats: int) -> dict[str, dict]:
@@ -80,16 +86,39 @@ def measure(name: str, kwargs: dict, train_data: list, infill_data: list, repeat
     model = build(name, 3, 1, **kwargs)
     figures: dict[str, dict[str, list[float]]] = {f: {"train": [], "infill": []} for f, _, _ in FORMS}
     for i in range(repeats + 1):  # the first round warms up
-        for label, fast, elems in FORMS:
-            TEAttention.fast = fast
-            step = time_training(set_block_elems(model.train(), elems), train_data)
+        for label, fast, fused in FORMS:
+            TEAttention.fast, TEAttention.fused = fast, fused
+            step = time_training(set_block_elems(model.train(), TRAIN_BLOCK_ELEMS), train_data)
             rate = time_infill(set_block_elems(model.eval(), PREDICT_BLOCK_ELEMS), infill_data)
             if i:
                 figures[label]["train"].append(step)
                 figures[label]["infill"].append(rate)
-    TEAttention.fast = True
+    TEAttention.fast, TEAttention.fused = True, True
     return {label: {"steps_s": 1 / statistics.median(d["train"]), "targets_s": statistics.median(d["infill"]),
                     "runs": len(d["train"])} for label, d in figures.items()}
+
+
+def measure_peer(name: str, kwargs: dict, train_data: list, infill_data: list, repeats: int) -> dict[str, float]:
+    """``{"steps_s", "targets_s"}`` of a model without TE attention, medians as in ``measure``."""
+    torch.manual_seed(0)
+    model = build(name, 3, 1, **kwargs)
+    steps, rates = [], []
+    for i in range(repeats + 1):
+        step, rate = time_training(model.train(), train_data), time_infill(model.eval(), infill_data)
+        if i:
+            steps.append(step)
+            rates.append(rate)
+    return {"steps_s": 1 / statistics.median(steps), "targets_s": statistics.median(rates)}
+
+
+def table(rows: list, key: str, digits: int) -> list[str]:
+    """Markdown rows: each form's figure and the fused kernel's speed-up over the two others."""
+    labels = [f for f, _, _ in FORMS]
+    out = ["| model | " + " | ".join(labels) + " | fused / reference | fused / fast |", "|---|" + "---:|" * 5]
+    for label, r in rows:
+        out.append(f"| {label} | " + " | ".join(f"{r[f][key]:.{digits}f}" for f in labels)
+                   + f" | {r['fused'][key] / r['reference'][key]:.2f}x | {r['fused'][key] / r['fast'][key]:.2f}x |")
+    return out
 
 
 def main() -> None:
@@ -101,26 +130,25 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     train_data, infill_data = batches(512, args.batches, 0), batches(1024, args.batches, 1)
-    rows = []
+    rows, peers = [], []
     for label, name, kwargs in MODELS:
-        r = measure(name, kwargs, train_data, infill_data, args.repeats)
-        rows.append((label, r))
-        print(label, r, flush=True)
-    text = header("TE attention speed on CPU: reference form vs fast path", torch.device("cpu"),
+        rows.append((label, measure(name, kwargs, train_data, infill_data, args.repeats)))
+        print(*rows[-1], flush=True)
+    for label, name, kwargs in PEERS:
+        peers.append((label, measure_peer(name, kwargs, train_data, infill_data, args.repeats)))
+        print(*peers[-1], flush=True)
+    text = header("TE attention speed on CPU: reference form, Python fast path and fused kernel; peers",
+                  torch.device("cpu"),
                   f"{args.batches} batches of 16 synthetic infill windows per timed run (training: <= 512 "
                   f"context cells, infill: <= 1024), median of {args.repeats} runs after a warm-up, the forms "
                   "alternating within each run")
-    labels = [f for f, _, _ in FORMS]
-    lines = [text, "", "Training steps per second (forward, backward, AdamW; batch of 16 windows):", "",
-             "| model | " + " | ".join(labels) + " | speed-up |", "|---|" + "---:|" * (len(labels) + 1)]
-    for label, r in rows:
-        lines.append(f"| {label} | " + " | ".join(f"{r[f]['steps_s']:.3f}" for f in labels)
-                     + f" | {r[labels[-1]]['steps_s'] / r[labels[0]]['steps_s']:.2f}x |")
-    lines += ["", f"Infill targets per second (no-grad forward, block cap {PREDICT_BLOCK_ELEMS}; the training "
-              "cap does not apply):", "", "| model | reference | fast | speed-up |", "|---|---:|---:|---:|"]
-    for label, r in rows:
-        lines.append(f"| {label} | {r['reference']['targets_s']:.0f} | {r['fast']['targets_s']:.0f} | "
-                     f"{r['fast']['targets_s'] / r['reference']['targets_s']:.2f}x |")
+    lines = [text, "", f"Training steps per second (forward, backward, AdamW; batch of 16 windows; the Python "
+             f"forms' block cap {TRAIN_BLOCK_ELEMS}):", "", *table(rows, "steps_s", 3), "",
+             f"Infill targets per second (no-grad forward; the Python forms' block cap {PREDICT_BLOCK_ELEMS}):",
+             "", *table(rows, "targets_s", 0), "",
+             "Peers, the same batches through models with standard (not TE) attention:", "",
+             "| model | training steps/s | infill targets/s |", "|---|---:|---:|"]
+    lines += [f"| {label} | {r['steps_s']:.3f} | {r['targets_s']:.0f} |" for label, r in peers]
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

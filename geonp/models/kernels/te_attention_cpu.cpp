@@ -19,6 +19,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <mutex>
 #include <vector>
@@ -63,6 +65,19 @@ void tile_layer(const float* w, const float* bias, const float* in, int64_t in_s
   }
 }
 
+// out[t] = sum_e q[e] k[e][t] for one tile of KT keys (k rows of stride k_stride): the
+// scaled dot products of one query with a tile of keys, for one head.
+void tile_dots(const float* __restrict q, const float* __restrict k, int64_t k_stride, int64_t dh,
+               float* __restrict out) {
+  float acc[KT] = {};
+  for (int64_t e = 0; e < dh; ++e) {
+    const float qe = q[e];
+    const float* __restrict ke = k + e * k_stride;
+    for (int64_t t = 0; t < KT; ++t) acc[t] += qe * ke[t];
+  }
+  for (int64_t t = 0; t < KT; ++t) out[t] = acc[t];
+}
+
 // The layer y = x W^T on rows of n keys (x [cols][n], y [rows][n], both with stride n):
 // tile_layer over the row's tiles, then back through a ReLU whose output was act (if given).
 void row_layer(const float* w, const float* x, float* y, const float* act, int64_t rows, int64_t cols, int64_t n,
@@ -71,6 +86,36 @@ void row_layer(const float* w, const float* x, float* y, const float* act, int64
   if (act)
     for (int64_t i = 0; i < rows; ++i)
       for (int64_t m = 0; m < last; ++m) y[i * n + m] = act[i * n + m] > 0.f ? y[i * n + m] : 0.f;
+}
+
+// exp(x) for x <= 0 to 2e-7 relative (about 2 float rounding steps), in a form the compiler
+// vectorises (std::exp is a scalar libm call): exp(x) = 2^n exp(r), |r| <= ln(2) / 2, exp(r) by
+// its degree-6 Taylor polynomial. Below -87 (and at -inf) it returns 2^-126 * exp(r) ~ 1e-38:
+// callers multiply by the mask, so absent keys get exactly 0.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.f);
+  const float n = std::floor(x * 1.44269504f + 0.5f);
+  const float r = x - n * 0.693145752f - n * 1.42860677e-6f;  // ln 2 in two parts, for accuracy
+  float p = 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// max_m x[m] over m < last (a multiple of 8), in eight lanes so that it vectorises.
+float row_max(const float* x, int64_t last) {
+  float acc[8];
+  std::fill(acc, acc + 8, NEG_INF);
+  for (int64_t m = 0; m < last; m += 8)
+    for (int l = 0; l < 8; ++l) acc[l] = std::max(acc[l], x[m + l]);
+  return *std::max_element(acc, acc + 8);
 }
 
 // sum_m x[m] y[m] over m < last (a multiple of 8), in eight lanes so that it vectorises.
@@ -179,8 +224,8 @@ void rho_tile(const Args& a, int64_t b, int64_t n, int64_t m0, Scratch& s, const
   }
   for (int64_t h = 0; h < a.H; ++h) {
     for (int64_t t = 0; t < KT; ++t) s.prior[h * KT + t] = -a.he[h] * dist2[t];
-    tile_layer(a.q + ((b * a.H + h) * a.Nq + n) * a.Dh, nullptr, a.kT + (b * a.H + h) * a.Dh * a.Nk + m0, a.Nk,
-               nullptr, 0, acts.dots + h * st + off, st, 1, a.Dh, false);  // q . k
+    tile_dots(a.q + ((b * a.H + h) * a.Nq + n) * a.Dh, a.kT + (b * a.H + h) * a.Dh * a.Nk + m0, a.Nk, a.Dh,
+              acts.dots + h * st + off);
   }
   // W_dots dots + (W_x xq + b1) - W_x xk, ReLU; W2 . + b2, ReLU; W3 . + b3 - prior
   tile_layer(a.wd, a.pq + (b * a.Nq + n) * a.J, acts.dots + off, st, a.npkT + b * a.J * a.Nk + m0, a.Nk,
@@ -205,15 +250,13 @@ int64_t row_alpha(const Args& a, int64_t b, int64_t n, Scratch& s, const Acts& a
   }
   for (int64_t h = 0; h < a.H; ++h) {
     float* lh = s.alpha.data() + h * a.Nk;
-    float mx = NEG_INF;
-    for (int64_t m = 0; m < last; ++m) mx = std::max(mx, lh[m]);
+    const float mx = row_max(lh, last);
     if (!(mx > NEG_INF)) {  // no key present: no attention
       std::fill(lh, lh + last, 0.f);
       continue;
     }
-    float sum = 0.f;
-    for (int64_t m = 0; m < last; ++m) { lh[m] = std::exp(lh[m] - mx); sum += lh[m]; }
-    const float inv = 1.f / sum;
+    for (int64_t m = 0; m < last; ++m) lh[m] = exp_nonpositive(lh[m] - mx) * mk[m];
+    const float inv = 1.f / row_sum(lh, last);
     for (int64_t m = 0; m < last; ++m) lh[m] *= inv;
   }
   return last;

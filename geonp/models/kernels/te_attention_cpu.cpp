@@ -23,6 +23,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -348,7 +349,7 @@ std::vector<torch::Tensor> te_attention_forward(std::vector<torch::Tensor> input
 // Gradients of te_attention_forward with respect to its inputs 0-4 and 6-19 (all but the
 // mask), in that order, given those of its outputs (g_out [B,H,Nq,Dh], g_dx [B,Nq,Dx]).
 // Batches are split over threads, so the key-side gradients of a batch have one writer; the
-// weight gradients are summed per thread and then across threads.
+// weight gradients are summed per thread and then across threads, in batch order.
 std::vector<torch::Tensor> te_attention_backward(std::vector<torch::Tensor> inputs, bool has_phi,
                                                  torch::Tensor g_out, torch::Tensor g_dx) {
   const Args a = make_args(inputs, has_phi);
@@ -367,6 +368,7 @@ std::vector<torch::Tensor> te_attention_backward(std::vector<torch::Tensor> inpu
   enum { WD, W2, B2, W3, B3, HE, V1, C1, V2, C2, V3, C3 };  // the weight gradients, in input order 8..19
   const int64_t wsize[] = {J * H, J * J, J, H * J, H, H, J * H, J, J * J, J, J, 1};
   std::mutex lock;
+  std::vector<std::pair<int64_t, std::vector<std::vector<float>>>> partials;  // (first batch, weight gradients)
   at::parallel_for(0, a.B, 1, [&](int64_t begin, int64_t end) {
     Scratch s(a, true);
     const Acts& r = s.row_acts;
@@ -475,11 +477,16 @@ std::vector<torch::Tensor> te_attention_backward(std::vector<torch::Tensor> inpu
       }
     }
     std::lock_guard<std::mutex> guard(lock);
-    for (size_t w = 0; w < acc.size(); ++w) {
-      float* g = grads[7 + w].data_ptr<float>();
-      for (int64_t i = 0; i < wsize[w]; ++i) g[i] += acc[w][i];
-    }
+    partials.emplace_back(begin, std::move(acc));
   });
+  // Summed in batch order, not in the order threads finish: the same inputs and thread count
+  // give the same gradients bit for bit, so a resumed training run stays exact.
+  std::sort(partials.begin(), partials.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  for (const auto& part : partials)
+    for (size_t w = 0; w < part.second.size(); ++w) {
+      float* g = grads[7 + w].data_ptr<float>();
+      for (int64_t i = 0; i < wsize[w]; ++i) g[i] += part.second[w][i];
+    }
   return grads;
 }
 

@@ -79,6 +79,24 @@ void tile_dots(const float* __restrict q, const float* __restrict k, int64_t k_s
   for (int64_t t = 0; t < KT; ++t) out[t] = acc[t];
 }
 
+// out[e] = sum_m w[m] v[m][e] over m < last (v rows of length dh), eight columns at a time with
+// the sums in registers (accumulating into out itself would store and reload it for every m).
+void weighted_sum(const float* __restrict w, const float* __restrict v, int64_t last, int64_t dh,
+                  float* __restrict out) {
+  int64_t e0 = 0;
+  for (; e0 + 8 <= dh; e0 += 8) {
+    float acc[8] = {};
+    for (int64_t m = 0; m < last; ++m)
+      for (int l = 0; l < 8; ++l) acc[l] += w[m] * v[m * dh + e0 + l];
+    for (int l = 0; l < 8; ++l) out[e0 + l] = acc[l];
+  }
+  for (; e0 < dh; ++e0) {
+    float acc = 0.f;
+    for (int64_t m = 0; m < last; ++m) acc += w[m] * v[m * dh + e0];
+    out[e0] = acc;
+  }
+}
+
 // The layer y = x W^T on rows of n keys (x [cols][n], y [rows][n], both with stride n):
 // tile_layer over the row's tiles, then back through a ReLU whose output was act (if given).
 void row_layer(const float* w, const float* x, float* y, const float* act, int64_t rows, int64_t cols, int64_t n,
@@ -319,13 +337,9 @@ std::vector<torch::Tensor> te_attention_forward(std::vector<torch::Tensor> input
     for (int64_t row = begin; row < end; ++row) {
       const int64_t b = row / a.Nq, n = row % a.Nq;
       const int64_t last = row_alpha(a, b, n, s, acts, false);
-      for (int64_t h = 0; h < a.H; ++h) {  // out = alpha v
-        const float* ah = s.alpha.data() + h * a.Nk;
-        const float* vh = a.v + (b * a.H + h) * a.Nk * a.Dh;
-        float* o = OUT + ((b * a.H + h) * a.Nq + n) * a.Dh;
-        for (int64_t m = 0; m < last; ++m)
-          for (int64_t e = 0; e < a.Dh; ++e) o[e] += ah[m] * vh[m * a.Dh + e];
-      }
+      for (int64_t h = 0; h < a.H; ++h)  // out = alpha v
+        weighted_sum(s.alpha.data() + h * a.Nk, a.v + (b * a.H + h) * a.Nk * a.Dh, last, a.Dh,
+                     OUT + ((b * a.H + h) * a.Nq + n) * a.Dh);
       if (!a.has_phi) continue;
       // dx = (1/N) sum_m w_m (x_q - x_m) = (x_q sum_m w_m - sum_m w_m x_m) / N
       float sw = 0.f;

@@ -34,6 +34,10 @@ thesis' TETNP at Nc=5000). Here keys are processed in blocks with an online
 of one row block are kept between the two passes. Under autograd each row block
 is recomputed in the backward pass (activation checkpointing), which bounds
 training memory in the same way.
+
+On the CPU the fast path normally runs as one fused C++ kernel (``geonp.models.te_fused``):
+the whole per-pair chain for one query row at a time, forward and backward, with no pair
+tensor at all; the Python code below is its fallback and its reference.
 """
 
 from __future__ import annotations

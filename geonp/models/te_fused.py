@@ -107,8 +107,7 @@ def fused_attention(rho: nn.Sequential, phi: nn.Sequential | None, log_lengthsca
     Returns:
         ``out [B, H, Nq, Dh]`` and ``dx [B, Nq, Dx]`` (zeros when ``phi`` is None).
     """
-    ext = cpu_kernel()
-    if ext is None:
+    if cpu_kernel() is None:
         raise RuntimeError("fused TE attention kernel unavailable; see geonp.models.te_fused")
     h = q.shape[1]
     pad = (-k.shape[2]) % KEY_TILE
@@ -131,8 +130,4 @@ def fused_attention(rho: nn.Sequential, phi: nn.Sequential | None, log_lengthsca
                     phi[4].bias.sum().view(1))
     inputs = [q, k.transpose(-1, -2), v, xq, xk.transpose(1, 2), mask_k.float(), pq, neg_pk.transpose(1, 2),
               first.weight[:, :h], second.weight, second.bias, last.weight, last.bias, half_inv_ell2, *phi_args]
-    inputs = [t.contiguous() for t in inputs]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
-        return _Kernel.apply(phi is not None, *inputs)
-    out, dx = ext.forward(inputs, phi is not None)
-    return out, dx
+    return _Kernel.apply(phi is not None, *(t.contiguous() for t in inputs))  # no graph without autograd

@@ -330,6 +330,8 @@ std::vector<torch::Tensor> te_attention_forward(std::vector<torch::Tensor> input
   auto out = torch::zeros({a.B, a.H, a.Nq, a.Dh}, inputs[0].options());
   auto dx = torch::zeros({a.B, a.Nq, a.Dx}, inputs[0].options());
   float *OUT = out.data_ptr<float>(), *DX = dx.data_ptr<float>();
+  std::vector<float> inv_n(a.B);  // 1 / present keys per task, once rather than once per row
+  for (int64_t b = 0; b < a.B; ++b) inv_n[b] = 1.f / present(a, b);
   at::parallel_for(0, a.B * a.Nq, 8, [&](int64_t begin, int64_t end) {
     Scratch s(a, false);
     const Acts& acts = s.tile_acts;
@@ -352,9 +354,8 @@ std::vector<torch::Tensor> te_attention_forward(std::vector<torch::Tensor> input
           for (int64_t t = 0; t < KT; ++t) swx[d] += acts.w[t] * xk[t];
         }
       }
-      const float inv_n = 1.f / present(a, b);
       const float* xqn = a.xq + (b * a.Nq + n) * a.Dx;
-      for (int64_t d = 0; d < a.Dx; ++d) DX[(b * a.Nq + n) * a.Dx + d] = (xqn[d] * sw - swx[d]) * inv_n;
+      for (int64_t d = 0; d < a.Dx; ++d) DX[(b * a.Nq + n) * a.Dx + d] = (xqn[d] * sw - swx[d]) * inv_n[b];
     }
   });
   return {out, dx};

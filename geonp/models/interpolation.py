@@ -22,7 +22,6 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from scipy.interpolate import LinearNDInterpolator
 from scipy.optimize import nnls
 from scipy.spatial import Delaunay, QhullError, cKDTree
 from torch.distributions import Normal
@@ -38,6 +37,8 @@ except ImportError:  # pragma: no cover - not a geonp dependency
 _REL_FLOOR = 1e-3  # smallest sigma, as a fraction of the context's spread: never a zero scale
 _ABS_FLOOR = 1e-12  # and never below this, so a float32 cast cannot round it to zero
 _MIN_HOLDOUT = 3  # held-out points needed to fit linear's sigma(d)
+_ON_EDGE = 1e-9  # a barycentric weight below this: the point may be on a face other simplices share
+_ON_FACE = 1e-12  # a simplex holds a point whose barycentric weights are all above minus this
 
 
 def check_int(name: str, value: object, least: int) -> None:
@@ -194,6 +195,75 @@ def _triangulation(xs: np.ndarray) -> Delaunay:
     return tri
 
 
+def _barycentric(tri: Delaunay, y: np.ndarray, xq: np.ndarray) -> np.ndarray:
+    """Linear interpolation of ``y [N, Dy]`` at ``xq [M, Ds]`` on ``tri``'s simplices; NaN outside the hull.
+
+    A target's value depends on that target alone, so a window filled in two output blocks
+    gives its shared cells the same bits. scipy's walk starts each search where the previous
+    target's ended, and a target on a shared face (lattice cells often are) lands in either
+    simplex, whose weights round differently. Such targets take instead the lowest-numbered
+    simplex holding them.
+    """
+    simplex = tri.find_simplex(xq)
+    inside = simplex >= 0
+    weights = _weights(tri, simplex[inside], xq[inside])
+    edge = (weights < _ON_EDGE).any(1)
+    if edge.any():
+        at = np.flatnonzero(inside)[edge]
+        if xq.shape[1] == 2:
+            # Plane triangulations are conforming: every triangle holding a point on an edge or
+            # corner holds that edge or corner, so the heaviest corner's triangles are the candidates.
+            heaviest = tri.simplices[simplex[at], weights[edge].argmax(1)]  # [E]
+            candidates = _stars(tri)[heaviest]  # [E, K]
+            w = _weights(tri, np.maximum(candidates, 0).ravel(), np.repeat(xq[at], candidates.shape[1], 0))
+            holds = (w.reshape(*candidates.shape, -1) >= -_ON_FACE).all(-1) & (candidates >= 0)
+            best = np.where(holds, candidates, np.iinfo(candidates.dtype).max).min(1)
+            best[~holds.any(1)] = -1  # none within rounding: keep the simplex the walk found
+        else:
+            # Qhull's triangulation of cospherical points in 3-D and up need not be (flat simplices
+            # fill the seams), so search every simplex; scipy's brute force takes the lowest holding one.
+            best = tri.find_simplex(xq[at], bruteforce=True)
+        simplex[at] = np.where(best >= 0, best, simplex[at])
+        weights[edge] = _weights(tri, simplex[at], xq[at])
+    corners = y[tri.simplices[simplex[inside]]]  # [M', Ds + 1, Dy]
+    out = np.full((len(xq), y.shape[1]), np.nan)
+    # Term by term, not a matmul, whose rounding may depend on how many rows share the call.
+    total = weights[:, 0, None] * corners[:, 0]
+    for j in range(1, weights.shape[1]):
+        total = total + weights[:, j, None] * corners[:, j]
+    out[inside] = total
+    return out
+
+
+def _stars(tri: Delaunay) -> np.ndarray:
+    """``[N, K]``: the simplices having each point as a corner, ascending, padded with -1."""
+    corner = tri.simplices.ravel()
+    owner = np.repeat(np.arange(len(tri.simplices)), tri.simplices.shape[1])
+    order = np.lexsort((owner, corner))
+    corner, owner = corner[order], owner[order]
+    first = np.searchsorted(corner, corner)  # where each point's run starts
+    star = np.full((len(tri.points), int(np.bincount(corner).max())), -1, dtype=np.int64)
+    star[corner, np.arange(len(corner)) - first] = owner
+    return star
+
+
+def _weights(tri: Delaunay, simplex: np.ndarray, xq: np.ndarray) -> np.ndarray:
+    """Barycentric weights ``[M, Ds + 1]`` of ``xq [M, Ds]`` in simplices ``simplex [M]``, term by term."""
+    transform = tri.transform[simplex]  # [M, Ds + 1, Ds]: inverse then the last corner
+    d = xq - transform[:, -1]  # [M, Ds]
+    ds = xq.shape[1]
+    first = []
+    for i in range(ds):
+        c = transform[:, i, 0] * d[:, 0]
+        for j in range(1, ds):
+            c = c + transform[:, i, j] * d[:, j]
+        first.append(c)
+    last = 1.0 - first[0]
+    for c in first[1:]:
+        last = last - c
+    return np.stack([*first, last], 1)
+
+
 def _linear(xs: np.ndarray, y: np.ndarray, xq: np.ndarray) -> np.ndarray:
     """Piecewise-linear interpolation of ``y [N, Dy]`` at ``xq [M, Ds]``; nearest value outside the hull."""
     if xs.shape[1] == 1:
@@ -203,7 +273,7 @@ def _linear(xs: np.ndarray, y: np.ndarray, xq: np.ndarray) -> np.ndarray:
     out = np.full((len(xq), y.shape[1]), np.nan)
     if _spans(xs):
         try:
-            out = LinearNDInterpolator(_triangulation(xs), y)(xq).reshape(len(xq), -1)
+            out = _barycentric(_triangulation(xs), y, xq)
         except QhullError:  # nearly degenerate (almost colinear) points: use the nearest value everywhere
             pass
     miss = np.isnan(out).any(1)

@@ -239,3 +239,21 @@ def test_kriging_gate_starts_halfway_and_the_exponential_kernel_interpolates():
     index, valid = nearest_neighbours(xc[1:], xc[1:], mask_c[1:], 6)
     mean, _ = head(torch.zeros(1, 12, 8), xc[1:], xc[1:], yc[1:], index, valid)
     torch.testing.assert_close(mean, yc[1:], atol=1e-2, rtol=0)  # the 1e-4 jitter smooths a little
+
+
+def test_spd_solve_gradients_match_autograd_through_cholesky():
+    """The kriging head's solve has its backward written out (one more solve, no differentiation
+    of the Cholesky factor): it must give autograd's gradients."""
+    from geonp.models.local_kriging import spd_solve
+
+    torch.manual_seed(0)
+    a = torch.randn(2, 3, 6, 6, dtype=torch.float64)
+    k = (a @ a.transpose(-1, -2) + 6 * torch.eye(6, dtype=torch.float64)).requires_grad_()
+    r = torch.randn(2, 3, 6, 2, dtype=torch.float64, requires_grad=True)
+    sym = lambda m: 0.5 * (m + m.transpose(-1, -2))  # noqa: E731 - perturbations stay symmetric
+    assert torch.autograd.gradcheck(lambda m, b: spd_solve(sym(m), b), (k, r))
+    g = torch.randn(2, 3, 6, 2, dtype=torch.float64)
+    ours = torch.autograd.grad(spd_solve(sym(k), r), (k, r), g)
+    theirs = torch.autograd.grad(torch.cholesky_solve(r, torch.linalg.cholesky(sym(k))), (k, r), g)
+    for x, y in zip(ours, theirs):
+        torch.testing.assert_close(x, y, atol=1e-12, rtol=1e-10)

@@ -55,6 +55,55 @@ def correlation(d2: torch.Tensor, kernel: str) -> torch.Tensor:
     raise ValueError(f"local kriging kernel must be exponential, matern32 or gaussian, got {kernel!r}")
 
 
+def _correlation_slope(d2: torch.Tensor, corr: torch.Tensor, kernel: str) -> torch.Tensor:
+    """``d corr / d d2`` from ``d2`` and ``corr`` (masked entries of ``corr`` stay 0), as
+    :func:`correlation` computes it (same epsilon)."""
+    if kernel == "gaussian":
+        return -0.5 * corr
+    d = (d2 + 1e-12).sqrt()
+    if kernel == "exponential":  # exp(-d)
+        return -0.5 * corr / d
+    return -1.5 * corr / (1 + math.sqrt(3) * d)  # matern32: (1 + sqrt3 d) exp(-sqrt3 d)
+
+
+class _Covariance(torch.autograd.Function):
+    """The neighbours' covariance matrix of each target, with the backward pass written out.
+
+    ``scaled [B, Nt, K, Dx]`` (neighbour offsets in lengthscales), ``sill``/``nugget`` ``[B, Nt]``,
+    ``ok [B, Nt, K]`` (1 present, 0 absent) -> ``K [B, Nt, K, K]``: ``sill * corr(|s_i - s_j|^2)``
+    between present neighbours, ``nugget + jitter`` added on their diagonal, a unit diagonal and
+    no tie for absent ones (their weight then solves to 0). Autograd through the same chain of
+    elementwise steps made and kept a dozen ``K x K`` tensors per target; this keeps two.
+    """
+
+    @staticmethod
+    def forward(ctx, scaled: torch.Tensor, sill: torch.Tensor, nugget: torch.Tensor, ok: torch.Tensor,
+                kernel: str) -> torch.Tensor:
+        # Squared distances as |a|^2 + |b|^2 - 2 a.b: one batched matmul, no [.., K, K, Dx] tensor
+        # (offsets are centred on the target, so the cancellation is small).
+        norm = scaled.square().sum(-1)  # [B, Nt, K]
+        d2 = (norm[..., :, None] + norm[..., None, :] - 2 * scaled @ scaled.transpose(-1, -2)).clamp_(min=0)
+        corr = correlation(d2, kernel).mul_(ok[..., :, None]).mul_(ok[..., None, :])  # [B, Nt, K, K]
+        k = corr * sill[..., None, None]
+        k.diagonal(dim1=-2, dim2=-1).add_((nugget[..., None] + _JITTER) * ok + (1 - ok))
+        ctx.kernel = kernel
+        ctx.save_for_backward(scaled, sill, ok, d2, corr)
+        return k
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g: torch.Tensor) -> tuple:
+        scaled, sill, ok, d2, corr = ctx.saved_tensors
+        g_sill = (g * corr).sum((-2, -1))
+        g_nugget = (g.diagonal(dim1=-2, dim2=-1) * ok).sum(-1)
+        g_d2 = g * _correlation_slope(d2, corr, ctx.kernel) * sill[..., None, None]
+        both = g_d2 + g_d2.transpose(-1, -2)  # d2_ij depends on s_i and s_j alike
+        both.diagonal(dim1=-2, dim2=-1).zero_()  # d2_ii is 0 whatever s_i (and its slope huge for rough kernels)
+        # d/ds_a sum_ij g_ij |s_i - s_j|^2 = 2 sum_j (g_aj + g_ja) (s_a - s_j)
+        g_scaled = 2 * (both.sum(-1, keepdim=True) * scaled - both @ scaled)
+        return g_scaled, g_sill, g_nugget, None, None
+
+
 class _SPDSolve(torch.autograd.Function):
     """``x = K^-1 r`` for symmetric positive definite ``K [..., n, n]`` and ``r [..., n, m]``, by one
     Cholesky factor, with the backward pass written out.
@@ -116,18 +165,9 @@ class LocalKriging(nn.Module):
         xg = torch.where(valid[..., None], gather_rows(xc, index), 0.0).float()  # [B, Nt, K, Dx]
         yg = torch.where(valid[..., None], gather_rows(yc, index), 0.0).float()  # [B, Nt, K, Dy]
         ok = valid.float()  # [B, Nt, K]
-        # Offsets from the target in lengthscales; pairwise squared distances as |a|^2 + |b|^2 - 2 a.b
-        # (one batched matmul instead of a [B, Nt, K, K, Dx] difference tensor; centred on the
-        # target, so the cancellation is small).
-        scaled = (xg - xt.float()[:, :, None, :]) / ell[:, :, None, :]  # [B, Nt, K, Dx]
-        d_tn = scaled.square().sum(-1)  # [B, Nt, K]
-        d_nn = (d_tn[..., :, None] + d_tn[..., None, :] - 2 * scaled @ scaled.transpose(-1, -2)).clamp(min=0)
-        pair = ok[..., :, None] * ok[..., None, :]
-        k_nn = sill[..., None, None] * correlation(d_nn, self.kernel) * pair  # [B, Nt, K, K]
-        k_tn = sill[..., None] * correlation(d_tn, self.kernel) * ok  # [B, Nt, K]
-        eye = torch.eye(k_nn.shape[-1], device=k_nn.device)
-        # Absent neighbours get a unit diagonal and no tie to anything: their weight solves to 0.
-        k_nn = k_nn + eye * ((nugget[..., None, None] + _JITTER) * ok[..., None] + (1 - ok[..., None]))
+        scaled = (xg - xt.float()[:, :, None, :]) / ell[:, :, None, :]  # [B, Nt, K, Dx]: offsets in lengthscales
+        k_tn = sill[..., None] * correlation(scaled.square().sum(-1), self.kernel) * ok  # [B, Nt, K]
+        k_nn = _Covariance.apply(scaled, sill, nugget, ok, self.kernel)  # [B, Nt, K, K]
         # Ordinary kriging through one Cholesky factor: w = K^-1 (k_* - m 1) with the Lagrange
         # multiplier m = (1^T K^-1 k_* - 1) / (1^T K^-1 1) making the weights sum to one.
         rhs = torch.stack([k_tn, ok], -1)  # [B, Nt, K, 2]

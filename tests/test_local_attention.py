@@ -283,3 +283,26 @@ def test_kriging_covariance_gradients_match_autograd(kernel):
     for x, y in zip(torch.autograd.grad(ours, (scaled, sill, nugget), g),
                     torch.autograd.grad(plain(scaled, sill, nugget), (scaled, sill, nugget), g)):
         torch.testing.assert_close(x, y)
+
+
+def test_local_kriging_gives_the_same_answer_a_slice_of_targets_at_a_time(monkeypatch):
+    """The head works through targets in cache-sized slices; slices of one target must give what
+    one pass over all of them gives, gradients included."""
+    import geonp.models.local_kriging as lk
+
+    torch.manual_seed(2)
+    head = lk.LocalKriging(8, 2, kernel="exponential")
+    xc, yc, xt, zt = torch.randn(2, 30, 2), torch.randn(2, 30, 1), torch.randn(2, 7, 2), torch.randn(2, 7, 8)
+    mask = torch.rand(2, 30) > 0.2
+    index, valid = nearest_neighbours(xt, xc, mask, 12)
+
+    def run():
+        zt_ = zt.clone().requires_grad_()
+        mean, logvar = head(zt_, xt, xc, yc, index, valid)
+        (mean.sum() + logvar.sum()).backward()
+        return mean, logvar, zt_.grad
+
+    whole = run()
+    monkeypatch.setattr(lk, "_CACHE_ELEMS", 1)  # one target per slice
+    for x, y in zip(run(), whole):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)

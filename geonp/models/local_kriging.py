@@ -20,8 +20,9 @@ kriging solution as a feature and lets it learn where to trust it and by how muc
 Only differences of inputs enter, so the head keeps translation equivariance. Cost: one
 ``k x k`` Cholesky factorisation per target, ``O(Nt k^3)``; the ``k x k`` steps run a
 cache-sized slice of targets at a time, and the covariance and the solve have their backward
-passes written out (measured on one thread, te_speed's flagship batches: training step
-1.92 -> 1.14 s, infill 1.19 -> 0.68 s per 16 windows).
+passes written out (measured on one thread, te_speed's flagship batches, the three together:
+training step 3.2-3.4 -> 1.2 s, infill 1.42 -> 0.69-0.71 s per 16 windows; the slicing alone
+1.92 -> 1.14 s and 1.19 -> 0.68 s).
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ def test_no_gaps_gives_the_input_with_flags_and_a_note(tiny_checkpoint: str) -> 
     ds = smooth_cube().fillna(1.0)
     with pytest.warns(UserWarning, match="no gaps"):
         out = geonp.infill(ds, "sst", checkpoint=tiny_checkpoint, fit_steps=0)
-    assert "no gaps" in out.attrs["comment"]
+    assert "no gaps" in out.attrs["geonp_notes"]
     np.testing.assert_array_equal(out.sst.values[:, 5:, 5:], ds.sst.values[:, 5:, 5:])
     assert (out.sst_flag.values[:, 5:, 5:] == FLAG_OBSERVED).all()
 

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 import xarray as xr
 
+from geonp.data.calendar import check_time
 from geonp.data.flags import valid_pixels
 from geonp.data.readers import open_raw
 
@@ -162,7 +163,7 @@ def _to_convention(ds: xr.Dataset, name: str) -> tuple[xr.Dataset, dict[str, str
     else:
         ds = _projected_grid(ds)
     if "time" in ds.dims:
-        _check_time(ds["time"].values)
+        check_time(ds["time"].values)
     return ds, renamed
 
 
@@ -285,18 +286,6 @@ def _projected_grid(ds: xr.Dataset) -> xr.Dataset:
     lat, lon = xr.broadcast(lat, lon)
     lon = (lon + 180.0) % 360.0 - 180.0
     return ds.assign_coords(lat=lat.transpose(*lat.dims), lon=lon.transpose(*lat.dims))
-
-
-def _check_time(times: np.ndarray) -> None:
-    if times.size < 2:
-        return
-    steps = np.diff(times)
-    if np.any(steps == np.zeros_like(steps[0])):
-        dup = times[1:][steps == np.zeros_like(steps[0])][0]
-        shown = np.datetime_as_string(dup, unit="s") if np.issubdtype(times.dtype, np.datetime64) else dup
-        raise ValueError(f"duplicate times: {shown} appears more than once")
-    if np.any(steps < np.zeros_like(steps[0])):
-        raise ValueError("time is not monotonic (increasing)")
 
 
 def horizontal_dims(ds: xr.Dataset) -> tuple[str, str]:

@@ -23,18 +23,10 @@ import torch
 import xarray as xr
 from torch.distributions import Normal
 
+from geonp.data.calendar import from_hours, hours_since_epoch
 from geonp.data.regions import crop_to_region, get_region
 
-_EPOCH = np.datetime64("1970-01-01T00:00:00", "s")
 SUFFIX = ".normalisation.json"
-
-
-def hours_since_epoch(times: np.ndarray) -> np.ndarray:
-    """datetime64 values as float64 hours since 1970-01-01 (numbers pass through unchanged)."""
-    times = np.asarray(times)
-    if np.issubdtype(times.dtype, np.datetime64):
-        return (times.astype("datetime64[s]") - _EPOCH).astype(np.float64) / 3600.0
-    return times.astype(np.float64)
 
 
 @dataclass
@@ -70,17 +62,18 @@ class Normaliser:
 
     # -- inputs -----------------------------------------------------------------------
     def normalise_input(self, name: str, x: np.ndarray) -> np.ndarray:
-        """One input column in the user's units (datetime64 for time) to model units."""
+        """One input column in the user's units (datetime64 or cftime dates for time) to model units."""
         offset, scale = self._input(name)
         raw = hours_since_epoch(x) if name == "time" else np.asarray(x, dtype=np.float64)
         return (raw - offset) / scale
 
-    def denormalise_input(self, name: str, x: np.ndarray) -> np.ndarray:
-        """Model units back to degrees / metres; time back to datetime64[s]."""
+    def denormalise_input(self, name: str, x: np.ndarray, like: np.ndarray | None = None) -> np.ndarray:
+        """Model units back to degrees / metres; time back to dates of ``like``'s calendar
+        (the cube's time axis; default datetime64[s])."""
         offset, scale = self._input(name)
         raw = np.asarray(x, dtype=np.float64) * scale + offset
         if name == "time":
-            return _EPOCH + np.round(raw * 3600.0).astype("timedelta64[s]")
+            return from_hours(raw, like)
         return raw
 
     # -- files ------------------------------------------------------------------------

@@ -87,6 +87,10 @@ def _load(entry: dict[str, Any], folder: Path) -> tuple[np.ndarray, np.ndarray, 
             ds = open_cube(path, [variable])
         ds = ds.isel({d: slice(*v) for d, v in entry.get("isel", {}).items()})
         da = canonical(ds, variable, str(path))
+        da = da.isel({d: 0 for d in da.dims[:-3] if da.sizes[d] == 1})  # one level or member chosen
+        if da.ndim > 3:
+            raise ValueError(f"{path}: {variable!r} has extra dimensions {list(da.dims[:-3])}; choose one value "
+                             f"of each for training with isel: {{{da.dims[0]}: [i, i + 1]}}")
         valid = np.ones(da.shape[1:], bool) if "valid" not in ds else np.asarray(ds["valid"].values, bool)
         parts.append((np.asarray(da.values, np.float64), valid, da.dims))
     values = np.concatenate([v for v, _, _ in parts])

@@ -340,27 +340,39 @@ def collate_windows(tasks: list[WindowTask], device: torch.device | str = "cpu")
 
 
 def canonical(ds: xr.Dataset, name: str, source: str) -> xr.DataArray:
-    """Variable ``name`` as ``[time, rows, cols]`` (time added when absent), chunked."""
+    """Variable ``name`` as ``[*extra, time, rows, cols]`` (time added when absent), chunked.
+
+    ``extra`` are its other dimensions (pressure ``level``, ensemble ``member``, ...) in the input's
+    order, chunked one index at a time: each index is a field of its own, filled independently
+    (:func:`extra_indices`). ``source`` is unused (kept for callers' error messages).
+    """
     da = ds[name]
     rows, cols = horizontal_dims(ds)
     extra = [d for d in da.dims if d not in ("time", rows, cols)]
-    if extra:
-        raise ValueError(f"--var {name}: {source} has extra dimensions {extra}; select one value of each first "
-                         f"(e.g. ds.isel({extra[0]}=0)) and infill that")
     if "time" not in da.dims:
         da = da.expand_dims(time=1) if "time" not in da.coords else da.expand_dims("time")
-    da = da.transpose("time", rows, cols)
+    da = da.transpose(*extra, "time", rows, cols)
     if da.chunks is None:
-        da = da.chunk(dict(zip(da.dims, (min(c, n) for c, n in zip(DEFAULT_CHUNKS, da.shape)))))
-    return _cap_chunks(da)
+        da = da.chunk(dict(zip(da.dims, (*[1] * len(extra),
+                                         *(min(c, n) for c, n in zip(DEFAULT_CHUNKS, da.shape[len(extra):]))))))
+    return _cap_chunks(da.chunk(dict.fromkeys(extra, 1)))
+
+
+def extra_indices(da: xr.DataArray) -> list[dict[str, int]]:
+    """``{dim: index}`` of every field of a :func:`canonical` array along its extra dims, in C order
+    (``[{}]`` when it has none)."""
+    extra = da.dims[:-3]
+    return [dict(zip(extra, idx)) for idx in np.ndindex(*(da.sizes[d] for d in extra))]
 
 
 def _cap_chunks(da: xr.DataArray) -> xr.DataArray:
-    """Split chunks larger than :data:`MAX_BLOCK_CELLS` into aligned pieces (halving rows, then cols)."""
-    chunks = [list(c) for c in da.chunks]
+    """Split chunks of the last three dims larger than :data:`MAX_BLOCK_CELLS` into aligned pieces
+    (halving rows, then cols, then time)."""
+    lead = [list(c) for c in da.chunks[:-3]]
+    chunks = [list(c) for c in da.chunks[-3:]]
     while max(chunks[1]) * max(chunks[2]) > MAX_BLOCK_CELLS:
         axis = 1 if max(chunks[1]) >= max(chunks[2]) else 2
         chunks[axis] = [p for c in chunks[axis] for p in ((c + 1) // 2, c // 2) if p > 0]
     while max(chunks[0]) * max(chunks[1]) * max(chunks[2]) > MAX_BLOCK_CELLS and max(chunks[0]) > 1:
         chunks[0] = [p for c in chunks[0] for p in ((c + 1) // 2, c // 2) if p > 0]
-    return da.chunk(dict(zip(da.dims, (tuple(c) for c in chunks))))
+    return da.chunk(dict(zip(da.dims, (tuple(c) for c in (*lead, *chunks)))))

@@ -60,7 +60,8 @@ def is_zarr(path: Path) -> bool:
     return path.is_dir() and ((path / "zarr.json").is_file() or (path / ".zgroup").is_file())
 
 
-def _dims(arr: zarr.Array) -> tuple[str, ...]:
+def array_dims(arr: zarr.Array) -> tuple[str, ...]:
+    """A Zarr array's dimension names (v3 metadata, or xarray's v2 attribute)."""
     names = getattr(arr.metadata, "dimension_names", None)  # Zarr v3
     if names is None:
         names = arr.attrs.get("_ARRAY_DIMENSIONS", ())  # Zarr v2 as xarray writes it
@@ -80,7 +81,7 @@ def read_state(path: Path) -> StoreState | None:
     group = zarr.open_group(str(path), mode="r", use_consolidated=False)
     state = StoreState(attrs=dict(group.attrs))
     for name, arr in group.arrays():
-        state.shapes[name], state.dims[name] = tuple(arr.shape), _dims(arr)
+        state.shapes[name], state.dims[name] = tuple(arr.shape), array_dims(arr)
     state.lat = np.asarray(group["lat"][:]) if "lat" in state.shapes else None
     state.lon = np.asarray(group["lon"][:]) if "lon" in state.shapes else None
     return state
@@ -155,7 +156,7 @@ def truncate_time(path: Path, ntime: int) -> None:
     """Cut every array on ``(time, ...)`` to its first ``ntime`` steps (chunks beyond are deleted)."""
     group = zarr.open_group(str(path), mode="r+", use_consolidated=False)
     for _, arr in group.arrays():
-        if _dims(arr)[:1] == ("time",) and arr.shape[0] > ntime:
+        if array_dims(arr)[:1] == ("time",) and arr.shape[0] > ntime:
             arr.resize((ntime, *arr.shape[1:]))
     with quiet_zarr():
         zarr.consolidate_metadata(str(path))

@@ -147,5 +147,6 @@ def _compose(values, valid, observed, missing, weight, first, second, field: Fie
     flag = np.full(values.shape, FLAG_OUTSIDE, np.int8)
     flag[observed] = FLAG_OBSERVED
     flag[missing] = FLAG_INFILLED
-    return BlockResult(value.astype(np.float32), out_std.astype(np.float32), flag,
+    # The value stays float64 here: the output stores it as the input's float64 or as float32.
+    return BlockResult(value, out_std.astype(np.float32), flag,
                        int((missing & ~covered).sum()))

@@ -24,12 +24,12 @@ import xarray as xr
 from geonp import __version__
 from geonp.data.cube import renamed_from
 from geonp.data.far_context import FAR_SHARE, MIN_FAR, OPENING
-from geonp.data.windows import WindowSpec, canonical
+from geonp.data.windows import WindowSpec, canonical, extra_indices
 from geonp.fill import FIT_STEPS
 from geonp.fill.blocks import BlockResult, fill_block
 from geonp.fill.field import Field, select_variables, summarise, valid_area
 from geonp.fill.layout import restore_layout
-from geonp.fill.output import WITHOUT_CONTEXT, InfillStore, chunk_regions, output_template
+from geonp.fill.output import WITHOUT_CONTEXT, InfillStore, block_list, output_template
 from geonp.fill.predictor import ModelChoice, choose_model
 
 
@@ -40,6 +40,8 @@ class Plan:
     fields: list[Field]
     choice: ModelChoice
     spec: WindowSpec
+    cubes: dict[str, xr.DataArray]  # each variable as [*extra, time, rows, cols] (see ``canonical``)
+    shape: tuple[int, int, int]  # the largest field's [time, rows, cols], which ``spec`` is fitted to
     elevation: np.ndarray | None
     device: torch.device
     batch_size: int
@@ -49,8 +51,23 @@ class Plan:
     notes: list[str] = field(default_factory=list)
 
     def fill(self, f: Field, key: tuple[slice, slice, slice]) -> BlockResult:
-        return fill_block(f, key, self.choice.model, self.spec, self.elevation, self.device, self.batch_size,
-                          self.seed)
+        # A field of another shape than the largest (no time axis beside a cube that has one)
+        # gets the same windows clipped to it, as a cube of that shape alone would.
+        return fill_block(f, key, self.choice.model, self.spec_for(f), self.elevation, self.device,
+                          self.batch_size, self.seed)
+
+    def spec_for(self, f: Field) -> WindowSpec:
+        """The windows of field ``f``: ``spec``, clipped to a field smaller than the largest."""
+        return self.spec if f.shape == self.shape else self.spec.fitted_to(f.shape)
+
+    def field(self, name: str, index: dict[str, int]) -> Field:
+        """The field of variable ``name`` at ``index`` along its extra dims."""
+        return next(f for f in self.fields if f.name == name and f.index == index)
+
+    @property
+    def names(self) -> list[str]:
+        """The filled variables, in order."""
+        return list(self.cubes)
 
 
 def _window_spec(window: WindowSpec | tuple | str | None, shape: tuple[int, int, int],
@@ -109,13 +126,13 @@ def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = 
 
         ds = attach_elevation(ds, elevation)
     names = select_variables(ds, variables, source, valid_mask if isinstance(valid_mask, str) else None)
-    fields = []
+    fields, cubes = [], {}
     for name in names:
-        da = canonical(ds, name, source)
-        fields.append(Field(name, da, valid_area(ds, valid_mask, da, source)))
-    shapes = {f.shape for f in fields}
-    if len(shapes) > 1:
-        raise ValueError(f"--var: {', '.join(names)} have different shapes {sorted(shapes)}; infill them separately")
+        cubes[name] = canonical(ds, name, source)
+        for index in extra_indices(cubes[name]):
+            da = cubes[name].isel(index)
+            fields.append(Field(name, da, valid_area(ds, valid_mask, da, source), index))
+    largest = tuple(max(n) for n in zip(*(f.shape for f in fields)))
     summarise(fields, source)
     use_elevation = elevation is not None
     choice = choose_model(model, checkpoint, use_elevation, dev)
@@ -124,35 +141,45 @@ def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = 
         if "elevation" not in ds.coords:
             raise ValueError(f"--model {model}: the model takes elevation but {source} has none; pass --elevation")
         elev = np.nan_to_num(ds["elevation"].transpose(*fields[0].data.dims[1:]).values.astype(np.float64))
-    spec = _window_spec(window, fields[0].shape, choice.scaling, getattr(choice.model, "supports_gridded", False))
-    result = Plan(fields, choice, spec, elev, dev, batch_size, seed, fit_steps)
+    spec = _window_spec(window, largest, choice.scaling, getattr(choice.model, "supports_gridded", False))
+    result = Plan(fields, choice, spec, cubes, largest, elev, dev, batch_size, seed, fit_steps)
     if command:
         result.command = command
-    for f in fields:
-        if f.infinite:
-            result.notes.append(f"{f.name}: {f.infinite} cells hold +-inf; they are filled as gaps")
-        if f.gaps == 0:
-            result.notes.append(f"{f.name}: no gaps inside the valid area; the output holds the input with flags")
+    for name in names:
+        mine = [f for f in fields if f.name == name]
+        if any(f.infinite for f in mine):
+            result.notes.append(f"{name}: {sum(f.infinite for f in mine)} cells hold +-inf; they are filled as gaps")
+        empty = [f.label for f in mine if f.observed == 0]
+        if empty:
+            result.notes.append(f"{name}: {', '.join(empty)} hold no observed value; left as they are (flag 2)")
+        if all(f.gaps == 0 for f in mine):
+            result.notes.append(f"{name}: no gaps inside the valid area; the output holds the input with flags")
     return result
 
 
 def provenance(p: Plan, source: str) -> dict[str, Any]:
-    """Global attributes: CF conventions and how the output was made."""
+    """Global attributes saying how the output was made.
+
+    ``Conventions`` and ``title`` are defaults for an input that has none: the output keeps every
+    global attribute of its input (:func:`geonp.fill.layout.restore_layout`), and ``history``
+    gains this run's line. The rest is geonp's own, under ``geonp_`` names no input uses.
+    """
+    now = f"{dt.datetime.now(dt.UTC):%Y-%m-%dT%H:%M:%SZ}"
     attrs = {
         "Conventions": "CF-1.11",
-        "title": f"Gap-filled {', '.join(f.name for f in p.fields)} ({p.choice.name})",
-        "source": str(source),
+        "title": f"Gap-filled {', '.join(p.names)} ({p.choice.name})",
+        "history": f"{now} {p.command}",
+        "geonp_input": str(source),
         "geonp_version": __version__,
         "geonp_model": p.choice.name,
         "geonp_checkpoint": str(p.choice.checkpoint) if p.choice.checkpoint else "none (model without weights)",
         "geonp_checkpoint_sha256": p.choice.sha256 or "none",
         "geonp_fit_steps": p.fit_steps,
         "geonp_window": str(p.spec.as_dict()),
-        "history": f"{dt.datetime.now(dt.UTC):%Y-%m-%dT%H:%M:%SZ} {p.command}",
-        "date_created": f"{dt.datetime.now(dt.UTC):%Y-%m-%dT%H:%M:%SZ}",
+        "geonp_date_created": now,
     }
     if p.notes:
-        attrs["comment"] = "; ".join(p.notes)
+        attrs["geonp_notes"] = "; ".join(p.notes)
     return attrs
 
 
@@ -177,7 +204,7 @@ def _finetune(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None
 
 
 def _request(p: Plan, source: str) -> dict[str, Any]:
-    return {"source": str(source), "variables": [f.name for f in p.fields], "model": p.choice.name,
+    return {"source": str(source), "variables": p.names, "model": p.choice.name,
             "checkpoint_sha256": p.choice.sha256, "fit_steps": p.fit_steps, "window": p.spec.as_dict(),
             "seed": p.seed, "elevation": p.elevation is not None,
             "valid_cells": [int(f.valid.sum()) for f in p.fields],
@@ -207,23 +234,17 @@ def infill(ds: xr.Dataset, variables: str | list[str] | None = None, model: str 
     for note in p.notes:
         warnings.warn(note, stacklevel=2)
     _finetune(p, None, say)
-    template = output_template(xr.Dataset({f.name: f.data for f in p.fields}), [f.name for f in p.fields])
-    out = {}
-    totals = {}
-    for f in p.fields:
-        value = np.empty(f.shape, np.float32)
-        std = np.empty(f.shape, np.float32)
-        flag = np.empty(f.shape, np.int8)
-        totals[f.name] = 0
-        for _, key in chunk_regions(f.data.chunks):
-            r = p.fill(f, key)
-            value[key], std[key], flag[key] = r.value, r.std, r.flag
-            totals[f.name] += r.without_context
-        dims = f.data.dims
-        out[f.name] = (dims, value, template[f.name].attrs)
-        out[f"{f.name}_std"] = (dims, std, template[f"{f.name}_std"].attrs)
-        out[f"{f.name}_flag"] = (dims, flag, template[f"{f.name}_flag"].attrs)
-    result = xr.Dataset(out, coords=template.coords)
+    template = output_template(xr.Dataset(p.cubes), p.names)
+    arrays = {v: np.empty(template[v].shape, template[v].dtype) for v in template.data_vars}
+    totals = dict.fromkeys(p.names, 0)
+    for variables, region in block_list(template):
+        values, without = _block_values(p, variables, region)
+        for name, array in values.items():
+            arrays[name][tuple(region[d] for d in template[name].dims)] = array
+        for name, n in without.items():
+            totals[name] += n
+    result = xr.Dataset({v: (template[v].dims, arrays[v], template[v].attrs) for v in template.data_vars},
+                        coords=template.coords)
     result.attrs = provenance(p, options.get("source", "in-memory dataset"))
     result.attrs.update({f"{WITHOUT_CONTEXT}_{v}": n for v, n in totals.items()})
     result = restore_layout(result, ds if like is None else like, renamed_from(ds))
@@ -253,13 +274,12 @@ def infill_to_zarr(ds: xr.Dataset, out: str | Path, variables: str | list[str] |
     p = plan(ds, variables, model, source=source, **options)
     for note in p.notes:  # shown even with --quiet: the user should know why nothing was filled
         _stderr(f"geonp: note: {note}")
-    names = [f.name for f in p.fields]
-    template = output_template(xr.Dataset({f.name: f.data for f in p.fields}), names)
+    template = output_template(xr.Dataset(p.cubes), p.names)
     store = InfillStore(out, template, _request(p, source), provenance(p, source), overwrite, zarr_format)
     if store.resumed and say:
         say(f"resuming {out}: {int(store.done().sum())} of {store.done().size} blocks already written")
     _finetune(p, out, say)
-    todo = [(i, region) for (i, region), done in zip(store.blocks(), store.done().ravel()) if not done]
+    todo = [(i, region) for (i, region), done in zip(store.blocks(), store.done()) if not done]
     if workers is not None:
         _on_local_cluster(p, store, todo, workers, say)
     else:
@@ -276,13 +296,23 @@ def infill_to_zarr(ds: xr.Dataset, out: str | Path, variables: str | list[str] |
     return out
 
 
-def _block_values(p: Plan, region: dict[str, slice]) -> tuple[dict[str, np.ndarray], dict[str, int]]:
-    """One block's output arrays, and its gap cells filled without context per variable."""
+def _block_values(p: Plan, variables: list[str] | tuple[str, ...],
+                  region: dict[str, slice]) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """One block's output layers of ``variables`` (each ``[*extra, time, rows, cols]`` over
+    ``region``), and its gap cells filled without context per variable.
+
+    A block spans one index of each extra dim (they are chunked one by one, see ``canonical``):
+    the field at that index is filled over the block's time, rows and cols.
+    """
     values, without = {}, {}
-    for f in p.fields:
-        r = p.fill(f, tuple(region[d] for d in f.data.dims))
-        values.update({f.name: r.value, f"{f.name}_std": r.std, f"{f.name}_flag": r.flag})
-        without[f.name] = r.without_context
+    for name in variables:
+        dims = p.cubes[name].dims
+        index = {d: region[d].start for d in dims[:-3]}
+        r = p.fill(p.field(name, index), tuple(region[d] for d in dims[-3:]))
+        lead = (1,) * len(index)
+        values.update({name: r.value.reshape(lead + r.value.shape), f"{name}_std": r.std.reshape(lead + r.std.shape),
+                       f"{name}_flag": r.flag.reshape(lead + r.flag.shape)})
+        without[name] = r.without_context
     return values, without
 
 
@@ -290,7 +320,7 @@ def _sequential(p: Plan, store: InfillStore, todo: list, scheduler: str | None, 
     from tqdm import tqdm
 
     for index, region in tqdm(todo, desc="infill blocks", unit="block", disable=say is None, file=sys.stderr):
-        store.write_block(index, region, *_block_values(p, region))
+        store.write_block(index, region, *_block_values(p, store.filled_in(index), region))
 
 
 def _on_local_cluster(p: Plan, store: InfillStore, todo: list, workers: int, say) -> None:
@@ -323,8 +353,8 @@ def _distributed(p: Plan, store: InfillStore, todo: list, scheduler: str | None,
                 say(f"{n}/{len(futures)} blocks")
 
 
-def _fill_and_write(p: Plan, store: InfillStore, index: tuple[int, ...], region: dict[str, slice]) -> None:
-    store.write_block(index, region, *_block_values(p, region))
+def _fill_and_write(p: Plan, store: InfillStore, index: int, region: dict[str, slice]) -> None:
+    store.write_block(index, region, *_block_values(p, store.filled_in(index), region))
 
 
 def _stderr(message: str) -> None:

@@ -27,17 +27,20 @@ ABSURD = 1e20
 
 @dataclass
 class Field:
-    """One variable to fill.
+    """One field to fill: a variable, or one index of its extra dimensions (a pressure level, an
+    ensemble member), which is filled independently of the others.
 
-    ``data`` is the lazy ``[time, rows, cols]`` DataArray (dims ``dims``), ``valid`` a bool
-    numpy array ``[rows, cols]`` or ``[time, rows, cols]`` (True where data may exist), ``mean``
-    and ``spread`` the variable's mean and standard deviation over observed valid cells, ``gaps``
-    the number of missing cells inside the valid area (``infinite`` of them hold +-inf).
+    ``data`` is the lazy ``[time, rows, cols]`` DataArray, ``valid`` a bool numpy array
+    ``[rows, cols]`` or ``[time, rows, cols]`` (True where data may exist), ``index`` the
+    ``{dim: position}`` of the field along the variable's extra dims (empty when it has none),
+    ``mean`` and ``spread`` the field's mean and standard deviation over observed valid cells,
+    ``gaps`` the number of missing cells inside the valid area (``infinite`` of them hold +-inf).
     """
 
     name: str
     data: xr.DataArray
     valid: np.ndarray
+    index: dict[str, int] = dataclass_field(default_factory=dict)
     mean: float = 0.0
     spread: float = 1.0
     observed: int = 0
@@ -48,6 +51,12 @@ class Field:
     @property
     def shape(self) -> tuple[int, int, int]:
         return tuple(self.data.shape)  # type: ignore[return-value]
+
+    @property
+    def label(self) -> str:
+        """The field in messages: ``t`` or ``t[level=2]`` (positions along the extra dims)."""
+        where = ",".join(f"{d}={i}" for d, i in self.index.items())
+        return f"{self.name}[{where}]" if where else self.name
 
     def pyramid(self, finest: int) -> Pyramid:
         """Block summaries of the observed cells for far context (:mod:`geonp.data.far_context`),
@@ -101,7 +110,11 @@ def valid_area(ds: xr.Dataset, valid_mask: MaskSpec | None, da: xr.DataArray, so
 
 
 def summarise(fields: list[Field], source: str) -> None:
-    """Fill in each field's mean, spread, observed and gap counts in one pass over the cube."""
+    """Fill in each field's mean, spread, observed and gap counts in one pass over the cube.
+
+    A field of a variable's extra dims with no observed value gets an empty valid area (it is
+    left as it is); a variable none of whose fields has one is refused.
+    """
     todo = []
     for f in fields:
         valid = xr.DataArray(f.valid, dims=f.data.dims[3 - f.valid.ndim:])
@@ -114,14 +127,23 @@ def summarise(fields: list[Field], source: str) -> None:
         n, s, s2 = int(n), float(s), float(s2)
         if absurd:
             # 1e20 and beyond is no geophysical value: a fill value the file does not declare.
-            raise ValueError(f"--var {f.name}: {int(absurd)} cells of {source} hold values as large as "
+            raise ValueError(f"--var {f.label}: {int(absurd)} cells of {source} hold values as large as "
                              f"{float(largest):.3g}, which look like an undeclared fill value; declare it "
                              "(_FillValue, missing_value or valid_max) or set those cells to NaN")
         if n == 0:
-            raise ValueError(f"--var {f.name}: no observed value inside the valid area of {source}")
+            if not any(g.observed for g in fields if g.name == f.name) and f is _last_of(fields, f.name):
+                raise ValueError(f"--var {f.name}: no observed value inside the valid area of {source}")
+            # One level or member without data (a pressure level under the ground everywhere):
+            # nothing to fill it from, so it is left as it is, flagged outside the valid area.
+            f.valid = np.zeros_like(f.valid)
+            continue
         f.observed, f.gaps, f.infinite = n, int(gaps), int(infinite)
         # dask sums chunk by chunk, so the last bits of these sums depend on the chunking. Kept to
         # float32's 7 digits (more than a fallback value or a shrinkage prior needs) they almost
         # never do, and the same cube is filled bit for bit alike however it is chunked.
         f.mean = float(np.float32(s / n))
         f.spread = float(np.float32(np.sqrt(max(s2 / n - (s / n) ** 2, 0.0)))) or 1.0
+
+
+def _last_of(fields: list[Field], name: str) -> Field:
+    return [f for f in fields if f.name == name][-1]

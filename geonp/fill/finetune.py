@@ -44,12 +44,16 @@ class FieldWindows:
         self.own_gaps = own_gaps
         self.dim_x, self.dim_y = dim_x, 1
         self.rng = np.random.default_rng([seed, 7919])
+        # ``spec`` is fitted to the largest field; a smaller one (no time axis beside a cube that
+        # has one) gets it clipped to its shape, as infill gives it (geonp.fill.engine.Plan.spec_for).
+        self.largest = tuple(max(n) for n in zip(*(f.shape for f in fields))) if fields else None
 
     def sample(self, batch_size: int, rng: torch.Generator | None = None) -> Batch:
         tasks: list[WindowTask] = []
         for _ in range(50 * batch_size):
-            task = _draw(self.fields[int(self.rng.integers(len(self.fields)))], self.spec, self.rng, self.elevation,
-                         self.wide_clouds, self.own_gaps)
+            f = self.fields[int(self.rng.integers(len(self.fields)))]
+            spec = self.spec if f.shape == self.largest else self.spec.fitted_to(f.shape)
+            task = _draw(f, spec, self.rng, self.elevation, self.wide_clouds, self.own_gaps)
             if task is not None:
                 tasks.append(task)
             if len(tasks) == batch_size:

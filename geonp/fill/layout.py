@@ -10,10 +10,12 @@ result with the file they gave, so :func:`restore_layout` maps each output layer
   global grid is repeated again);
 * a time axis the input did not have is removed (a scalar time coordinate comes back as it was);
 * every input coordinate on the output's dimensions comes back with its values, attributes and
-  time encoding (``valid_time``, ERA5's ``number``, 2-D lat/lon of a projected grid), the grid
-  mapping variable that a layer names too; coordinates of the working cube the input did not have
-  (an elevation input) are dropped;
-* global attributes are the input's, then geonp's provenance (``history`` gains a line at the top).
+  time encoding (``valid_time``, ERA5's ``number``, 2-D lat/lon of a projected grid), and so do
+  the variables CF ties to them (bounds such as ``time_bnds`` and ``vertices_latitude``, the grid
+  mapping, cell measures and auxiliary coordinates a layer names); coordinates of the working
+  cube the input did not have (an elevation input) are dropped;
+* global attributes are the input's, every one as it was, then geonp's provenance under ``geonp_``
+  names (``history`` gains a line at the top; ``title`` and ``Conventions`` only where the input has none).
 """
 
 from __future__ import annotations
@@ -46,21 +48,55 @@ def restore_layout(out: xr.Dataset, like: xr.Dataset, renamed: Mapping[str, str]
         ValueError: an output coordinate cannot be matched to the input's (not expected for an
             output of this input).
     """
-    layers, mappings = {}, set()
+    layers, bases = {}, set()
     for name in out.data_vars:
         base = next((str(name)[: -len(s)] for s in _LAYERS[1:] if str(name).endswith(s)), str(name))
         if base not in like.data_vars:
             raise ValueError(f"{base!r} is not a variable of the input")
         layers[name] = _as_input(out[name], like[base], like, renamed)
-        mappings.add(like[base].attrs.get("grid_mapping") or like[base].encoding.get("grid_mapping"))
+        bases.add(base)
     result = xr.Dataset(layers)
     dims = set(result.dims)
     result = result.assign_coords({c: _input_coordinate(like[c]) for c in like.coords
                                    if set(like[c].dims) <= dims and c not in result.data_vars})
-    for mapping in sorted(m for m in mappings if m and m in like.variables and m not in result.variables):
-        result[mapping] = like[mapping].reset_coords(drop=True)  # a CF grid mapping travels with its layers
+    for name in _companions(like, sorted(bases), list(result.coords)):
+        if name not in result.variables:
+            result[name] = _input_coordinate(like[name])
     result.attrs = _global_attributes(like.attrs, out.attrs)
     return result
+
+
+def _companions(like: xr.Dataset, layers: list[str], coords: list[str]) -> list[str]:
+    """Input variables that CF ties to the output's layers or coordinates, which travel with them:
+    a coordinate's ``bounds`` (``time_bnds``, ``lat_bnds``, ``vertices_latitude``, and their own
+    bounds in turn), and what a layer names in ``grid_mapping``, ``cell_measures`` or ``coordinates``."""
+    found: list[str] = []
+    todo = list(coords)
+    for name in layers:
+        attrs = {**like[name].encoding, **like[name].attrs}
+        todo += _named(attrs.get("grid_mapping"), keys=True) + _named(attrs.get("cell_measures"), keys=False)
+        todo += str(attrs.get("coordinates") or "").split()
+    seen = set()
+    while todo:
+        name = todo.pop(0)
+        if name in seen or name not in like.variables:
+            continue
+        seen.add(name)
+        if name not in coords:
+            found.append(name)
+        bounds = like[name].attrs.get("bounds") or like[name].encoding.get("bounds")
+        if bounds:
+            todo.append(str(bounds))
+    return found
+
+
+def _named(text: object, keys: bool) -> list[str]:
+    """Variable names in a CF attribute: ``grid_mapping`` (``crs`` or ``crs: lat lon ...``, the
+    names before colons: ``keys``) or ``cell_measures`` (``area: areacella``, the names after)."""
+    words = str(text or "").split()
+    if not any(w.endswith(":") for w in words):
+        return words if keys else []
+    return [w[:-1] for w in words if w.endswith(":")] if keys else [w for w in words if not w.endswith(":")]
 
 
 def _as_input(layer: xr.DataArray, source: xr.DataArray, like: xr.Dataset, renamed: Mapping[str, str]) -> xr.DataArray:
@@ -73,7 +109,9 @@ def _as_input(layer: xr.DataArray, source: xr.DataArray, like: xr.Dataset, renam
                 raise ValueError(f"{layer.name!r}: the output's {dim!r} has {layer.sizes[dim]} steps, the input none")
             layer = layer.isel({dim: 0}, drop=True)
             continue
-        order = _order(layer, str(dim), like, target, renamed)
+        # Only the horizontal axes are ever reordered (flipped, rolled) by the working convention;
+        # time, levels and members keep the input's order, whatever their values (NaN included).
+        order = _order(layer, str(dim), like, target, renamed) if dim in ("lat", "lon") else None
         if order is not None:
             layer = layer.isel({dim: order})
         if dim != target:
@@ -146,9 +184,12 @@ def _input_coordinate(coord: xr.DataArray) -> xr.DataArray:
 
 
 def _global_attributes(given: Mapping, provenance: Mapping) -> dict:
-    """The input's global attributes, then geonp's; CF ``history`` keeps the input's lines below ours."""
+    """Every global attribute of the input as it was, then geonp's: ``geonp_*`` ones, defaults the
+    input lacks (``title``, ``Conventions``), and this run's ``history`` line above the input's."""
     attrs = {k: v for k, v in given.items() if not str(k).startswith("geonp_")}
-    attrs.update(provenance)
-    if given.get("history") and provenance.get("history"):
-        attrs["history"] = f"{provenance['history']}\n{given['history']}"
+    for key, value in provenance.items():
+        if key == "history" and given.get("history"):
+            attrs["history"] = f"{value}\n{given['history']}"
+        elif str(key).startswith("geonp_") or key not in attrs:
+            attrs[key] = value
     return attrs

@@ -43,6 +43,10 @@ WITHOUT_CONTEXT = "geonp_gaps_without_context"
 STATUS = "geonp_status"
 #: Suffixes of the finished store while it is written, and of the work store while they swap.
 FINAL, WORK = ".geonp-final", ".geonp-work"
+#: The layers written for each filled variable ``v``: ``v``, ``v_std``, ``v_flag``.
+LAYER_SUFFIXES = ("", "_std", "_flag")
+#: Version of the bookkeeping layout (one flat list of blocks over every variable's chunks).
+STORE_LAYOUT = 2
 
 
 #: Encoding an input coordinate keeps in the output: how it is stored (time units and calendar,
@@ -52,8 +56,17 @@ COORD_ENCODING = ("units", "calendar", "dtype")
 
 
 def coordinate_encoding(var: xr.Variable | xr.DataArray) -> dict[str, Any]:
-    """The part of a coordinate's encoding the output keeps (see :data:`COORD_ENCODING`)."""
-    return {k: v for k, v in var.encoding.items() if k in COORD_ENCODING}
+    """The part of a coordinate's encoding the output keeps (see :data:`COORD_ENCODING`).
+
+    A float coordinate stored as integers (packed, or with missing values such as a CMIP
+    auxiliary axis of NaN stored as int16) keeps its packing too: ``scale_factor``,
+    ``add_offset`` and ``_FillValue``, without which the integers would not hold its values.
+    """
+    keep = {k: v for k, v in var.encoding.items() if k in COORD_ENCODING}
+    stored = keep.get("dtype")
+    if stored is not None and np.issubdtype(np.dtype(stored), np.integer) and np.issubdtype(var.dtype, np.floating):
+        keep.update({k: var.encoding[k] for k in ("scale_factor", "add_offset", "_FillValue") if k in var.encoding})
+    return keep
 
 
 def chunk_regions(chunks: tuple[tuple[int, ...], ...]) -> Iterator[tuple[tuple[int, ...], tuple[slice, ...]]]:
@@ -61,6 +74,25 @@ def chunk_regions(chunks: tuple[tuple[int, ...], ...]) -> Iterator[tuple[tuple[i
     bounds = [np.concatenate([[0], np.cumsum(c)]) for c in chunks]
     for index in itertools.product(*(range(len(c)) for c in chunks)):
         yield index, tuple(slice(int(b[i]), int(b[i + 1])) for b, i in zip(bounds, index))
+
+
+def block_list(template: xr.Dataset) -> list[tuple[tuple[str, ...], dict[str, slice]]]:
+    """The blocks of an output: ``(filled variables, {dim: slice})``, one per chunk.
+
+    Filled variables with the same dimensions and chunks (those of one input shape) share their
+    blocks; a variable with other dimensions (an extra ``level``, no time axis) has blocks of its
+    own. Groups come in the order of their first variable, blocks in C order within a group.
+    """
+    groups: dict[tuple, list[str]] = {}
+    for v in template.data_vars:
+        if f"{v}_flag" in template.data_vars:
+            da = template[v]
+            groups.setdefault((da.dims, da.chunks), []).append(str(v))
+    blocks = []
+    for (dims, chunks), names in groups.items():
+        for _, key in chunk_regions(chunks):
+            blocks.append((tuple(names), dict(zip(dims, key))))
+    return blocks
 
 
 def output_template(cube: xr.Dataset, variables: list[str]) -> xr.Dataset:
@@ -80,7 +112,9 @@ def output_template(cube: xr.Dataset, variables: list[str]) -> xr.Dataset:
         attrs = {k: a for k, a in da.attrs.items() if k not in ("ancillary_variables", "_FillValue")}
         standard = attrs.get("standard_name")
         long_name = attrs.get("long_name", v)
-        out[v] = (da.dims, dsa.full(da.shape, np.nan, chunks=chunks, dtype=np.float32),
+        # Observed cells are copied as they are: a float64 field stays float64, others become float32.
+        dtype = np.float64 if da.dtype == np.float64 else np.float32
+        out[v] = (da.dims, dsa.full(da.shape, np.nan, chunks=chunks, dtype=dtype),
                   {**attrs, "ancillary_variables": f"{v}_std {v}_flag"})
         std_attrs = {"long_name": f"1-sigma predictive standard deviation of {long_name}"}
         if "units" in attrs:
@@ -117,12 +151,11 @@ class InfillStore:
     def __init__(self, path: str | Path, template: xr.Dataset, request: Mapping[str, Any],
                  attrs: Mapping[str, Any] | None = None, overwrite: bool = False, zarr_format: int = 3) -> None:
         self.path = Path(path)
-        self.request = json.dumps(dict(request), sort_keys=True, default=str)
-        first = next(iter(template.data_vars))
-        self.dims = template[first].dims
-        self.chunks = template[first].chunks
+        # The block layout is part of what makes a store resumable: one of another layout is not.
+        self.request = json.dumps({**dict(request), "store_layout": STORE_LAYOUT}, sort_keys=True, default=str)
         self.variables = list(template.data_vars)
         self.filled = [v for v in self.variables if f"{v}_flag" in self.variables]
+        self._blocks = block_list(template)
         self.resumed = False
         self.zarr_format = zarr_format
         work = self._sibling(WORK)
@@ -141,18 +174,16 @@ class InfillStore:
                 return
         ds = template.copy()
         ds.attrs = {**dict(attrs or {}), STATUS: "incomplete", "geonp_request": self.request}
-        grid = tuple(len(c) for c in self.chunks)
-        block_dims = tuple(f"{d}_block" for d in self.dims)
-        ds[PROGRESS] = (block_dims, dsa.zeros(grid, dtype=np.uint8, chunks=1))
-        ds[WITHOUT_CONTEXT] = ((*block_dims, "filled_variable"),
-                               dsa.zeros((*grid, len(self.filled)), dtype=np.int64,
-                                         chunks=(1,) * len(grid) + (max(len(self.filled), 1),)),
+        n = len(self._blocks)
+        ds[PROGRESS] = (("block",), dsa.zeros(n, dtype=np.uint8, chunks=1))
+        ds[WITHOUT_CONTEXT] = (("block", "filled_variable"),
+                               dsa.zeros((n, len(self.filled)), dtype=np.int64, chunks=(1, max(len(self.filled), 1))),
                                {"long_name": "gap cells filled with the variable's global mean (no context in reach)",
                                 "filled_variable": " ".join(self.filled)})
         # Floats get NaN as fill value. Flags and progress bytes get none: a _FillValue would make
         # xarray decode them to floats; unwritten chunks read as zarr's default 0 in an incomplete
         # store, which its geonp_status already marks as not to be trusted.
-        encoding = {v: {"_FillValue": np.float32(np.nan) if ds[v].dtype == np.float32 else None}
+        encoding = {v: {"_FillValue": _float_fill(ds[v].dtype)}
                     for v in ds.data_vars}
         with zarr_store.quiet_zarr():
             # Metadata and coordinates only: unwritten chunks read as the fill values (NaN, -1, and
@@ -173,25 +204,30 @@ class InfillStore:
             raise FileExistsError(f"{self.path} already exists and is not an unfinished run of this same command; "
                                   "pass --overwrite to replace it")
 
-    def blocks(self) -> Iterator[tuple[tuple[int, ...], dict[str, slice]]]:
-        """``(block index, {dim: slice})`` for every block, in order."""
-        for index, key in chunk_regions(self.chunks):
-            yield index, dict(zip(self.dims, key))
+    def blocks(self) -> Iterator[tuple[int, dict[str, slice]]]:
+        """``(block index, {dim: slice})`` for every block, in order (see :func:`block_list`)."""
+        for index, (_, region) in enumerate(self._blocks):
+            yield index, dict(region)
+
+    def filled_in(self, index: int) -> list[str]:
+        """The filled variables block ``index`` holds (its layers are each one's ``v``, ``v_std``, ``v_flag``)."""
+        return list(self._blocks[index][0])
 
     def done(self) -> np.ndarray:
         """One bool per block, True where the block is written."""
         group = zarr.open_group(str(self.path), mode="r", use_consolidated=False)
         return np.asarray(group[PROGRESS][...]).astype(bool)
 
-    def write_block(self, index: tuple[int, ...], region: Mapping[str, slice],
+    def write_block(self, index: int, region: Mapping[str, slice],
                     values: Mapping[str, np.ndarray], without_context: Mapping[str, int] | None = None) -> None:
-        """Write every output variable of one block and its gap cells without context per filled
+        """Write the output layers of one block and its gap cells without context per filled
         variable (0 where not given), then mark the block done."""
         group = zarr.open_group(str(self.path), mode="r+", use_consolidated=False)
-        if set(values) != set(self.variables):
-            raise ValueError(f"block values must hold {sorted(self.variables)}, got {sorted(values)}")
-        key = tuple(region[d] for d in self.dims)
+        layers = [f"{v}{suffix}" for v in self.filled_in(index) for suffix in LAYER_SUFFIXES]
+        if set(values) != set(layers):
+            raise ValueError(f"block values must hold {sorted(layers)}, got {sorted(values)}")
         for name, array in values.items():
+            key = tuple(region[d] for d in zarr_store.array_dims(group[name]))
             group[name][key] = np.asarray(array, dtype=group[name].dtype)
         if self.filled:
             counts = dict(without_context or {})
@@ -203,8 +239,8 @@ class InfillStore:
         group = zarr.open_group(str(self.path), mode="r", use_consolidated=False)
         if not self.filled:
             return {}
-        counts = np.asarray(group[WITHOUT_CONTEXT][...]).reshape(-1, len(self.filled))
-        done = np.asarray(group[PROGRESS][...]).astype(bool).reshape(-1)
+        counts = np.asarray(group[WITHOUT_CONTEXT][...])
+        done = np.asarray(group[PROGRESS][...]).astype(bool)
         return {v: int(n) for v, n in zip(self.filled, counts[done].sum(0))}
 
     def finish(self, attrs: Mapping[str, Any] | None = None,
@@ -238,13 +274,23 @@ def _stored(ds: xr.Dataset) -> xr.Dataset:
     """``ds`` ready for ``to_zarr``: one chunk size per dimension (a reversed or reordered axis
     leaves uneven chunks) and only the encoding that says how values are stored."""
     ds = ds.copy()
-    sizes = {d: max(c) for d, c in ds.chunksizes.items()} if ds.chunks else {}
+    # Per variable, not ds.chunks: an input's coordinates may be chunked unlike its data (xarray's
+    # to_zarr lets Zarr choose each array's chunks), which ds.chunks refuses as inconsistent.
+    sizes: dict = {}
+    for var in ds.variables.values():
+        for dim, chunks in zip(var.dims, var.chunks or ()):
+            sizes[dim] = max(sizes.get(dim, 0), max(chunks))
     for name, var in ds.variables.items():
         keep = coordinate_encoding(var)
         if name in ds.data_vars:
-            keep["_FillValue"] = np.float32(np.nan) if var.dtype == np.float32 else None
+            keep.setdefault("_FillValue", _float_fill(var.dtype))
         var.encoding = keep
     return ds.chunk({d: sizes.get(d, -1) for d in ds.dims}) if sizes else ds
+
+
+def _float_fill(dtype: np.dtype) -> Any:
+    """NaN of a float dtype as the fill value; None (no fill value) for integers, flags included."""
+    return np.dtype(dtype).type(np.nan) if np.issubdtype(dtype, np.floating) else None
 
 
 def is_complete(path: str | Path) -> bool:

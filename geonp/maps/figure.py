@@ -202,17 +202,16 @@ def _time_index(da: xr.DataArray, time: int | str) -> int:
         return int(time) % n
     if "time" not in da.coords:
         raise ValueError(f"--time {time!r}: {da.name!r} has no time coordinate; give an index instead")
+    from geonp.data.calendar import format_time, nearest_step  # geonp.data loads torch: only when drawing
+
     times = da["time"].values
     try:
-        wanted = np.datetime64(str(time))
-    except ValueError:
-        raise ValueError(f"--time {time!r} is neither an index nor a date/time such as 2019-01-01T06") from None
-    gap = np.abs(times - wanted.astype(times.dtype))
-    step = np.diff(times).min() if n > 1 else np.timedelta64(1, "D")
-    if gap.min() > step:
-        raise ValueError(f"--time {time}: the output covers {np.datetime_as_string(times[0], 'm')} to "
-                         f"{np.datetime_as_string(times[-1], 'm')}")
-    return int(np.argmin(gap))
+        index, distance = nearest_step(times, str(time))
+    except ValueError as err:
+        raise ValueError(f"--time {time!r}: {err}; give an index or a date/time such as 2019-01-01T06") from None
+    if distance > 1.0:
+        raise ValueError(f"--time {time}: the output covers {format_time(times[0])} to {format_time(times[-1])}")
+    return index
 
 
 def _horizontal_dims(da: xr.DataArray, variable: str) -> tuple[str, str]:
@@ -359,9 +358,9 @@ def _default_title(ds: xr.Dataset, work: xr.Dataset, variable: str, t: int, name
     """Variable, time (when the output has a time axis) and model."""
     parts = [f"{name} ({variable})" if name != variable else variable]
     if "time" in work[variable].dims and "time" in work.coords:
-        stamp = work["time"].values[t]
-        parts.append("at " + (np.datetime_as_string(stamp, unit="m")
-                              if np.issubdtype(np.asarray(stamp).dtype, np.datetime64) else str(stamp)))
+        from geonp.data.calendar import format_time
+
+        parts.append("at " + format_time(work["time"].values[t]))
     if ds.attrs.get("geonp_model"):
         parts.append(f"filled by {ds.attrs['geonp_model']}")
     return " ".join(parts)

@@ -32,6 +32,10 @@ def draw_series(ax: Axes, ds: xr.Dataset, variable: str, cell: tuple[int, int], 
     is drawn dashed."""
     s = cell_series(ds, variable, cell)
     t = s["time"].values if "time" in s.coords else np.arange(s.sizes.get("time", 1))
+    if t.dtype == object:
+        # cftime dates (a climate model's noleap or 360_day calendar): nc-time-axis teaches
+        # matplotlib to place and label them; importing it registers the converter.
+        import nc_time_axis  # noqa: F401
     value, std, flag = (np.atleast_1d(s[k].values) for k in ("value", "std", "flag"))
     value = np.where(flag == 2, np.nan, value.astype(float))
     band = np.where(flag == 1, 2 * std.astype(float), 0.0)

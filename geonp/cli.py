@@ -11,6 +11,7 @@ import argparse
 import os
 import shlex
 import sys
+import warnings
 from typing import NoReturn
 
 from geonp import __version__
@@ -116,6 +117,8 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("--truth", default=None, metavar="FILE", help="complete field on the same grid: adds truth "
                       "and error panels")
     plot.add_argument("--point", default=None, metavar="LAT,LON", help="add this cell's time series")
+    plot.add_argument("--select", action="append", default=None, metavar="DIM=VALUE",
+                      help="level, member ... to draw, by coordinate value or index (repeatable; default: the first)")
     plot.add_argument("--dpi", type=int, default=110, help="PNG resolution (default: %(default)s)")
 
     models = sub.add_parser("models", help="list the model names and their presets")
@@ -181,7 +184,8 @@ def _run(args: argparse.Namespace) -> int:
         from geonp.maps import plot_file
 
         png = plot_file(args.output, args.out, variable=args.var, time=args.time, region=args.region,
-                        projection_name=args.projection, truth=args.truth, point=args.point, dpi=args.dpi)
+                        projection_name=args.projection, truth=args.truth, point=args.point, dpi=args.dpi,
+                        select=args.select)
         print(f"wrote {png}")
     elif args.command == "models":
         from geonp.models import available, presets
@@ -243,7 +247,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_BAD_INPUT
     try:
-        return _run(args)
+        with warnings.catch_warnings():
+            # xarray falls back to cftime for a climate-model calendar or a date beyond
+            # datetime64's range and says so on every read; geonp works in cftime there on purpose.
+            warnings.filterwarnings("ignore", message="Unable to decode time axis into full numpy.datetime64")
+            return _run(args)
     except KeyboardInterrupt:
         print("geonp: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

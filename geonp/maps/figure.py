@@ -14,6 +14,7 @@ rendered with the Agg canvas directly, so pyplot's global backend is left alone.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ import xarray as xr
 from geonp.atomic import write_atomic
 from geonp.maps import natural_earth
 from geonp.maps.crs import MapGrid, lonlat, map_grid, projection
+from geonp.maps.selection import select_extra, time_index
 from geonp.maps.series import draw_series
 from geonp.maps.style import CMAPS, FLAG_COLOURS, FLAG_NAMES, OUTSIDE_COLOUR
 
@@ -42,7 +44,8 @@ def plot_infill(ds: xr.Dataset, variable: str, path: str | Path, *, dpi: int = 1
 
 def map_figure(ds: xr.Dataset, variable: str, *, time: int | str = 0, truth: xr.DataArray | None = None,
                hidden: xr.DataArray | None = None, region: Any = None, projection_name: str | None = None,
-               point: tuple[float, float] | None = None, title: str | None = None) -> Figure:
+               point: tuple[float, float] | None = None, title: str | None = None,
+               select: Mapping[str, Any] | None = None) -> Figure:
     """The map panels of one variable of an infill output at one time.
 
     Args:
@@ -56,6 +59,8 @@ def map_figure(ds: xr.Dataset, variable: str, *, time: int | str = 0, truth: xr.
         projection_name: a :data:`geonp.maps.crs.PROJECTIONS` name; default the grid's own CRS.
         point: ``(lat, lon)`` degrees: adds that cell's time series and marks it on the maps.
         title: the figure title; default variable, time and model.
+        select: ``{dim: value}`` along the variable's other dims (a pressure ``level``, an
+            ensemble ``member``): a coordinate value, else an index; default the first of each.
 
     Raises:
         ValueError: a layer is missing, the shapes disagree, or an argument is out of range.
@@ -75,7 +80,8 @@ def map_figure(ds: xr.Dataset, variable: str, *, time: int | str = 0, truth: xr.
         from geonp.data.regions import crop_to_region, get_region
 
         work = crop_to_region(work, get_region(region))
-    t = _time_index(work[variable], time)
+    work, chosen = select_extra(work, variable, select or {})
+    t = time_index(work[variable], time)
     sel = work.isel(time=t) if "time" in work[variable].dims else work
     dims = _horizontal_dims(sel[variable], variable)
     sel = sel.transpose(*dims, ...)
@@ -158,7 +164,7 @@ def map_figure(ds: xr.Dataset, variable: str, *, time: int | str = 0, truth: xr.
         ax = fig.add_subplot(spec[rows, :])
         ax.set_label("panel:series")
         draw_series(ax, work, variable, cell, point, mark_time=t, units=units)
-    fig.suptitle(title if title is not None else _default_title(ds, work, variable, t, name))
+    fig.suptitle(title if title is not None else _default_title(ds, work, variable, t, name, chosen))
     return fig
 
 
@@ -191,29 +197,6 @@ def _layers(ds: xr.Dataset, variable: str, truth: xr.DataArray | None, hidden: x
     return work
 
 
-def _time_index(da: xr.DataArray, time: int | str) -> int:
-    """The index of ``time`` (an index, or a date/time matched to the nearest step) along ``da``'s time."""
-    if "time" not in da.dims:
-        return 0
-    n = da.sizes["time"]
-    if isinstance(time, int | np.integer):
-        if not -n <= time < n:
-            raise ValueError(f"time index {time} is out of range for {da.name!r} ({n} times)")
-        return int(time) % n
-    if "time" not in da.coords:
-        raise ValueError(f"--time {time!r}: {da.name!r} has no time coordinate; give an index instead")
-    from geonp.data.calendar import format_time, nearest_step  # geonp.data loads torch: only when drawing
-
-    times = da["time"].values
-    try:
-        index, distance = nearest_step(times, str(time))
-    except ValueError as err:
-        raise ValueError(f"--time {time!r}: {err}; give an index or a date/time such as 2019-01-01T06") from None
-    if distance > 1.0:
-        raise ValueError(f"--time {time}: the output covers {format_time(times[0])} to {format_time(times[-1])}")
-    return index
-
-
 def _horizontal_dims(da: xr.DataArray, variable: str) -> tuple[str, str]:
     dims = tuple(d for d in da.dims if d != "time")
     if len(dims) != 2:
@@ -227,7 +210,8 @@ def _centre_lon(grid: MapGrid) -> float:
         return 0.0
     lon = np.asarray(grid.x, float)
     lon = lon[np.isfinite(lon)]
-    return float(np.round((lon.min() + lon.max()) / 2)) if lon.size and np.ptp(lon) < 300 else 0.0
+    centre = float(np.round((lon.min() + lon.max()) / 2)) if lon.size and np.ptp(lon) < 300 else 0.0
+    return centre + 0.0  # never -0.0: PROJ refuses "+pm=-0.0" (a grid centred just west of Greenwich)
 
 
 def _decorate(ax: Axes, grid: MapGrid, crs: Any | None) -> None:
@@ -308,8 +292,9 @@ def _point_cell(sel: xr.Dataset, grid: MapGrid, point: tuple[float, float], dims
     dlon = (lon - lon0 + 180) % 360 - 180
     d2 = (lat - lat0) ** 2 + (dlon * np.cos(np.deg2rad(lat0))) ** 2
     row, col = np.unravel_index(np.nanargmin(d2), d2.shape)
-    spacing = max(float(np.nanmax(np.abs(np.diff(lat, axis=0)), initial=0)),
-                  float(np.nanmax(np.abs(np.diff(lon, axis=1)), initial=0)), 1e-9)
+    # The widest cell side along either axis: a grid may hold latitude along its columns.
+    spacing = max([float(np.nanmax(np.abs(np.diff(c, axis=a)), initial=0)) for c in (lat, lon) for a in (0, 1)]
+                  + [1e-9])
     if np.sqrt(d2[row, col]) > 2 * spacing:
         raise ValueError(f"--point {lat0},{lon0} lies outside the grid (nearest cell "
                          f"{lat[row, col]:.3f},{lon[row, col]:.3f})")
@@ -354,9 +339,11 @@ def _robust(values: np.ndarray) -> tuple[float, float]:
     return lo, hi
 
 
-def _default_title(ds: xr.Dataset, work: xr.Dataset, variable: str, t: int, name: str) -> str:
-    """Variable, time (when the output has a time axis) and model."""
+def _default_title(ds: xr.Dataset, work: xr.Dataset, variable: str, t: int, name: str, chosen: str = "") -> str:
+    """Variable (and the level or member drawn), time (when the output has a time axis) and model."""
     parts = [f"{name} ({variable})" if name != variable else variable]
+    if chosen:
+        parts.append(f"[{chosen}]")
     if "time" in work[variable].dims and "time" in work.coords:
         from geonp.data.calendar import format_time
 

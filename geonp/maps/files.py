@@ -11,7 +11,7 @@ from geonp.maps.figure import filled_variables, plot_infill
 
 def plot_file(output: str | Path, out: str | Path, *, variable: str | None = None, time: int | str = 0,
               region: str | None = None, projection_name: str | None = None, truth: str | Path | None = None,
-              point: str | None = None, dpi: int = 110) -> Path:
+              point: str | None = None, dpi: int = 110, select: list[str] | None = None) -> Path:
     """Draw ``output`` (a store ``geonp infill`` wrote) to the PNG ``out``; returns its path.
 
     Args:
@@ -24,6 +24,7 @@ def plot_file(output: str | Path, out: str | Path, *, variable: str | None = Non
         truth: a file holding the complete field (``variable``, or its only variable) on the same grid.
         point: ``"LAT,LON"``: add that cell's time series.
         dpi: PNG resolution.
+        select: ``["DIM=VALUE", ...]``: which level, member ... to draw (default the first of each).
 
     Raises:
         ValueError / FileNotFoundError: one line naming the file, variable or argument at fault.
@@ -55,7 +56,8 @@ def plot_file(output: str | Path, out: str | Path, *, variable: str | None = Non
             raise ValueError(f"--truth {truth}: {name!r} has dims {truth_da.dims}, the output's {variable!r} "
                              f"{ds[variable].dims}") from None
     return plot_infill(ds, variable, out, time=_time(time), truth=truth_da, region=_region(region),
-                       projection_name=projection_name, point=_point(point) if point else None, dpi=dpi)
+                       projection_name=projection_name, point=_point(point) if point else None, dpi=dpi,
+                       select=_select(select or []))
 
 
 def _open(path: Path, what: str) -> xr.Dataset:
@@ -67,6 +69,17 @@ def _open(path: Path, what: str) -> xr.Dataset:
         return xr.open_dataset(path)
     except Exception as err:  # noqa: BLE001 - any reader failure is the same to the user: not a dataset
         raise ValueError(f"{what} {path} is not a readable Zarr or NetCDF dataset ({type(err).__name__})") from None
+
+
+def _select(items: list[str]) -> dict[str, str]:
+    """``["plev=500", "member=2"]`` as ``{"plev": "500", "member": "2"}``."""
+    out = {}
+    for item in items:
+        dim, sep, value = item.partition("=")
+        if not sep or not dim or not value:
+            raise ValueError(f"--select {item!r}: expected DIM=VALUE, e.g. plev=500")
+        out[dim.strip()] = value.strip()
+    return out
 
 
 def _time(text: int | str) -> int | str:

@@ -83,8 +83,9 @@ def hide_cells(
     hdims = _horizontal_dims(da, valid)
     step_dims = [d for d in da.dims if d not in hdims]
     ordered = da.transpose(*step_dims, *hdims)
-    # One compute, and always a fresh float array: NaN must fit and the input must stay intact.
-    values = np.array(ordered.values, dtype=np.result_type(ordered.dtype, np.float32), copy=True)
+    # One compute, and always a fresh C-ordered float array: NaN must fit, the input must stay
+    # intact, and the reshape below must be a view (a transposed copy in "K" order is not).
+    values = np.array(ordered.values, dtype=np.result_type(ordered.dtype, np.float32), copy=True, order="C")
     ny, nx = values.shape[-2:]
     cube = values.reshape(-1, ny, nx)  # a view: writing NaN here writes into ``values``
     ok = np.ones((ny, nx), bool) if valid is None else np.asarray(valid.transpose(*hdims).values, dtype=bool)

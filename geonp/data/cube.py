@@ -294,11 +294,35 @@ def horizontal_dims(ds: xr.Dataset) -> tuple[str, str]:
 
 
 def field_variables(ds: xr.Dataset) -> list[str]:
-    """Numeric data variables on the horizontal grid that are fields (not flags, QC or bounds)."""
+    """Numeric data variables on the horizontal grid that are fields: not flags, QC, nor what CF
+    attributes name as describing others (bounds such as ``vertices_latitude``, cell measures such
+    as ``areacello``, grid mappings, auxiliary coordinates)."""
     dims = set(horizontal_dims(ds))
+    described = {name for var in ds.variables.values() for name in cf_references(var)}
     return [str(v) for v, da in ds.data_vars.items()
             if dims <= set(da.dims) and np.issubdtype(da.dtype, np.number) and not _is_flag(da)
-            and not str(v).endswith(("_bnds", "_bounds"))]
+            and not str(v).endswith(("_bnds", "_bounds")) and v not in described]
+
+
+def cf_references(var: xr.Variable | xr.DataArray) -> list[str]:
+    """The variable names ``var``'s CF attributes point to: ``bounds``, ``grid_mapping`` (``crs``
+    or ``crs: lat lon ...``), ``cell_measures`` (``area: areacella``) and ``coordinates``."""
+    attrs = {**var.encoding, **var.attrs}
+    names = [str(attrs["bounds"])] if attrs.get("bounds") else []
+    names += _attribute_names(attrs.get("grid_mapping"), before_colon=True)
+    names += _attribute_names(attrs.get("cell_measures"), before_colon=False)
+    return names + str(attrs.get("coordinates") or "").split()
+
+
+def _attribute_names(text: object, before_colon: bool) -> list[str]:
+    """Names in a CF attribute of ``key: name`` pairs (``cell_measures``: the names after each colon)
+    or of ``name: coords`` pairs (extended ``grid_mapping``: the names before); a plain name as is."""
+    words = str(text or "").split()
+    if not any(w.endswith(":") for w in words):
+        return words if before_colon else []
+    if before_colon:
+        return [w[:-1] for w in words if w.endswith(":")]
+    return [w for w in words if not w.endswith(":")]
 
 
 def _select(ds: xr.Dataset, wanted: list[str] | None) -> xr.Dataset:

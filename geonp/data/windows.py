@@ -36,6 +36,9 @@ from geonp.data.cube import horizontal_dims
 
 #: Cells per block at most: larger input chunks are split (aligned) so memory follows the block.
 MAX_BLOCK_CELLS = 1 << 21
+#: The one-step axis a field without time gets when other fields of its cube have a time axis
+#: (a single scene without time gets ``time`` itself).
+STATIC_STEP = "geonp_static_step"
 #: Chunks given to in-memory inputs, ``(time, rows, cols)``.
 DEFAULT_CHUNKS = (1, 256, 256)
 #: Fewer hidden or context cells than this and a drawn training window is discarded.
@@ -349,9 +352,14 @@ def canonical(ds: xr.Dataset, name: str, source: str) -> xr.DataArray:
     da = ds[name]
     rows, cols = horizontal_dims(ds)
     extra = [d for d in da.dims if d not in ("time", rows, cols)]
+    step = "time"
     if "time" not in da.dims:
-        da = da.expand_dims(time=1) if "time" not in da.coords else da.expand_dims("time")
-    da = da.transpose(*extra, "time", rows, cols)
+        if "time" in ds.dims:  # a static field beside time-varying ones: its own one-step axis
+            step = STATIC_STEP
+            da = da.expand_dims({STATIC_STEP: 1})
+        else:
+            da = da.expand_dims(time=1) if "time" not in da.coords else da.expand_dims("time")
+    da = da.transpose(*extra, step, rows, cols)
     if da.chunks is None:
         da = da.chunk(dict(zip(da.dims, (*[1] * len(extra),
                                          *(min(c, n) for c, n in zip(DEFAULT_CHUNKS, da.shape[len(extra):]))))))
@@ -366,13 +374,13 @@ def extra_indices(da: xr.DataArray) -> list[dict[str, int]]:
 
 
 def _cap_chunks(da: xr.DataArray) -> xr.DataArray:
-    """Split chunks of the last three dims larger than :data:`MAX_BLOCK_CELLS` into aligned pieces
-    (halving rows, then cols, then time)."""
-    lead = [list(c) for c in da.chunks[:-3]]
-    chunks = [list(c) for c in da.chunks[-3:]]
-    while max(chunks[1]) * max(chunks[2]) > MAX_BLOCK_CELLS:
-        axis = 1 if max(chunks[1]) >= max(chunks[2]) else 2
-        chunks[axis] = [p for c in chunks[axis] for p in ((c + 1) // 2, c // 2) if p > 0]
-    while max(chunks[0]) * max(chunks[1]) * max(chunks[2]) > MAX_BLOCK_CELLS and max(chunks[0]) > 1:
-        chunks[0] = [p for c in chunks[0] for p in ((c + 1) // 2, c // 2) if p > 0]
-    return da.chunk(dict(zip(da.dims, (tuple(c) for c in (*lead, *chunks)))))
+    """One chunk size per dimension (what Zarr stores: a flipped latitude or a reordered longitude
+    leaves the input's chunks uneven), halved along rows, then cols, then time until a block of the
+    last three dims holds at most :data:`MAX_BLOCK_CELLS` cells."""
+    size = [max(c) for c in da.chunks]
+    while size[-2] * size[-1] > MAX_BLOCK_CELLS:
+        axis = -2 if size[-2] >= size[-1] else -1
+        size[axis] = (size[axis] + 1) // 2
+    while size[-3] * size[-2] * size[-1] > MAX_BLOCK_CELLS and size[-3] > 1:
+        size[-3] = (size[-3] + 1) // 2
+    return da.chunk(dict(zip(da.dims, size)))

@@ -26,6 +26,8 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from geonp.data.cube import cf_references
+from geonp.data.windows import STATIC_STEP
 from geonp.fill.output import coordinate_encoding
 
 #: Suffixes of the layers beside each filled variable.
@@ -71,11 +73,7 @@ def _companions(like: xr.Dataset, layers: list[str], coords: list[str]) -> list[
     a coordinate's ``bounds`` (``time_bnds``, ``lat_bnds``, ``vertices_latitude``, and their own
     bounds in turn), and what a layer names in ``grid_mapping``, ``cell_measures`` or ``coordinates``."""
     found: list[str] = []
-    todo = list(coords)
-    for name in layers:
-        attrs = {**like[name].encoding, **like[name].attrs}
-        todo += _named(attrs.get("grid_mapping"), keys=True) + _named(attrs.get("cell_measures"), keys=False)
-        todo += str(attrs.get("coordinates") or "").split()
+    todo = list(coords) + [name for layer in layers for name in cf_references(like[layer])]
     seen = set()
     while todo:
         name = todo.pop(0)
@@ -84,19 +82,8 @@ def _companions(like: xr.Dataset, layers: list[str], coords: list[str]) -> list[
         seen.add(name)
         if name not in coords:
             found.append(name)
-        bounds = like[name].attrs.get("bounds") or like[name].encoding.get("bounds")
-        if bounds:
-            todo.append(str(bounds))
+        todo += cf_references(like[name])
     return found
-
-
-def _named(text: object, keys: bool) -> list[str]:
-    """Variable names in a CF attribute: ``grid_mapping`` (``crs`` or ``crs: lat lon ...``, the
-    names before colons: ``keys``) or ``cell_measures`` (``area: areacella``, the names after)."""
-    words = str(text or "").split()
-    if not any(w.endswith(":") for w in words):
-        return words if keys else []
-    return [w[:-1] for w in words if w.endswith(":")] if keys else [w for w in words if not w.endswith(":")]
 
 
 def _as_input(layer: xr.DataArray, source: xr.DataArray, like: xr.Dataset, renamed: Mapping[str, str]) -> xr.DataArray:
@@ -130,7 +117,7 @@ def _input_dim(dim: str, source: xr.DataArray, like: xr.Dataset, renamed: Mappin
         return name
     if name in like.variables and like[name].ndim == 1 and like[name].dims[0] in source.dims:
         return str(like[name].dims[0])  # e.g. 1-D lat on a dimension called y
-    if dim == "time":
+    if dim in ("time", STATIC_STEP):
         return None
     raise ValueError(f"{source.name!r}: cannot find the input's dimension for the output's {dim!r}")
 

@@ -23,7 +23,7 @@ import numpy as np
 import xarray as xr
 
 import geonp
-from geonp.data.clouds import random_clouds
+from geonp.data.clouds import DONOR_CLOUDS, DONOR_NONE, borrow_gaps  # noqa: F401 - the donor codes are part of this API
 from geonp.data.cube import horizontal_dims, open_cube
 from geonp.data.satellite import open_satellite
 from geonp.data.valid import MaskSpec, valid_area
@@ -36,11 +36,10 @@ from geonp.metrics import (
     gaussian_skill,
     pit_histogram,
 )
-from geonp.skill_table import DONOR_CLOUDS, DONOR_NONE, write_table
+from geonp.skill_table import write_table
 
 MIN_OBSERVED = 50  # a step with fewer observed cells is too small to hide from and still fill
 MIN_HIDDEN = 0.10  # a donor should hide at least this fraction of a step's observed cells
-CLOUD_TRIES = 10  # synthetic cloud draws per step before settling for the nearest acceptable one
 
 
 def hide_cells(
@@ -51,6 +50,7 @@ def hide_cells(
     max_hidden: float = 0.5,
     cover: float = 0.3,
     min_observed: int = MIN_OBSERVED,
+    steps: Sequence[int] | None = None,
 ) -> tuple[xr.DataArray, xr.DataArray]:
     """Hide observed cells of ``da`` under real gap patterns of its other time steps.
 
@@ -70,6 +70,8 @@ def hide_cells(
         max_hidden: the largest fraction of a step's observed cells to hide, in (0, 1).
         cover: cloud fraction of the synthetic clouds, in (0, 1).
         min_observed: steps with fewer observed cells are left untouched.
+        steps: hide cells in these steps only (C order over the non-horizontal dims); the others
+            stay whole, as history, and lend their gaps. None: every step.
 
     Returns:
         ``(masked, hidden)``: a numpy-backed copy of ``da`` (float) with the hidden cells NaN, and
@@ -79,7 +81,6 @@ def hide_cells(
     """
     if not 0.0 < max_hidden < 1.0:
         raise ValueError(f"max_hidden must be a fraction in (0, 1), got {max_hidden!r}")
-    low = min(MIN_HIDDEN, max_hidden / 2)
     hdims = _horizontal_dims(da, valid)
     step_dims = [d for d in da.dims if d not in hdims]
     ordered = da.transpose(*step_dims, *hdims)
@@ -89,35 +90,9 @@ def hide_cells(
     ny, nx = values.shape[-2:]
     cube = values.reshape(-1, ny, nx)  # a view: writing NaN here writes into ``values``
     ok = np.ones((ny, nx), bool) if valid is None else np.asarray(valid.transpose(*hdims).values, dtype=bool)
-    observed = np.isfinite(cube) & ok
-    gaps = ~np.isfinite(cube) & ok
-    n_obs = observed.sum(axis=(1, 2))
-    gap_rows = gaps.reshape(len(cube), -1).astype(np.float32)
-
-    hidden = np.zeros_like(observed)
-    donors = np.full(len(cube), DONOR_NONE, dtype=np.int64)
-    for t in range(len(cube)):
-        if n_obs[t] < min_observed:
-            continue
-        # Fraction of t's observed cells that each step's gaps would hide (one matrix product).
-        share = gap_rows @ observed[t].ravel().astype(np.float32) / n_obs[t]
-        share[t] = np.nan
-        usable = np.flatnonzero((share >= low) & (share <= max_hidden))
-        if usable.size:
-            donors[t] = int(rng.choice(usable))
-            hidden[t] = gaps[donors[t]] & observed[t]
-            continue
-        best, best_share = None, 0.0
-        for _ in range(CLOUD_TRIES):
-            clouds = random_clouds((ny, nx), cover, rng) & observed[t]
-            frac = clouds.sum() / n_obs[t]
-            if low <= frac <= max_hidden:
-                best = clouds
-                break
-            if best_share < frac <= max_hidden:
-                best, best_share = clouds, frac
-        if best is not None:
-            hidden[t], donors[t] = best, DONOR_CLOUDS
+    hidden, donors = borrow_gaps(np.isfinite(cube) & ok, ~np.isfinite(cube) & ok, rng,
+                                 low=min(MIN_HIDDEN, max_hidden / 2), high=max_hidden, cover=cover,
+                                 min_observed=min_observed, steps=steps)
     cube[hidden] = np.nan
 
     def wrap(data: np.ndarray, name: str, attrs: dict) -> xr.DataArray:

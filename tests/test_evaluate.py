@@ -115,6 +115,18 @@ def test_hide_cells_leaves_sparse_steps_untouched():
     assert hidden.attrs["geonp_donor"][0] == DONOR_NONE and not hidden.values[0].any()
 
 
+def test_hide_cells_only_in_the_steps_asked_the_others_stay_whole_and_lend_gaps():
+    ds = cube(steps=4)
+    masked, hidden = hide_cells(ds["sst"], ds["valid"], np.random.default_rng(0), steps=[0])
+    donors = hidden.attrs["geonp_donor"]
+    assert hidden.values[0].any() and not hidden.values[1:].any()
+    assert list(donors) == [1, DONOR_NONE, DONOR_NONE, DONOR_NONE]  # step 2's gaps would hide 80%
+    # The hidden cells are the donor's gaps over the step's observed cells, and nothing else moved.
+    gaps = ~np.isfinite(ds["sst"].values[1]) & ds["valid"].values
+    np.testing.assert_array_equal(hidden.values[0], gaps & np.isfinite(ds["sst"].values[0]))
+    np.testing.assert_array_equal(np.isnan(masked.values[1:]), np.isnan(ds["sst"].values[1:]))
+
+
 # -- evaluate with a fake infill engine ----------------------------------------------------------
 
 class Oracle:

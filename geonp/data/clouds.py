@@ -51,3 +51,71 @@ def random_clouds(
     if n_cloud:
         mask[np.argpartition(field.ravel(), field.size - n_cloud)[field.size - n_cloud:]] = True
     return mask.reshape(field.shape)
+
+
+#: Marks in ``borrow_gaps``'s donors: synthetic clouds, and a step left untouched.
+DONOR_CLOUDS, DONOR_NONE = -1, -2
+CLOUD_TRIES = 10  # synthetic cloud draws per step before settling for the nearest acceptable one
+
+
+def borrow_gaps(
+    observed: np.ndarray,
+    gaps: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    low: float = 0.10,
+    high: float = 0.5,
+    cover: float = 0.3,
+    min_observed: int = 50,
+    steps: np.ndarray | list[int] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Cells to hide in each step of a stack: its observed cells under another step's real gaps.
+
+    For each step ``t`` (of ``steps``, default all) with at least ``min_observed`` observed
+    cells, a donor step ``s != t`` is drawn among those whose gaps would hide between ``low`` and
+    ``high`` of ``t``'s observed cells. Without one (a single scene, a gap-free stack) the step
+    gets :func:`random_clouds` of ``cover`` instead, redrawn up to 10 times until it hides
+    ``low`` to ``high`` (else the largest draw below ``high``).
+
+    Args:
+        observed, gaps: bool ``[S, R, C]``: cells holding a value, and cells that could but do not
+            (a real gap inside the valid area).
+        rng: the randomness (donor choice, clouds); same state, same result.
+        low, high: the share of a step's observed cells to hide, ``0 <= low < high < 1``.
+        cover: cloud fraction of the synthetic clouds.
+        min_observed: steps with fewer observed cells are left untouched.
+        steps: the steps to hide cells in; the others are only donors.
+
+    Returns:
+        ``(hidden, donors)``: bool ``[S, R, C]`` (True: hide), and int ``[S]``: each step's donor,
+        :data:`DONOR_CLOUDS` for synthetic clouds, :data:`DONOR_NONE` for untouched.
+    """
+    observed, gaps = np.asarray(observed, bool), np.asarray(gaps, bool)
+    n_steps, ny, nx = observed.shape
+    n_obs = observed.sum(axis=(1, 2))
+    gap_rows = gaps.reshape(n_steps, -1).astype(np.float32)
+    hidden = np.zeros_like(observed)
+    donors = np.full(n_steps, DONOR_NONE, dtype=np.int64)
+    for t in range(n_steps) if steps is None else [int(s) for s in steps]:
+        if n_obs[t] < min_observed:
+            continue
+        # Share of t's observed cells that each step's gaps would hide (one matrix product).
+        share = gap_rows @ observed[t].ravel().astype(np.float32) / n_obs[t]
+        share[t] = np.nan
+        usable = np.flatnonzero((share >= low) & (share <= high))
+        if usable.size:
+            donors[t] = int(rng.choice(usable))
+            hidden[t] = gaps[donors[t]] & observed[t]
+            continue
+        best, best_share = None, 0.0
+        for _ in range(CLOUD_TRIES):
+            clouds = random_clouds((ny, nx), cover, rng) & observed[t]
+            frac = clouds.sum() / n_obs[t]
+            if low <= frac <= high:
+                best = clouds
+                break
+            if best_share < frac <= high:
+                best, best_share = clouds, frac
+        if best is not None:
+            hidden[t], donors[t] = best, DONOR_CLOUDS
+    return hidden, donors

@@ -1,0 +1,79 @@
+"""DINEOF (``geonp.history``): a stack's gaps from the EOFs of its own history."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from geonp.data.clouds import random_clouds
+from geonp.history import dineof
+
+
+def low_rank_stack(steps: int = 20, rows: int = 60, cols: int = 70, noise: float = 0.1, seed: int = 1):
+    """Three spatial patterns with random daily amplitudes plus noise, under cloud-shaped gaps:
+    ``(truth, with gaps)``, both ``[T, R, C]``."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:rows, 0:cols]
+    patterns = [np.sin(yy / 9.0) + np.cos(xx / 13.0), np.sin((xx + yy) / 11.0), np.cos(yy / 5.0) * np.sin(xx / 7.0)]
+    amps = rng.normal(size=(steps, 3)) * [3.0, 1.5, 0.8]
+    truth = 20 + sum(a[:, None, None] * p for a, p in zip(amps.T, patterns)) + rng.normal(0, noise, (steps, rows, cols))
+    given = truth.copy()
+    for t in range(steps):
+        given[t][random_clouds((rows, cols), rng.uniform(0.2, 0.7), rng, 6.0)] = np.nan
+    return truth, given
+
+
+def test_a_low_rank_stack_is_filled_to_its_noise_and_the_modes_are_found():
+    truth, given = low_rank_stack()
+    rec = dineof(given)
+    gap = np.isnan(given)
+    rmse = np.sqrt(np.mean((rec.mean[gap] - truth[gap]) ** 2))
+    assert rmse < 0.25  # noise 0.1; the field's own spread is about 3
+    assert 3 <= rec.modes <= 10
+    assert min(rec.cv_rmse, key=rec.cv_rmse.get) == rec.modes
+    # Fewer modes than the field holds fit worse at the cross-validation cells.
+    assert rec.cv_rmse[1] > 2 * rec.cv_rmse[rec.modes]
+
+
+def test_sigma_is_calibrated_grows_with_distance_and_is_zero_where_observed():
+    truth, given = low_rank_stack(noise=0.3)
+    rec = dineof(given)
+    gap = np.isnan(given)
+    assert (rec.std[~gap] == 0).all() and (rec.std[gap] > 0).all()
+    levels = [s for _, s in rec.sigma]
+    assert levels == sorted(levels)
+    z = np.abs(rec.mean[gap] - truth[gap]) / rec.std[gap]
+    assert 0.8 <= np.mean(z <= 1.645) <= 0.97  # a 90% interval, roughly
+
+
+def test_the_fit_is_the_rank_k_part_at_observed_cells_too():
+    truth, given = low_rank_stack(noise=0.3)
+    rec = dineof(given)
+    seen = np.isfinite(given)
+    residual = given[seen] - rec.mean[seen]
+    assert 0.15 < residual.std() < 0.45  # what the modes miss is the noise, not zero
+
+
+def test_valid_area_deterministic_and_input_untouched():
+    truth, given = low_rank_stack(steps=8)
+    valid = np.ones(given.shape[1:], bool)
+    valid[:, :10] = False
+    before = given.copy()
+    a, b = dineof(given, valid), dineof(given, valid)
+    np.testing.assert_array_equal(a.mean, b.mean)
+    np.testing.assert_array_equal(given, before)
+    assert np.isnan(a.mean[:, :, :10]).all() and np.isnan(a.std[:, :, :10]).all()
+    assert np.isfinite(a.mean[:, :, 10:]).all()
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_too_short_a_history_is_refused(steps):
+    _, given = low_rank_stack(steps=steps)
+    with pytest.raises(ValueError, match="at least 3 steps"):
+        dineof(given)
+
+
+def test_a_shape_mismatch_is_refused():
+    _, given = low_rank_stack(steps=4)
+    with pytest.raises(ValueError, match="does not match"):
+        dineof(given, np.ones((5, 5), bool))

@@ -16,6 +16,15 @@ kriging solution as a feature and lets it learn where to trust it and by how muc
 * it returns the kriging mean ``w^T y`` and the log kriging variance of an observation
   ``s + t - w^T k_* - m``; the model adds both to its target tokens and mixes the kriging mean
   into its predicted mean (see ``kriging_mix`` in :class:`geonp.models.tnp.TEPTTNP`).
+* with covariates (``drift``, e.g. what the scene's history predicts at each cell), the local
+  mean is ``b0 + b . (d_i - d_*)`` instead of a constant: kriging with external drift, whose
+  coefficients are estimated from the target's own neighbours (generalised least squares, inside
+  the kriging system), so each target learns the day-to-day relation (offset and scale) between
+  its field and the covariate where it is, and a covariate that says nothing gets a slope near 0.
+  The same Cholesky factor serves: ``A = K^-1 [k_*, F]``, ``l = (F^T K^-1 F)^-1 (F^T K^-1 k_* - f_*)``,
+  ``w = K^-1 k_* - K^-1 F l``, variance ``s + t - w^T k_* - l^T f_*``, with ``F = [1, d_i - d_*]``
+  and ``f_* = [1, 0]``; a small ridge on the slopes keeps ``F^T K^-1 F`` invertible where the
+  covariate is flat. Without covariates this is the ordinary kriging above.
 
 Only differences of inputs enter, so the head keeps translation equivariance. Cost: one
 ``k x k`` Cholesky factorisation per target, ``O(Nt k^3)``; the ``k x k`` steps run a
@@ -42,6 +51,9 @@ INIT_LENGTHSCALES = {"gaussian": 0.25, "matern32": 1.0, "exponential": 2.0}
 INIT_SILL, INIT_NUGGET = 1.0, 0.05
 _JITTER = 1e-4
 _CACHE_ELEMS = 2**18  # K x K entries processed at once (1 MiB of float32): one slice of targets
+#: Ridge on the drift slopes, relative to the mean of ``F^T K^-1 F``'s intercept entry: a flat
+#: covariate among a target's neighbours leaves the system solvable (its slope then goes to 0).
+DRIFT_RIDGE = 1e-3
 
 
 def correlation(d2: torch.Tensor, kernel: str) -> torch.Tensor:
@@ -166,19 +178,24 @@ class LocalKriging(nn.Module):
                 [math.log(s) for s in scales] + [math.log(INIT_SILL), math.log(INIT_NUGGET)]))
 
     def forward(self, zt: torch.Tensor, xt: torch.Tensor, xc: torch.Tensor, yc: torch.Tensor,
-                index: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                index: torch.Tensor, valid: torch.Tensor, drift_t: torch.Tensor | None = None,
+                drift_c: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``drift_t [B, Nt, P]``, ``drift_c [B, Nc, P]``: covariates of the external drift (None:
+        ordinary kriging)."""
         # Targets a slice at a time: each step's K x K matrices then stay in cache rather than
         # streaming through memory once per elementwise step.
         b, nt, k = index.shape
         step = max(1, _CACHE_ELEMS // (b * k * k))
         if step >= nt:
-            return self._targets(zt, xt, xc, yc, index, valid)
+            return self._targets(zt, xt, xc, yc, index, valid, drift_t, drift_c)
         parts = [self._targets(zt[:, s:s + step], xt[:, s:s + step], xc, yc, index[:, s:s + step],
-                               valid[:, s:s + step]) for s in range(0, nt, step)]
+                               valid[:, s:s + step], None if drift_t is None else drift_t[:, s:s + step], drift_c)
+                 for s in range(0, nt, step)]
         return torch.cat([m for m, _ in parts], 1), torch.cat([v for _, v in parts], 1)
 
     def _targets(self, zt: torch.Tensor, xt: torch.Tensor, xc: torch.Tensor, yc: torch.Tensor,
-                 index: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                 index: torch.Tensor, valid: torch.Tensor, drift_t: torch.Tensor | None = None,
+                 drift_c: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         p = self.covariance(zt).float().clamp(-12.0, 8.0)  # [B, Nt, Dx + 2], bounded: exp stays finite
         ell = p[..., :self.dim_x].exp()  # [B, Nt, Dx]
         sill, nugget = p[..., self.dim_x].exp(), p[..., self.dim_x + 1].exp()  # [B, Nt]
@@ -189,6 +206,8 @@ class LocalKriging(nn.Module):
         scaled = (xg - xt.float()[:, :, None, :]) / ell[:, :, None, :]  # [B, Nt, K, Dx]: offsets in lengthscales
         k_tn = sill[..., None] * correlation(scaled.square().sum(-1), self.kernel) * ok  # [B, Nt, K]
         k_nn = _Covariance.apply(scaled, sill, nugget, ok, self.kernel)  # [B, Nt, K, K]
+        if drift_c is not None:
+            return self._with_drift(k_nn, k_tn, ok, yg, sill, nugget, drift_t, drift_c, index, valid)
         # Ordinary kriging through one Cholesky factor: w = K^-1 (k_* - m 1) with the Lagrange
         # multiplier m = (1^T K^-1 k_* - 1) / (1^T K^-1 1) making the weights sum to one.
         rhs = torch.stack([k_tn, ok], -1)  # [B, Nt, K, 2]
@@ -197,4 +216,28 @@ class LocalKriging(nn.Module):
         w = a - lagrange[..., None] * b
         mean = torch.einsum("btk,btky->bty", w, yg)  # [B, Nt, Dy]
         var = sill + nugget - (w * k_tn).sum(-1) - lagrange  # [B, Nt]
+        return mean, var.clamp(min=1e-6).log()[..., None]
+
+    @staticmethod
+    def _with_drift(k_nn: torch.Tensor, k_tn: torch.Tensor, ok: torch.Tensor, yg: torch.Tensor, sill: torch.Tensor,
+                    nugget: torch.Tensor, drift_t: torch.Tensor, drift_c: torch.Tensor, index: torch.Tensor,
+                    valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Kriging with external drift (module docstring) on the same covariance: ``k_nn [B, Nt, K, K]``,
+        ``k_tn``/``ok [B, Nt, K]``, ``yg [B, Nt, K, Dy]``, ``drift_t [B, Nt, P]``, ``drift_c [B, Nc, P]``."""
+        # Drift functions at the neighbours, relative to the target: F = [1, d_i - d_*] [B, Nt, K, 1 + P].
+        dg = torch.where(valid[..., None], gather_rows(drift_c, index), 0.0).float()  # [B, Nt, K, P]
+        rel = (dg - drift_t.float()[:, :, None, :]) * ok[..., None]
+        f = torch.cat([ok[..., None], rel], -1)  # [B, Nt, K, 1 + P]
+        solved = spd_solve(k_nn, torch.cat([k_tn[..., None], f], -1))  # K^-1 [k_*, F]: [B, Nt, K, 2 + P]
+        a, kf = solved[..., 0], solved[..., 1:]  # [B, Nt, K], [B, Nt, K, 1 + P]
+        gram = f.transpose(-1, -2) @ kf  # F^T K^-1 F: [B, Nt, 1 + P, 1 + P]
+        ridge = torch.ones(gram.shape[-1], device=gram.device)
+        ridge[0] = 0.0  # the intercept is the ordinary-kriging constraint: never shrunk
+        gram = gram + DRIFT_RIDGE * gram[..., :1, :1].clamp(min=1e-12) * torch.diag(ridge)
+        f_star = torch.zeros(gram.shape[-1], device=gram.device)
+        f_star[0] = 1.0  # [1, 0, ..., 0]: the target's own drift, relative to itself
+        lagrange = torch.linalg.solve(gram, (f * a[..., None]).sum(-2) - f_star)  # [B, Nt, 1 + P]
+        w = a - (kf * lagrange[..., None, :]).sum(-1)  # [B, Nt, K]
+        mean = torch.einsum("btk,btky->bty", w, yg)  # [B, Nt, Dy]
+        var = sill + nugget - (w * k_tn).sum(-1) - lagrange[..., 0]  # [B, Nt]
         return mean, var.clamp(min=1e-6).log()[..., None]

@@ -175,8 +175,18 @@ class TEPTTNP(_TETransformerNP):
                  neighbour_weights: list[float] | None = None, local_context: bool = False,
                  value_skip: bool = False, local_kriging: bool = False, kriging_kernel: str = "exponential",
                  kriging_neighbours: int = 0, kriging_mix: str = "gate",
-                 kriging_quadrant_dims: list[int] | None = None) -> None:
+                 kriging_quadrant_dims: list[int] | None = None, kriging_covariates: int = 0) -> None:
         super().__init__(dim_x, dim_y, dim_model, min_scale)
+        # kriging_covariates: the last inputs are covariates, not locations (e.g. what the scene's
+        # history predicts at each cell, geonp.history); they enter only the local kriging head's
+        # external drift, so the transformer, its weights and its equivariance are those of the
+        # first dim_x - kriging_covariates inputs.
+        if kriging_covariates and not (local_kriging and num_neighbours > 0):
+            raise ValueError("kriging_covariates needs the local kriging head (local_kriging, num_neighbours > 0)")
+        if not 0 <= kriging_covariates < dim_x:
+            raise ValueError(f"kriging_covariates must be in 0..{dim_x - 1}, got {kriging_covariates}")
+        self.kriging_covariates = kriging_covariates
+        dim_x = dim_x - kriging_covariates  # the location inputs, from here on
         self.pseudo = nn.Parameter(torch.randn(num_pseudo, dim_model))  # u0 [M, Dz]
         self.pseudo_offset = nn.Parameter(torch.randn(num_pseudo, dim_x))  # v0 [M, Dx]
         self.init_q = nn.Linear(dim_model, dim_model, bias=False)  # psi's query/key maps
@@ -245,6 +255,11 @@ class TEPTTNP(_TETransformerNP):
 
     def predict(self, xc, yc, xt, mask_c, mask_t) -> Normal:
         b = xc.shape[0]
+        drift_c = drift_t = None
+        if self.kriging_covariates:  # [B, N, Dx] -> locations [B, N, Dx - P], covariates [B, N, P]
+            split = xc.shape[-1] - self.kriging_covariates
+            xc, drift_c = xc[..., :split], xc[..., split:]
+            xt, drift_t = xt[..., :split], xt[..., split:]
         x_context, x_target = xc, xt  # the input locations, before Eq. 10 moves them
         zc, zt = self._tokens(yc, xt)
         u = self.pseudo.expand(b, -1, -1)  # [B, M, Dz]
@@ -277,7 +292,7 @@ class TEPTTNP(_TETransformerNP):
         if self.kriging is None:
             return self.head(self.decoder(zt))
         near = tuple(t[..., :self.kriging_neighbours] for t in near_k)
-        k_mean, k_logvar = self.kriging(zt, x_target, x_context, yc, *near)  # [B, Nt, Dy], [B, Nt, 1]
+        k_mean, k_logvar = self.kriging(zt, x_target, x_context, yc, *near, drift_t, drift_c)  # [B, Nt, Dy], [B, Nt, 1]
         raw = self.decoder(zt + self.kriging_in(torch.cat([k_mean, k_logvar], -1).to(zt.dtype)))
         loc, pre_scale = raw.float().split(self.dim_y, dim=-1)
         if self.kriging_mix == "gain":

@@ -1,0 +1,104 @@
+"""Kriging with external drift in te-pt-tnp's local kriging head (``kriging_covariates``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from geonp.models import build
+from geonp.models import local_kriging as lk
+from geonp.models.local_attention import nearest_neighbours
+from geonp.models.local_kriging import INIT_LENGTHSCALES, INIT_NUGGET, INIT_SILL, LocalKriging
+
+
+def scene(n_c: int = 40, n_t: int = 6, seed: int = 0):
+    """Locations, a rough covariate, and a field that is an affine function of it plus a smooth part."""
+    g = torch.Generator().manual_seed(seed)
+    xc, xt = torch.rand(1, n_c, 2, generator=g) * 3, torch.rand(1, n_t, 2, generator=g) * 3
+    dc, dt = torch.randn(1, n_c, 1, generator=g), torch.randn(1, n_t, 1, generator=g)
+    smooth = lambda x: 0.3 * torch.sin(x[..., :1]) * torch.cos(x[..., 1:])  # noqa: E731
+    return xc, xt, dc, dt, 3.0 + 2.0 * dc + smooth(xc), 3.0 + 2.0 * dt + smooth(xt)
+
+
+def reference_ked(xc, yc, dc, xt, dt) -> tuple[np.ndarray, np.ndarray]:
+    """Universal kriging with external drift by the bordered system, exponential covariance at the
+    head's initial parameters (nugget plus jitter on the diagonal only)."""
+    xc, yc, dc, xt, dt = (a[0].double().numpy() for a in (xc, yc, dc, xt, dt))
+    ell, sill, nugget = INIT_LENGTHSCALES["exponential"], INIT_SILL, INIT_NUGGET + 1e-4
+    cov = lambda a, b: sill * np.exp(-np.linalg.norm(a[:, None] - b[None], axis=-1) / ell)  # noqa: E731
+    n = len(xc)
+    big = np.zeros((n + 2, n + 2))
+    big[:n, :n] = cov(xc, xc) + nugget * np.eye(n)
+    big[:n, n], big[n, :n] = 1.0, 1.0
+    big[:n, n + 1], big[n + 1, :n] = dc[:, 0], dc[:, 0]
+    means, variances = [], []
+    for x, d in zip(xt, dt):
+        rhs = np.concatenate([cov(x[None], xc)[0], [1.0, d[0]]])
+        sol = np.linalg.solve(big, rhs)
+        means.append(sol[:n] @ yc[:, 0])
+        variances.append(sill + nugget - sol @ rhs)
+    return np.array(means), np.array(variances)
+
+
+def head_prediction(xc, yc, dc, xt, dt, k=None):
+    head = LocalKriging(8, 2, "exponential")
+    index, valid = nearest_neighbours(xt, xc, torch.ones(1, xc.shape[1], dtype=torch.bool), k or xc.shape[1])
+    with torch.no_grad():
+        return head(torch.zeros(1, xt.shape[1], 8), xt, xc, yc, index, valid,
+                    dt if dc is not None else None, dc)
+
+
+def test_the_head_is_universal_kriging_with_external_drift(monkeypatch):
+    monkeypatch.setattr(lk, "DRIFT_RIDGE", 0.0)  # the textbook system has no ridge
+    xc, xt, dc, dt, yc, _ = scene()
+    mean, logvar = head_prediction(xc, yc, dc, xt, dt)
+    ref_mean, ref_var = reference_ked(xc, yc, dc, xt, dt)
+    np.testing.assert_allclose(mean[0, :, 0].numpy(), ref_mean, atol=2e-4)
+    np.testing.assert_allclose(logvar[0, :, 0].exp().numpy(), ref_var, rtol=2e-3, atol=1e-4)
+
+
+def test_a_field_the_covariate_explains_is_recovered_and_ordinary_kriging_misses_it():
+    xc, xt, dc, dt, yc, yt = scene()
+    drift, _ = head_prediction(xc, yc, dc, xt, dt)
+    plain, _ = head_prediction(xc, yc, None, xt, dt)
+    err_drift = (drift - yt).abs().max().item()
+    err_plain = (plain - yt).abs().max().item()
+    assert err_drift < 0.1 and err_plain > 10 * err_drift
+
+
+def test_a_flat_covariate_changes_nothing():
+    xc, xt, _, _, yc, _ = scene()
+    flat_c, flat_t = torch.full((1, xc.shape[1], 1), 4.0), torch.full((1, xt.shape[1], 1), 4.0)
+    drift = head_prediction(xc, yc, flat_c, xt, flat_t, k=16)
+    plain = head_prediction(xc, yc, None, xt, flat_t, k=16)
+    torch.testing.assert_close(drift[0], plain[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(drift[1], plain[1], atol=1e-3, rtol=1e-3)
+
+
+def drift_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return build("te-pt-tnp", 3, 1, preset="tiny", num_neighbours=4, local_kriging=True, kriging_neighbours=8,
+                 kriging_mix="kriging", kriging_covariates=1).eval()
+
+
+def test_covariates_add_no_weight_and_keep_the_model_equivariant():
+    plain = build("te-pt-tnp", 2, 1, preset="tiny", num_neighbours=4, local_kriging=True, kriging_neighbours=8,
+                  kriging_mix="kriging")
+    model = drift_model()
+    assert {k: v.shape for k, v in plain.state_dict().items()} == {k: v.shape for k, v in model.state_dict().items()}
+    xc, xt, dc, dt, yc, _ = scene(n_c=30, n_t=7)
+    base = model(torch.cat([xc, dc], -1), yc, torch.cat([xt, dt], -1))
+    shift = torch.tensor([0.7, -1.3, 5.0])  # locations moved, the covariate offset by a constant
+    moved = model(torch.cat([xc, dc], -1) + shift, yc, torch.cat([xt, dt], -1) + shift)
+    torch.testing.assert_close(base.loc, moved.loc, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(base.scale, moved.scale, atol=1e-4, rtol=1e-4)
+    # The same weights without the covariate are the ordinary-kriging model, which a flat covariate equals.
+    plain.load_state_dict(model.state_dict())
+    flat = model(torch.cat([xc, torch.zeros_like(dc)], -1), yc, torch.cat([xt, torch.zeros_like(dt)], -1))
+    torch.testing.assert_close(flat.loc, plain.eval()(xc, yc, xt).loc, atol=1e-4, rtol=1e-4)
+
+
+def test_covariates_need_the_kriging_head():
+    with pytest.raises(ValueError, match="kriging_covariates needs the local kriging head"):
+        build("te-pt-tnp", 3, 1, preset="tiny", num_neighbours=4, kriging_covariates=1)

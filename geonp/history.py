@@ -8,7 +8,7 @@ right singular vectors, the temporal EOFs) until the gaps stop changing. ``k`` i
 error at a cross-validation set: observed cells hidden under other steps' real gaps
 (:func:`geonp.data.clouds.borrow_gaps`), so the set has the shapes and widths of the product's
 own clouds. The result serves twice: as the ``dineof`` baseline, and as the background a model
-fills the residuals of (:mod:`geonp.fill`), which is how a window gets every other day of its
+compares its cells with (:func:`history_covariates`), which is how a window gets every other day of its
 place, whatever the time between them.
 
 The SVD comes from the ``T x T`` Gram matrix ``X^T X`` (``numpy.linalg.eigh``): with steps
@@ -43,13 +43,17 @@ class Reconstruction:
 
     ``mean`` and ``std``: float64 ``[T, R, C]``, the reconstruction everywhere in the valid area
     (also at observed cells: the low-rank fit there, not the observation) and the 1-sigma of a
-    gap cell (0 at observed cells); NaN outside the valid area. ``modes``: the EOFs kept;
+    gap cell (0 at observed cells); NaN outside the valid area. ``held_out``: float64 ``[T, R, C]``,
+    what the modes predict at each cell from the *other* steps of the same cell (at a gap the
+    reconstruction itself; at an observed cell its leave-one-out prediction), the covariate a model
+    may compare observations with, since at a gap nothing else is known. ``modes``: the EOFs kept;
     ``cv_rmse``: cross-validation RMSE per number of modes tried; ``sigma``: ``(upper edge in
     cells, 1-sigma)`` per distance bin; ``cv_points``: cells in the cross-validation set.
     """
 
     mean: np.ndarray
     std: np.ndarray
+    held_out: np.ndarray
     modes: int
     cv_rmse: dict[int, float] = field(default_factory=dict)
     sigma: list[tuple[float, float]] = field(default_factory=list)
@@ -130,9 +134,16 @@ def dineof(
         filled = _converge(filled, ~seen, k, tol, max_iter)
     # The rank-k fit everywhere: at a gap it is the converged value (a fixed point), at an observed
     # cell the part of the observation the modes explain, so a residual there is what they miss.
-    lead = np.linalg.eigh(filled.T @ filled)[1][:, -best_k:]  # [T, k]
+    power, vectors = np.linalg.eigh(filled.T @ filled)
+    lead = vectors[:, -best_k:]  # [T, k]
     mean = np.full(values.shape, np.nan)
     mean[:, cells] = (centre + spread * ((filled @ lead) @ lead.T)).T
+    # Prior on a cell's loadings: mode k's mean square loading over the cells, against the noise
+    # the cross-validation saw (both in standardised units).
+    noise = (best_err / spread) ** 2 if np.isfinite(best_err) else 1.0
+    ridge = noise * len(filled) / np.maximum(power[-best_k:], 1e-12)  # [k]
+    held_out = np.full(values.shape, np.nan)
+    held_out[:, cells] = (centre + spread * _leave_one_out(np.where(seen, anomaly, 0.0), seen, lead, ridge)).T
 
     # 1-sigma by distance to the nearest observed cell, from the cross-validation errors.
     sigma: list[tuple[float, float]] = []
@@ -148,7 +159,29 @@ def dineof(
         std[gap] = levels[np.minimum(np.searchsorted(edges, dist, side="left"), len(levels) - 1)]
     else:  # nothing could be hidden: the spread of the anomalies is the honest sigma
         std[gap] = spread
-    return Reconstruction(mean, std, best_k, cv_rmse, sigma, int(cv.sum()))
+    return Reconstruction(mean, std, held_out, best_k, cv_rmse, sigma, int(cv.sum()))
+
+
+def _leave_one_out(anomaly: np.ndarray, seen: np.ndarray, lead: np.ndarray, ridge: np.ndarray) -> np.ndarray:
+    """Each cell's anomaly predicted from its other observed steps: ``[N, T]``.
+
+    At DINEOF's fixed point a cell's loadings on the temporal EOFs ``lead [T, k]`` are the least
+    squares fit of its observed steps, so its value at step ``t`` is ``u . v_t``; here the fit has
+    a ridge (``ridge [k]``, a prior on each mode's loading), so a cell seen on few steps keeps
+    loadings of the size the modes have rather than the wild ones an exact fit of two values
+    gives. Refitted without step ``t`` itself, the prediction at an observed step is
+    ``x - e / (1 - h)`` (``e`` the fit's residual, ``h`` the step's leverage): the leave-one-out
+    identity of ridge regression, for all cells at once.
+    """
+    w = seen.astype(np.float64)  # [N, T]
+    gram = np.einsum("nt,tk,tl->nkl", w, lead, lead) + np.diag(ridge)  # [N, k, k]
+    inverse = np.linalg.inv(gram)  # [N, k, k]
+    loadings = np.einsum("nkl,nt,tl->nk", inverse, w * anomaly, lead)  # [N, k]
+    fitted = loadings @ lead.T  # [N, T]
+    leverage = np.einsum("tk,nkl,tl->nt", lead, inverse, lead)  # [N, T]
+    # A step that alone decides a loading (leverage near 1) cannot be left out: keep the fit there.
+    loo = anomaly - (anomaly - fitted) / np.clip(1.0 - leverage, 0.05, None)
+    return np.where(seen & (leverage < 0.95), loo, fitted)
 
 
 def _converge(work: np.ndarray, unknown: np.ndarray, k: int, tol: float, max_iter: int) -> np.ndarray:
@@ -184,3 +217,90 @@ def _sigma_by_distance(errors: np.ndarray, distance: np.ndarray) -> list[tuple[f
         level = max(level, r) if r is not None else level
         out.append((float(edge), level))
     return out
+
+
+#: Cells (time x rows x cols) of a field above which no history covariate is computed: DINEOF
+#: holds the whole stack in memory (float64).
+MAX_HISTORY_CELLS = 50_000_000
+#: The covariates :func:`history_covariates` computes, by the names checkpoints record.
+HISTORY_COVARIATES = ("dineof", "nearest_steps")
+
+
+def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list[str] | tuple[str, ...], *,
+                       rng: np.random.Generator | None = None) -> tuple[np.ndarray, str]:
+    """What a field's own history predicts at each of its cells, as model covariates.
+
+    Each covariate predicts a cell at a step from the *other* steps (at an observed cell its own
+    value is left out, as it is unknown at a gap), so a model learns how far to trust the history
+    from comparisons that are fair:
+
+    * ``dineof``: the :func:`dineof` prediction from the stack's EOFs
+      (``Reconstruction.held_out``), the recurring patterns of a long history;
+    * ``nearest_steps``: the cell's value interpolated linearly in time between its nearest
+      observed steps before and after (the one there is, at an end), persistence.
+
+    A field with fewer than :data:`MIN_STEPS` steps holding observations (one scene), or above
+    :data:`MAX_HISTORY_CELLS`, gets flat maps, which make a model's external drift the
+    ordinary-kriging constant.
+
+    Args:
+        values: ``[T, R, C]`` the field, NaN at gaps.
+        valid: ``[R, C]`` or ``[T, R, C]`` bool, True where a value can exist; None: everywhere.
+        names: the covariates, in the order the model takes them.
+        rng: as :func:`dineof`.
+
+    Returns:
+        ``(float32 [P, T, R, C], what)``: the maps (finite everywhere; where nothing predicts a
+        cell it holds the field's mean) and a few words saying what they are, for provenance.
+    """
+    unknown = [n for n in names if n not in HISTORY_COVARIATES]
+    if unknown:
+        raise ValueError(f"unknown history covariates {unknown}; geonp computes {', '.join(HISTORY_COVARIATES)}")
+    values = np.asarray(values, np.float64)
+    ok = np.ones(values.shape[1:], bool) if valid is None else np.asarray(valid, bool)
+    observed = np.isfinite(values) & np.broadcast_to(ok, values.shape)
+    mean = float(values[observed].mean()) if observed.any() else 0.0
+    out = np.full((len(names), *values.shape), mean, np.float32)
+    steps_seen = int(observed.any(axis=(1, 2)).sum())
+    if values.size > MAX_HISTORY_CELLS:
+        return out, f"flat (the field's {values.size:,} cells exceed {MAX_HISTORY_CELLS:,})"
+    if steps_seen < MIN_STEPS:
+        return out, f"flat (fewer than {MIN_STEPS} steps with observations)"
+    said = []
+    for i, name in enumerate(names):
+        if name == "dineof":
+            rec = dineof(values, valid, rng=rng)
+            out[i] = np.where(np.isfinite(rec.held_out), rec.held_out, mean)
+            said.append(f"dineof ({rec.modes} modes)")
+        else:
+            out[i] = np.where(np.isfinite(pred := nearest_steps(np.where(observed, values, np.nan))), pred, mean)
+            said.append("nearest_steps")
+    return out, ", ".join(said)
+
+
+def nearest_steps(values: np.ndarray) -> np.ndarray:
+    """Each cell at each step interpolated in time from its nearest *other* observed steps.
+
+    ``values [T, R, C]`` (NaN at gaps) -> float64 ``[T, R, C]``: linear in the step index between
+    the nearest observed step before and the nearest after; the one there is at either end; NaN
+    where the cell is observed on no other step.
+    """
+    t_count = values.shape[0]
+    seen = np.isfinite(values)
+    before_v, before_t = np.full(values.shape, np.nan), np.full(values.shape, np.nan)
+    after_v, after_t = np.full(values.shape, np.nan), np.full(values.shape, np.nan)
+    last_v, last_t = np.full(values.shape[1:], np.nan), np.full(values.shape[1:], np.nan)
+    for t in range(t_count):  # the latest observed step strictly before t
+        before_v[t], before_t[t] = last_v, last_t
+        last_v = np.where(seen[t], values[t], last_v)
+        last_t = np.where(seen[t], t, last_t)
+    last_v, last_t = np.full(values.shape[1:], np.nan), np.full(values.shape[1:], np.nan)
+    for t in range(t_count - 1, -1, -1):  # the earliest observed step strictly after t
+        after_v[t], after_t[t] = last_v, last_t
+        last_v = np.where(seen[t], values[t], last_v)
+        last_t = np.where(seen[t], t, last_t)
+    steps = np.arange(t_count, dtype=np.float64)[:, None, None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = (steps - before_t) / (after_t - before_t)  # 0 at the step before, 1 at the one after
+    both = before_v + share * (after_v - before_v)
+    return np.where(np.isfinite(both), both, np.where(np.isfinite(before_v), before_v, after_v))

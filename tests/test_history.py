@@ -77,3 +77,17 @@ def test_a_shape_mismatch_is_refused():
     _, given = low_rank_stack(steps=4)
     with pytest.raises(ValueError, match="does not match"):
         dineof(given, np.ones((5, 5), bool))
+
+
+def test_held_out_leaves_each_observation_out_of_its_own_prediction():
+    truth, given = low_rank_stack(steps=10, noise=0.3)
+    rec = dineof(given)
+    seen, gap = np.isfinite(given), np.isnan(given)
+    rmse = lambda pred, ref, where: np.sqrt(np.mean((pred[where] - ref[where]) ** 2))  # noqa: E731
+    # At a gap it predicts about as well as the reconstruction (a ridge fit of the same modes).
+    assert rmse(rec.held_out, truth, gap) < 1.1 * rmse(rec.mean, truth, gap)
+    # At an observed cell the fit has seen the value; the held-out prediction has not, and misses
+    # the observation by about as much as a gap's prediction misses a noisy observation there.
+    assert rmse(rec.mean, given, seen) < 0.9 * rmse(rec.held_out, given, seen)
+    at_gaps = np.sqrt(rmse(rec.held_out, truth, gap) ** 2 + 0.3**2)
+    assert 0.7 < rmse(rec.held_out, given, seen) / at_gaps < 1.4

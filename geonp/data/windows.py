@@ -182,7 +182,8 @@ def window_task(values: np.ndarray, context: np.ndarray, target: np.ndarray, cen
                 spec: WindowSpec, spread: float, elevation: np.ndarray | None = None,
                 rng: np.random.Generator | None = None, truth: np.ndarray | None = None,
                 focus: tuple[slice, slice] | None = None,
-                far: tuple[np.ndarray, np.ndarray] | None = None) -> WindowTask:
+                far: tuple[np.ndarray, np.ndarray] | None = None,
+                history: np.ndarray | None = None, far_history: np.ndarray | None = None) -> WindowTask:
     """Encode one window of a ``[T, R, C]`` slab.
 
     Args:
@@ -202,6 +203,10 @@ def window_task(values: np.ndarray, context: np.ndarray, target: np.ndarray, cen
         far: ``(xf [Nf, Dx], yf [Nf])`` context points beyond the view, appended after the
             near cells: model inputs (as :func:`inputs` makes them) and values in user units
             (see :mod:`geonp.data.far_context`). They take ``Nf`` of ``spec.max_context``.
+        history: ``[P, T, R, C]`` what the field's history predicts at each cell, one map per
+            covariate (user units, :func:`geonp.history.history_covariates`), or None when the
+            model takes none. They become the last ``P`` inputs, standardised like the values, so a
+            model sees how each cell departs from them; ``far_history [P, Nf]``: at the far points.
     """
     ci = np.flatnonzero(context)
     ti = np.flatnonzero(target)
@@ -220,6 +225,12 @@ def window_task(values: np.ndarray, context: np.ndarray, target: np.ndarray, cen
     if nf:
         xc = np.concatenate([xc, np.asarray(far[0], np.float32)])
     xt = inputs(ti, values.shape, centre, spec, elevation)
+    if history is not None:
+        flat = history.reshape(len(history), -1)  # [P, T * R * C]
+        far_h = np.asarray(far_history, np.float64) if nf else np.zeros((len(history), 0))
+        hc = np.concatenate([flat[:, ci], far_h], axis=1)  # [P, Nc]
+        xc = np.concatenate([xc, ((hc.T - offset) / scale).astype(np.float32)], axis=1)
+        xt = np.concatenate([xt, ((flat[:, ti].T - offset) / scale).astype(np.float32)], axis=1)
     yt = None if truth is None else ((truth.reshape(-1)[ti] - offset) / scale).astype(np.float32)
     return WindowTask(xc, ((yc - offset) / scale).astype(np.float32), xt, ti, offset, scale, yt)
 
@@ -258,7 +269,7 @@ def _thin(ci: np.ndarray, shape: tuple[int, int, int], focus: tuple[slice, slice
 def training_window(values: np.ndarray, valid: np.ndarray, spec: WindowSpec, rng: np.random.Generator,
                     spread: float, elevation: np.ndarray | None = None, cover: tuple[float, float] = (0.1, 0.7),
                     real_clouds: float = 0.0, wide_clouds: float = 0.0,
-                    gap_donor: np.ndarray | None = None) -> WindowTask | None:
+                    gap_donor: np.ndarray | None = None, history: np.ndarray | None = None) -> WindowTask | None:
     """One self-supervised task from a ``[T, R, C]`` array (NaN = missing), or None if too sparse.
 
     The window is placed at random; at its central time step a part of the observed cells of the
@@ -276,7 +287,8 @@ def training_window(values: np.ndarray, valid: np.ndarray, spec: WindowSpec, rng
     5% to 95% of the region's observed cells, it is the cloud mask over the whole view (as a wide
     cloud; otherwise a synthetic cloud over the whole view), so the hidden cells have the shapes and
     sizes of the gaps the scene really has.
-    ``valid`` is ``[T, R, C]`` (True where data may exist); ``elevation`` ``[R, C]`` m.
+    ``valid`` is ``[T, R, C]`` (True where data may exist); ``elevation`` ``[R, C]`` m;
+    ``history`` ``[P, T, R, C]`` (see :func:`window_task`) or None.
     """
     shape = values.shape
     size = [min(c + o, n) for c, o, n in zip(spec.core, spec.overlap, shape)]
@@ -318,7 +330,8 @@ def training_window(values: np.ndarray, valid: np.ndarray, spec: WindowSpec, rng
         return None
     centre = (t_mid - lo[0], start[1] - lo[1] + (size[1] - 1) / 2, start[2] - lo[2] + (size[2] - 1) / 2)
     elev = None if elevation is None else elevation[view[1], view[2]]
-    return window_task(v, context, target, centre, spec, spread, elev, rng, truth=v, focus=region[1:])
+    return window_task(v, context, target, centre, spec, spread, elev, rng, truth=v, focus=region[1:],
+                       history=None if history is None else history[(slice(None), *view)])
 
 
 def collate_windows(tasks: list[WindowTask], device: torch.device | str = "cpu") -> Batch:

@@ -66,6 +66,7 @@ def fill_block(field: Field, key: tuple[slice, slice, slice], model: NeuralProce
     slab_key = tuple(slice(a, b) for a, b in zip(lo, hi))
     values, valid, observed, missing = _read(field, slab_key)
     elev = None if elevation is None else elevation[slab_key[1], slab_key[2]]
+    history = None if field.history is None else field.history[(slice(None), *slab_key)]
     slab = Slab(values, observed, missing, tuple(lo), field.shape)
     finest = finest_level(spec.halo[1:])
 
@@ -102,14 +103,18 @@ def fill_block(field: Field, key: tuple[slice, slice, slice], model: NeuralProce
         if not context.any() and not far_values.size:
             continue  # no observation in reach on the window's time steps: the fallback in _compose
         centre = tuple((p0 + p1 - 1) / 2 - s0 for (p0, p1), (s0, _) in zip(pred, seen))
-        far = None
+        far = far_history = None
         if far_values.size:  # inputs over the whole cube: the same lattice and scaling as the near cells
             flat = np.ravel_multi_index(tuple(far_cells.T), field.shape)
             whole_centre = tuple((p0 + p1 - 1) / 2 for p0, p1 in pred)  # ``centre`` in cube cells
             far = (inputs(flat, field.shape, whole_centre, spec, elevation), far_values)
+            if field.history is not None:
+                far_history = field.history.reshape(len(field.history), -1)[:, flat]
         rng = np.random.default_rng([seed, *ks])
         task = window_task(values[view], context, target, centre, spec, field.spread,
-                           None if elev is None else elev[view[1], view[2]], rng, focus=region[1:], far=far)
+                           None if elev is None else elev[view[1], view[2]], rng, focus=region[1:], far=far,
+                           history=None if history is None else history[(slice(None), *view)],
+                           far_history=far_history)
         cells = np.unravel_index(task.targets, target.shape)
         w = np.ones(task.targets.size)
         for axis, k, (p0, _), (s0, _), c in zip(grid, ks, pred, seen, cells):

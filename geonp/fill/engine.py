@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import dask
 import numpy as np
 import torch
 import xarray as xr
@@ -49,6 +50,7 @@ class Plan:
     fit_steps: int
     command: str = "geonp.infill(...) (Python)"
     notes: list[str] = field(default_factory=list)
+    history: str | None = None  # the history covariates each field got, when the model takes them
 
     def fill(self, f: Field, key: tuple[slice, slice, slice]) -> BlockResult:
         # A field of another shape than the largest (no time axis beside a cube that has one)
@@ -143,6 +145,8 @@ def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = 
         elev = np.nan_to_num(ds["elevation"].transpose(*fields[0].data.dims[1:]).values.astype(np.float64))
     spec = _window_spec(window, largest, choice.scaling, getattr(choice.model, "supports_gridded", False))
     result = Plan(fields, choice, spec, cubes, largest, elev, dev, batch_size, seed, fit_steps)
+    if choice.covariates:
+        _add_history(result)
     if command:
         result.command = command
     for name in names:
@@ -155,6 +159,22 @@ def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = 
         if all(f.gaps == 0 for f in mine):
             result.notes.append(f"{name}: no gaps inside the valid area; the output holds the input with flags")
     return result
+
+
+def _add_history(p: Plan) -> None:
+    """Each field's history covariates (:func:`geonp.history.history_covariates`), for a model that takes them."""
+    from geonp.history import history_covariates
+
+    kinds = []
+    for f in p.fields:
+        if f.observed == 0:
+            continue
+        with dask.config.set(scheduler="synchronous"):
+            values = np.asarray(f.data.values, np.float64)
+        f.history, what = history_covariates(np.where(np.isinf(values), np.nan, values), f.valid,
+                                             p.choice.covariates, rng=np.random.default_rng([p.seed, 4099]))
+        kinds.append(f"{f.label}: {what}")
+    p.history = "; ".join(kinds)
 
 
 def provenance(p: Plan, source: str) -> dict[str, Any]:
@@ -178,6 +198,8 @@ def provenance(p: Plan, source: str) -> dict[str, Any]:
         "geonp_window": str(p.spec.as_dict()),
         "geonp_date_created": now,
     }
+    if p.history is not None:
+        attrs["geonp_history"] = p.history
     if p.notes:
         attrs["geonp_notes"] = "; ".join(p.notes)
     return attrs

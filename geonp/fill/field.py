@@ -46,6 +46,9 @@ class Field:
     observed: int = 0
     gaps: int = 0
     infinite: int = 0  # cells holding +-inf, filled as gaps
+    #: What the field's history predicts at every cell, ``[P, time, rows, cols]`` float32 in the
+    #: field's units, one map per covariate the model takes (:func:`geonp.history.history_covariates`).
+    history: np.ndarray | None = dataclass_field(default=None, repr=False, compare=False)
     _pyramids: dict[int, Pyramid] = dataclass_field(default_factory=dict, repr=False, compare=False)
 
     @property

@@ -121,4 +121,4 @@ def _draw(f: Field, spec: WindowSpec, rng: np.random.Generator, elevation: np.nd
             donor = ~np.isfinite(np.asarray(f.data[step].values[0], np.float64)) & f.valid_slab(step)[0]
     elev = None if elevation is None else elevation[key[1], key[2]]
     return training_window(values, f.valid_slab(key), spec, rng, f.spread, elev, wide_clouds=wide_clouds,
-                           gap_donor=donor)
+                           gap_donor=donor, history=None if f.history is None else f.history[(slice(None), *key)])

@@ -26,6 +26,8 @@ from geonp.models.base import NeuralProcess
 from geonp.models.registry import available, load_with_meta
 from geonp.models.te_attention import set_block_elems
 
+#: Per-cell covariates infill can give a model, by the names a checkpoint's header uses.
+COVARIATES = ("dineof", "nearest_steps")
 #: TE attention block caps for window-sized tasks, without and with autograd (see ``set_block_elems``).
 PREDICT_BLOCK_ELEMS, TRAIN_BLOCK_ELEMS = 2**22, 2**25
 
@@ -36,7 +38,10 @@ class ModelChoice:
 
     ``checkpoint`` is None for fresh models; ``sha256`` is the checkpoint file's digest
     (recorded in the output's provenance); ``scaling`` the ``infill`` header of the checkpoint
-    (``cells_per_unit``, ``steps_per_unit``) or empty; ``elevation`` whether it takes elevation.
+    (``cells_per_unit``, ``steps_per_unit``) or empty; ``elevation`` whether it takes elevation;
+    ``covariates`` the per-cell covariates it takes after the location inputs, from the header
+    (``["dineof", "nearest_steps"]``: what the field's history predicts at each cell, see
+    :func:`geonp.history.history_covariates`).
     """
 
     name: str
@@ -45,6 +50,7 @@ class ModelChoice:
     sha256: str | None = None
     scaling: dict[str, Any] = field(default_factory=dict)
     elevation: bool = False
+    covariates: list[str] = field(default_factory=list)
 
 
 def bundled_checkpoint(name: str) -> Path | None:
@@ -85,10 +91,17 @@ def choose_model(name: str, checkpoint: str | Path | None = None, elevation: boo
         raise ValueError(f"--checkpoint {path}: holds model {held!r}, not {name!r} (pass --model {held})")
     _check_inputs_record(path, meta)
     scaling = dict(meta.get("infill", {}))
-    takes_elevation = model.dim_x == 4
-    if model.dim_x not in (3, 4) or model.dim_y != 1:
-        raise ValueError(f"--checkpoint {path}: model has {model.dim_x} inputs and {model.dim_y} outputs; infill "
-                         "needs 3 inputs (time, row, col) or 4 (with elevation) and 1 output")
+    covariates = [str(c) for c in scaling.get("covariates", [])]
+    unknown = [c for c in covariates if c not in COVARIATES]
+    if unknown:
+        raise ValueError(f"--checkpoint {path}: takes covariates {unknown} this geonp cannot compute "
+                         f"(it knows {', '.join(COVARIATES)})")
+    locations = model.dim_x - len(covariates)
+    takes_elevation = locations == 4
+    if locations not in (3, 4) or model.dim_y != 1:
+        raise ValueError(f"--checkpoint {path}: model has {model.dim_x} inputs ({len(covariates)} covariates) and "
+                         f"{model.dim_y} outputs; infill needs 3 location inputs (time, row, col) or 4 (with "
+                         "elevation) and 1 output")
     if takes_elevation and not elevation:
         raise ValueError(f"--checkpoint {path}: the model takes elevation as an input; pass --elevation FILE "
                          "(or give the cube an elevation coordinate)")
@@ -96,7 +109,7 @@ def choose_model(name: str, checkpoint: str | Path | None = None, elevation: boo
         raise ValueError(f"--elevation: model {name!r} ({path.name}) was trained without elevation; drop "
                          "--elevation or pass a checkpoint trained with it")
     model = set_block_elems(model, PREDICT_BLOCK_ELEMS).eval()
-    return ModelChoice(name, model, path, file_sha256(path), scaling, takes_elevation)
+    return ModelChoice(name, model, path, file_sha256(path), scaling, takes_elevation, covariates)
 
 
 def _check_inputs_record(path: Path, meta: dict[str, Any]) -> None:

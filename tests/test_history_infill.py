@@ -1,0 +1,86 @@
+"""History covariates through infill: windows carry them, the kriging head's drift uses them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import xarray as xr
+from test_history import low_rank_stack
+
+import geonp
+from geonp.data.windows import WindowSpec, window_task
+from geonp.history import history_covariates, nearest_steps
+from geonp.models import build, save
+
+
+def test_window_task_appends_the_history_standardised_like_the_values():
+    rng = np.random.default_rng(0)
+    values = rng.normal(10.0, 2.0, (3, 12, 12))
+    history = np.stack([values + 0.5, values * 0 + 7.0])  # [2, T, R, C]
+    context = np.isfinite(values)
+    target = np.zeros_like(context)
+    target[1, 4:8, 4:8], context[1, 4:8, 4:8] = True, False
+    task = window_task(values, context, target, (1, 5.5, 5.5), WindowSpec(), 2.0, history=history)
+    plain = window_task(values, context, target, (1, 5.5, 5.5), WindowSpec(), 2.0)
+    assert task.xc.shape[1] == 5 and task.xt.shape[1] == 5
+    np.testing.assert_array_equal(task.xc[:, :3], plain.xc)
+    ci = np.flatnonzero(context)
+    np.testing.assert_allclose(task.xc[:, 3], (history[0].reshape(-1)[ci] - task.offset) / task.scale, rtol=1e-5)
+    np.testing.assert_allclose(task.xt[:, 4], (7.0 - task.offset) / task.scale, rtol=1e-5)
+
+
+def test_nearest_steps_interpolates_from_other_steps_only():
+    values = np.full((5, 1, 2), np.nan)
+    values[0, 0, 0], values[2, 0, 0], values[4, 0, 0] = 1.0, 3.0, 11.0
+    values[3, 0, 1] = 5.0
+    pred = nearest_steps(values)
+    np.testing.assert_allclose(pred[:, 0, 0], [3.0, 2.0, 6.0, 7.0, 3.0])  # never a cell's own value
+    np.testing.assert_allclose(pred[:, 0, 1], [5.0, 5.0, 5.0, np.nan, 5.0])
+
+
+def test_one_scene_gets_flat_covariates():
+    _, given = low_rank_stack(steps=1)
+    maps, what = history_covariates(given, None, ["dineof", "nearest_steps"])
+    assert maps.shape == (2, *given.shape) and "flat" in what
+    assert np.ptp(maps) == 0
+    with pytest.raises(ValueError, match="unknown history covariates"):
+        history_covariates(given, None, ["climatology"])
+
+
+def stack_dataset(truth: np.ndarray, given: np.ndarray) -> xr.Dataset:
+    t, r, c = given.shape
+    return xr.Dataset({"v": (("time", "lat", "lon"), given.astype(np.float32), {"units": "K"})},
+                      coords={"time": pd.date_range("2020-01-01", periods=t), "lat": np.linspace(40, 45, r),
+                              "lon": np.linspace(0, 6, c)})
+
+
+@pytest.fixture(scope="module")
+def kriging_checkpoints(tmp_path_factory) -> tuple[str, str]:
+    """The same random te-pt-tnp with a local kriging head, without and with the ``dineof`` covariate."""
+    folder = tmp_path_factory.mktemp("ckpt")
+    args = dict(preset="tiny", num_neighbours=8, local_kriging=True, kriging_neighbours=32, kriging_mix="kriging")
+    torch.manual_seed(0)
+    plain = build("te-pt-tnp", 3, 1, **args)
+    drift = build("te-pt-tnp", 4, 1, **args, kriging_covariates=1)
+    drift.load_state_dict(plain.state_dict())
+    infill = {"cells_per_unit": 8.0}
+    save(plain, folder / "plain.safetensors", extra={"infill": infill})
+    save(drift, folder / "drift.safetensors", extra={"infill": {**infill, "covariates": ["dineof"]}})
+    return str(folder / "plain.safetensors"), str(folder / "drift.safetensors")
+
+
+def test_the_history_fills_what_one_day_cannot(kriging_checkpoints):
+    plain, drift = kriging_checkpoints
+    truth, given = low_rank_stack(steps=12, rows=40, cols=44, noise=0.05)
+    ds = stack_dataset(truth, given)
+    gap = np.isnan(given)
+    scores = {}
+    for name, ckpt in (("plain", plain), ("drift", drift)):
+        out = geonp.infill(ds, "v", model="te-pt-tnp", checkpoint=ckpt, fit_steps=0)
+        scores[name] = float(np.sqrt(np.mean((out["v"].values[gap] - truth[gap]) ** 2)))
+        if name == "drift":
+            assert "dineof" in out.attrs["geonp_history"]
+            np.testing.assert_array_equal(out["v"].values[~gap], given[~gap].astype(np.float32))
+    assert scores["drift"] < 0.5 * scores["plain"], scores

@@ -188,10 +188,13 @@ def _run(args: argparse.Namespace) -> int:
                         select=args.select)
         print(f"wrote {png}")
     elif args.command == "models":
+        from geonp.fill.predictor import STACK_METHODS
         from geonp.models import available, presets
 
         for name in available():
             print(f"{name:12s} presets: {', '.join(presets(name))}")
+        for name in STACK_METHODS:
+            print(f"{name:12s} no weights: filled from the EOFs of the field's whole stack (needs 3+ observed steps)")
     elif args.command == "fetch":
         if args.source is None:
             raise ValueError("fetch: name a source, e.g. geonp fetch era5 --help")

@@ -284,11 +284,11 @@ def _horizontal_dims(da: xr.DataArray, valid: xr.DataArray | None) -> tuple[str,
 def _engine(models: Sequence[str]) -> Callable[..., xr.Dataset]:
     """The infill engine, imported only now (torch, models), after checking the model names up front:
     a typo in the last model must not surface after the first has run for an hour."""
-    from geonp.models.registry import available
+    from geonp.fill.predictor import model_names
 
-    unknown = [m for m in models if m not in available()]
+    unknown = [m for m in models if m not in model_names()]
     if unknown:
-        raise ValueError(f"unknown model {', '.join(map(repr, unknown))}; available: {', '.join(available())}")
+        raise ValueError(f"unknown model {', '.join(map(repr, unknown))}; available: {', '.join(model_names())}")
     from geonp.fill.engine import infill
 
     return infill

@@ -84,3 +84,27 @@ def test_the_history_fills_what_one_day_cannot(kriging_checkpoints):
             assert "dineof" in out.attrs["geonp_history"]
             np.testing.assert_array_equal(out["v"].values[~gap], given[~gap].astype(np.float32))
     assert scores["drift"] < 0.5 * scores["plain"], scores
+
+
+def test_dineof_fills_through_infill_evaluate_and_the_command_line(tmp_path):
+    from geonp.cli import main
+    from geonp.evaluate import evaluate
+
+    truth, given = low_rank_stack(steps=12, rows=30, cols=34, noise=0.05)
+    ds = stack_dataset(truth, given)
+    out = geonp.infill(ds, "v", model="dineof")
+    gap = np.isnan(given)
+    assert np.sqrt(np.mean((out["v"].values[gap] - truth[gap]) ** 2)) < 0.3  # the field spreads over +-5
+    assert (out["v_std"].values[gap] > 0).all() and (out["v_flag"].values[gap] == 1).all()
+    assert "DINEOF" in out.attrs["geonp_history"]
+    result = evaluate(ds, "v", ["dineof", "linear"], seed=0)
+    rows = {r["model"]: r for r in result["rows"]}
+    assert rows["dineof"]["rmse"] < 0.75 * rows["linear"]["rmse"]
+    ds.to_netcdf(tmp_path / "in.nc")
+    assert main(["infill", str(tmp_path / "in.nc"), "-o", str(tmp_path / "out.zarr"), "--model", "dineof",
+                 "-q"]) == 0
+    assert main(["infill", str(tmp_path / "in.nc"), "-o", str(tmp_path / "x.zarr"), "--model", "dineof",
+                 "--checkpoint", str(tmp_path / "in.nc")]) == 2
+    one = ds.isel(time=[0])
+    with pytest.raises(ValueError, match="dineof: v: dineof needs at least 3 steps"):
+        geonp.infill(one, "v", model="dineof")

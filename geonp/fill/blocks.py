@@ -53,10 +53,10 @@ def fill_block(field: Field, key: tuple[slice, slice, slice], model: NeuralProce
     """
     # A block without gaps needs no context: read just the block, not the slab of every window
     # around it (about a dozen chunk reads instead of one on a mostly observed cube).
-    values, valid, observed, missing = _read(field, key)
+    values, valid, observed, missing = read_block(field, key)
     if not missing.any():
         none = np.zeros(values.shape)
-        return _compose(values, valid, observed, missing, none, none, none, field)
+        return compose(values, valid, observed, missing, none, none, none, field)
     grid = axes(field.shape, spec)
     touching = [a.touching(s.start, s.stop) for a, s in zip(grid, key)]
     # Beyond the views, the few cells the far ring summarises raw (blocks straddling a view's edge).
@@ -64,7 +64,7 @@ def fill_block(field: Field, key: tuple[slice, slice, slice], model: NeuralProce
     lo = [max(min(a.seen(k)[0] for k in ks) - m, 0) for a, ks, m in zip(grid, touching, margin)]
     hi = [min(max(a.seen(k)[1] for k in ks) + m, a.n) for a, ks, m in zip(grid, touching, margin)]
     slab_key = tuple(slice(a, b) for a, b in zip(lo, hi))
-    values, valid, observed, missing = _read(field, slab_key)
+    values, valid, observed, missing = read_block(field, slab_key)
     elev = None if elevation is None else elevation[slab_key[1], slab_key[2]]
     history = None if field.history is None else field.history[(slice(None), *slab_key)]
     slab = Slab(values, observed, missing, tuple(lo), field.shape)
@@ -126,11 +126,11 @@ def fill_block(field: Field, key: tuple[slice, slice, slice], model: NeuralProce
     if pending:
         flush()
 
-    return _compose(values[own], valid[own], observed[own], missing[own], weight[own], first[own], second[own],
+    return compose(values[own], valid[own], observed[own], missing[own], weight[own], first[own], second[own],
                     field)
 
 
-def _read(field: Field, key: tuple[slice, slice, slice]) -> tuple[np.ndarray, ...]:
+def read_block(field: Field, key: tuple[slice, slice, slice]) -> tuple[np.ndarray, ...]:
     """``(values, valid, observed, missing)`` over ``key``, each ``[T, R, C]``."""
     with dask.config.set(scheduler="synchronous"):  # the caller decides the parallelism
         values = np.asarray(field.data[key].values, dtype=np.float64)
@@ -139,7 +139,7 @@ def _read(field: Field, key: tuple[slice, slice, slice]) -> tuple[np.ndarray, ..
     return values, valid, finite & valid, ~finite & valid
 
 
-def _compose(values, valid, observed, missing, weight, first, second, field: Field) -> BlockResult:
+def compose(values, valid, observed, missing, weight, first, second, field: Field) -> BlockResult:
     """Observed cells as they are, gaps from the blended predictions (arrays cut to the block), flags."""
     covered = weight > 0
     mean = np.where(covered, first / np.where(covered, weight, 1.0), field.mean)

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import dask
 import numpy as np
 import torch
 import xarray as xr
@@ -32,6 +31,7 @@ from geonp.fill.field import Field, select_variables, summarise, valid_area
 from geonp.fill.layout import restore_layout
 from geonp.fill.output import WITHOUT_CONTEXT, InfillStore, block_list, output_template
 from geonp.fill.predictor import ModelChoice, choose_model
+from geonp.fill.stack import add_history, reconstruct, stack_block
 
 
 @dataclass
@@ -53,6 +53,8 @@ class Plan:
     history: str | None = None  # the history covariates each field got, when the model takes them
 
     def fill(self, f: Field, key: tuple[slice, slice, slice]) -> BlockResult:
+        if self.choice.model is None:  # a stack method: the field was reconstructed when planned
+            return stack_block(f, key)
         # A field of another shape than the largest (no time axis beside a cube that has one)
         # gets the same windows clipped to it, as a cube of that shape alone would.
         return fill_block(f, key, self.choice.model, self.spec_for(f), self.elevation, self.device,
@@ -146,7 +148,9 @@ def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = 
     spec = _window_spec(window, largest, choice.scaling, getattr(choice.model, "supports_gridded", False))
     result = Plan(fields, choice, spec, cubes, largest, elev, dev, batch_size, seed, fit_steps)
     if choice.covariates:
-        _add_history(result)
+        result.history = "; ".join(add_history(f, choice.covariates, seed) for f in fields if f.observed)
+    if choice.model is None:
+        result.history = "; ".join(reconstruct(f, model, seed) for f in fields)
     if command:
         result.command = command
     for name in names:
@@ -159,22 +163,6 @@ def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = 
         if all(f.gaps == 0 for f in mine):
             result.notes.append(f"{name}: no gaps inside the valid area; the output holds the input with flags")
     return result
-
-
-def _add_history(p: Plan) -> None:
-    """Each field's history covariates (:func:`geonp.history.history_covariates`), for a model that takes them."""
-    from geonp.history import history_covariates
-
-    kinds = []
-    for f in p.fields:
-        if f.observed == 0:
-            continue
-        with dask.config.set(scheduler="synchronous"):
-            values = np.asarray(f.data.values, np.float64)
-        f.history, what = history_covariates(np.where(np.isinf(values), np.nan, values), f.valid,
-                                             p.choice.covariates, rng=np.random.default_rng([p.seed, 4099]))
-        kinds.append(f"{f.label}: {what}")
-    p.history = "; ".join(kinds)
 
 
 def provenance(p: Plan, source: str) -> dict[str, Any]:
@@ -207,7 +195,7 @@ def provenance(p: Plan, source: str) -> dict[str, Any]:
 
 def _finetune(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None) -> None:
     """``--fit-steps``: fine-tune on the cube's own observations (reusing weights saved by a killed run)."""
-    if p.fit_steps == 0 or not p.choice.model.trainable or all(f.gaps == 0 for f in p.fields):
+    if p.fit_steps == 0 or p.choice.model is None or not p.choice.model.trainable or all(f.gaps == 0 for f in p.fields):
         return
     from geonp.fill.finetune import finetune
     from geonp.fill.predictor import PREDICT_BLOCK_ELEMS

@@ -49,6 +49,8 @@ class Field:
     #: What the field's history predicts at every cell, ``[P, time, rows, cols]`` float32 in the
     #: field's units, one map per covariate the model takes (:func:`geonp.history.history_covariates`).
     history: np.ndarray | None = dataclass_field(default=None, repr=False, compare=False)
+    #: A stack method's fill (:mod:`geonp.fill.stack`): mean and 1-sigma, each ``[time, rows, cols]``.
+    stack: tuple[np.ndarray, np.ndarray] | None = dataclass_field(default=None, repr=False, compare=False)
     _pyramids: dict[int, Pyramid] = dataclass_field(default_factory=dict, repr=False, compare=False)
 
     @property

@@ -26,6 +26,8 @@ from geonp.models.base import NeuralProcess
 from geonp.models.registry import available, load_with_meta
 from geonp.models.te_attention import set_block_elems
 
+#: ``--model`` names filled from a field's whole stack rather than window by window (:mod:`geonp.fill.stack`).
+STACK_METHODS = ("dineof",)
 #: Per-cell covariates infill can give a model, by the names a checkpoint's header uses.
 COVARIATES = ("dineof", "nearest_steps")
 #: TE attention block caps for window-sized tasks, without and with autograd (see ``set_block_elems``).
@@ -45,7 +47,7 @@ class ModelChoice:
     """
 
     name: str
-    model: NeuralProcess
+    model: NeuralProcess | None  # None for a stack method (geonp.fill.stack)
     checkpoint: Path | None = None
     sha256: str | None = None
     scaling: dict[str, Any] = field(default_factory=dict)
@@ -67,6 +69,11 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+def model_names() -> list[str]:
+    """Every ``--model`` infill takes: the registry's window models and the stack methods."""
+    return sorted([*available(), *STACK_METHODS])
+
+
 def choose_model(name: str, checkpoint: str | Path | None = None, elevation: bool = False,
                  device: torch.device | str = "cpu") -> ModelChoice:
     """Resolve ``--model``/``--checkpoint`` to a loaded model on ``device``.
@@ -75,9 +82,15 @@ def choose_model(name: str, checkpoint: str | Path | None = None, elevation: boo
     corrupt or holds another model, a trained model with neither checkpoint nor bundled
     weights, and a model/checkpoint whose inputs do not match the elevation request.
     """
-    names = available()
+    names = model_names()
     if name not in names:
         raise ValueError(f"--model: unknown model {name!r}; available: {', '.join(names)}")
+    if name in STACK_METHODS:
+        if checkpoint is not None:
+            raise ValueError(f"--checkpoint: model {name!r} has no weights; drop --checkpoint")
+        if elevation:
+            raise ValueError(f"--elevation: model {name!r} takes no elevation; drop --elevation")
+        return ModelChoice(name, None)
     path = Path(checkpoint) if checkpoint is not None else bundled_checkpoint(name)
     if path is None:
         fresh = build(name, dim_x=4 if elevation else 3, dim_y=1, preset="small")

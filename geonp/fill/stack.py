@@ -1,0 +1,71 @@
+"""What infill computes from a field's whole stack before its blocks: history covariates for a
+model that takes them, and the fill of a stack method (``dineof``).
+
+Every model of :mod:`geonp.models` fills a window from the cells around it, so a cube streams
+through infill block by block. What the field's other steps say about a cell is different: it
+comes from the whole stack (:mod:`geonp.history`). It is computed once per field when the plan is
+made and kept on the :class:`~geonp.fill.field.Field`; blocks then read their part, through the
+same output, resume and layout machinery. The stack must fit in memory
+(:data:`geonp.history.MAX_HISTORY_CELLS`): beyond it a model's covariates are flat and a stack
+method is refused with one line, as is a field with fewer than three observed steps.
+"""
+
+from __future__ import annotations
+
+import dask
+import numpy as np
+
+from geonp.fill.blocks import BlockResult, compose, read_block
+from geonp.fill.field import Field
+from geonp.fill.predictor import STACK_METHODS
+
+
+def add_history(field: Field, covariates: list[str], seed: int = 0) -> str:
+    """Keep on ``field`` the history covariates a model takes (:func:`geonp.history.history_covariates`);
+    returns a few words on what they are (for provenance)."""
+    from geonp.history import history_covariates
+
+    with dask.config.set(scheduler="synchronous"):
+        values = np.asarray(field.data.values, np.float64)
+    field.history, what = history_covariates(np.where(np.isinf(values), np.nan, values), field.valid, covariates,
+                                             rng=np.random.default_rng([seed, 4099]))
+    return f"{field.label}: {what}"
+
+
+def reconstruct(field: Field, name: str, seed: int = 0) -> str:
+    """Run stack method ``name`` on ``field`` and keep its mean and 1-sigma on the field; returns
+    a few words on what it did (for provenance).
+
+    Raises:
+        ValueError: one line naming the field: too large for memory, or too short a history.
+    """
+    from geonp.history import MAX_HISTORY_CELLS, dineof
+
+    if name not in STACK_METHODS:
+        raise ValueError(f"--model {name}: not a stack method ({', '.join(STACK_METHODS)})")
+    if field.observed == 0:
+        return f"{field.label}: nothing observed"
+    if np.prod(field.shape) > MAX_HISTORY_CELLS:
+        raise ValueError(f"--model {name}: {field.label} has {np.prod(field.shape):,} cells; DINEOF holds the "
+                         f"whole stack in memory and takes at most {MAX_HISTORY_CELLS:,} (crop it, or use a window "
+                         "model such as te-pt-tnp)")
+    with dask.config.set(scheduler="synchronous"):
+        values = np.asarray(field.data.values, np.float64)
+    try:
+        rec = dineof(np.where(np.isinf(values), np.nan, values), field.valid, rng=np.random.default_rng([seed, 4099]))
+    except ValueError as err:
+        raise ValueError(f"--model {name}: {field.label}: {err}") from None
+    field.stack = (rec.mean.astype(np.float32), rec.std.astype(np.float32))
+    return f"{field.label}: DINEOF, {rec.modes} modes, cross-validation RMSE {rec.cv_rmse[rec.modes]:.4g}"
+
+
+def stack_block(field: Field, key: tuple[slice, slice, slice]) -> BlockResult:
+    """The cells ``key`` of ``field``: observed as they are, gaps from its reconstruction."""
+    values, valid, observed, missing = read_block(field, key)
+    if field.stack is None:  # a field with nothing observed: left as it is
+        none = np.zeros(values.shape)
+        return compose(values, valid, observed, missing, none, none, none, field)
+    mean, std = (np.asarray(a[key], np.float64) for a in field.stack)
+    covered = np.isfinite(mean).astype(np.float64)
+    mean, std = np.nan_to_num(mean), np.nan_to_num(std)
+    return compose(values, valid, observed, missing, covered, covered * mean, covered * (std**2 + mean**2), field)

@@ -119,6 +119,7 @@ def evaluate(
     options: Mapping[str, Any] | None = None,
     max_hidden: float = 0.5,
     cover: float = 0.3,
+    hide_steps: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """Score ``models`` at the same artificially hidden cells of ``ds[variable]``.
 
@@ -136,6 +137,8 @@ def evaluate(
         infill_fn: replaces ``geonp.fill.engine.infill`` (same signature); for tests and wrappers.
         options: extra keyword arguments for every infill call (``device``, ...).
         max_hidden, cover: as in ``hide_cells``.
+        hide_steps: hide cells in these steps only (``hide_cells``'s ``steps``): the others stay
+            whole, as the history a day under a cloud is filled from.
 
     Returns:
         ``{"source", "variable", "units", "seed", "steps", "observed_cells", "hidden_cells",
@@ -166,7 +169,8 @@ def evaluate(
     observed = int((np.isfinite(da) & valid).sum())
     if observed == 0:
         raise ValueError(f"{name}: {variable!r} has no observed cell inside the valid area")
-    masked, hidden = hide_cells(da, valid, np.random.default_rng(seed), max_hidden=max_hidden, cover=cover)
+    masked, hidden = hide_cells(da, valid, np.random.default_rng(seed), max_hidden=max_hidden, cover=cover,
+                                steps=hide_steps)
     hide = hidden.values
     n_hidden = int(hide.sum())
     if n_hidden == 0:

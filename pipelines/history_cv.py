@@ -150,15 +150,19 @@ BUDGET = ("bundled weights (te-pt-tnp: covariates added to the kriging drift, no
           "of a step's observed cells; a row's commit is the run that produced it")
 
 
+def _best(rows: list[dict], wanted) -> dict | None:
+    """The row of lowest RMSE among those whose model name ``wanted`` accepts."""
+    return min((r for r in rows if wanted(r["model"])), key=lambda r: r["rmse"], default=None)
+
+
 def summary(results: list[dict]) -> str:
     """Per scene: the best te-pt-tnp row against linear, kriging and dineof (the issue's goals)."""
     lines = ["| scene | best te-pt-tnp row | RMSE / linear | RMSE / best of kriging, dineof | CRPS / best of "
              "kriging, dineof | >12 cells RMSE / linear |", "|---|---|---:|---:|---:|---:|"]
     for res in results:
-        rows = res["rows"]
-        pick = lambda m: min((r for r in rows if r["model"] == m), key=lambda r: r["rmse"], default=None)  # noqa: E731
-        ours = min((r for r in rows if r["model"].startswith("te-pt-tnp")), key=lambda r: r["rmse"], default=None)
-        lin, others = pick("linear"), [r for r in (pick("kriging"), pick("dineof")) if r]
+        ours = _best(res["rows"], lambda m: m.startswith("te-pt-tnp"))
+        lin = _best(res["rows"], lambda m: m == "linear")
+        others = [r for r in (_best(res["rows"], lambda m, k=k: m == k) for k in ("kriging", "dineof")) if r]
         if ours is None or lin is None or not others:
             continue
         best_rmse, best_crps = min(r["rmse"] for r in others), min(r["crps"] for r in others)

@@ -192,9 +192,11 @@ def _run(args: argparse.Namespace) -> int:
         from geonp.models import available, presets
 
         for name in available():
-            print(f"{name:12s} presets: {', '.join(presets(name))}")
+            print(f"{name:14s} presets: {', '.join(presets(name))}")
+        said = {"dineof": "no weights: filled from the EOFs of the field's whole stack (needs 3+ observed steps)",
+                "kriging": "no weights: ordinary kriging per scene, variogram fitted per scene, quadrant neighbours"}
         for name in STACK_METHODS:
-            print(f"{name:12s} no weights: filled from the EOFs of the field's whole stack (needs 3+ observed steps)")
+            print(f"{name:14s} {said[name]}")
     elif args.command == "fetch":
         if args.source is None:
             raise ValueError("fetch: name a source, e.g. geonp fetch era5 --help")

@@ -17,7 +17,7 @@ write the table and one map per region.
 
 Scores per region: mean test log-likelihood per target point (nats, in normalised units, as the
 paper's Table 3) +- its standard error over tasks; RMSE, CRPS and 90% coverage in the variable's
-units. Models without weights (``gp``, ``linear``, ``kriging``) are fitted per task.
+units. Models without weights (``gp``, ``linear``, ``window-kriging``) are fitted per task.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def train_models(cfg: dict[str, Any], names: list[str], steps: int | None) -> di
     for name in names:
         spec = cfg["models"][name] or {}
         if not build(name, len(data["inputs"]), 1, preset=spec.get("preset", "tiny"), **spec.get("args", {})).trainable:
-            continue  # fitted per task (gp, linear, kriging)
+            continue  # fitted per task (gp, linear, window-kriging)
         run = Path(cfg.get("runs", REPO / "runs" / "region_transfer" / cfg["name"])) / name
         source = {"name": "cube", "path": _path(data["path"]), "variables": [data["variable"]],
                   "elevation": _path(data.get("elevation")), "inputs": data["inputs"], "window": data["window"],
@@ -122,7 +122,7 @@ def region_tasks(cfg: dict[str, Any], split: dict[str, Any], normaliser, seed: i
 def baseline(name: str, spec: dict[str, Any], inputs: list[str]):
     """A model without trained weights, told which inputs are time and space."""
     args = dict(spec.get("args", {}))
-    if name in ("linear", "kriging"):
+    if name in ("linear", "window-kriging"):
         args.setdefault("time_input", inputs.index("time") if "time" in inputs else None)
         args.setdefault("space_inputs", [inputs.index("lat"), inputs.index("lon")])
     return build(name, len(inputs), 1, preset=spec.get("preset", "small"), **args)

@@ -9,7 +9,7 @@ from scipy.spatial import Delaunay
 
 from geonp.models import available, build, load, presets, save
 
-NAMES = ["linear", "kriging"]
+NAMES = ["linear", "window-kriging"]
 
 
 def run(model, xc, yc, xt, mask_c=None, mask_t=None):
@@ -38,13 +38,13 @@ def test_registry_presets_and_no_weights():
         assert model.time_input == 0 and model.space_inputs == (1, 2)
         assert len(list(model.parameters())) == 0 and len(model.state_dict()) == 0
     assert build("linear", dim_x=2, dim_y=1).time_input is None
-    assert build("kriging", dim_x=1, dim_y=1).space_inputs == (0,)
+    assert build("window-kriging", dim_x=1, dim_y=1).space_inputs == (0,)
     assert build("linear", dim_x=3, dim_y=1, space_inputs=(1, 2)).time_input is None  # time opted out
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_save_load_round_trip(name, tmp_path):
-    extra = {"variogram_model": "spherical"} if name == "kriging" else {"holdout_every": 4}
+    extra = {"variogram_model": "spherical"} if name == "window-kriging" else {"holdout_every": 4}
     model = build(name, dim_x=3, dim_y=2, preset="small", **extra)
     save(model, tmp_path / "m.safetensors")
     again = load(tmp_path / "m.safetensors")
@@ -76,7 +76,7 @@ def test_linear_rejects_bad_arguments(kwargs, match):
 ])
 def test_kriging_rejects_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        build("kriging", dim_x=3, dim_y=1, **kwargs)
+        build("window-kriging", dim_x=3, dim_y=1, **kwargs)
 
 
 def test_planar_field_is_reproduced():
@@ -87,7 +87,7 @@ def test_planar_field_is_reproduced():
     assert inside.sum() > 30
     lin = run(build("linear", 3, 1), scene(pc), plane(pc), scene(pt))
     np.testing.assert_allclose(lin.loc[0, inside].numpy(), plane(pt[inside]), atol=1e-9)
-    kri = run(build("kriging", 3, 1), scene(pc), plane(pc), scene(pt))
+    kri = run(build("window-kriging", 3, 1), scene(pc), plane(pc), scene(pt))
     # Ordinary kriging reproduces constants exactly and a trend only approximately (it reverts
     # to the mean when extrapolating), so: close inside the hull; the plane spans 3.2.
     np.testing.assert_allclose(kri.loc[0, inside].numpy(), plane(pt[inside]), atol=0.05)
@@ -97,7 +97,7 @@ def test_kriging_interpolates_its_context():
     rng = np.random.default_rng(2)
     pc = rng.random((100, 2)) * 5
     yc = wavy(pc)[:, None] + 0.05 * rng.standard_normal((100, 1))
-    dist = run(build("kriging", 3, 1), scene(pc), yc, scene(pc[:20]))
+    dist = run(build("window-kriging", 3, 1), scene(pc), yc, scene(pc[:20]))
     np.testing.assert_allclose(dist.loc[0].numpy(), yc[:20], atol=1e-6)
     assert (dist.scale < 1e-2 * yc.std()).all()
 
@@ -201,7 +201,7 @@ def test_one_space_input_matches_np_interp():
     yc = np.sin(xc)
     lin = run(build("linear", 1, 1), xc[:, None], yc[:, None], xt[:, None])
     np.testing.assert_allclose(lin.loc[0, :, 0].numpy(), np.interp(xt, xc, yc), atol=1e-12)
-    kri = run(build("kriging", 1, 1), xc[:, None], yc[:, None], xt[:, None])
+    kri = run(build("window-kriging", 1, 1), xc[:, None], yc[:, None], xt[:, None])
     assert np.abs(kri.loc[0, :, 0].numpy() - np.sin(xt))[(xt > 0.3) & (xt < 4.7)].max() < 0.1
 
 
@@ -226,7 +226,7 @@ def test_calibration_on_a_smooth_random_field(name):
     coverage = np.mean(np.abs(err) < 1.645 * dist.scale[0, :, 0].numpy())
     # ~390 hidden cells: one standard error of a 90% coverage is 0.015. Kriging measured 0.89-0.905 over
     # four seeds (+-3 SE band); linear's sigma is a little wide here (0.92-0.97), so its band reaches 0.98.
-    low, high = (0.85, 0.95) if name == "kriging" else (0.85, 0.98)
+    low, high = (0.85, 0.95) if name == "window-kriging" else (0.85, 0.98)
     assert low <= coverage <= high, coverage
     assert np.sqrt(np.mean(err**2)) < 0.5 * f.std()
 

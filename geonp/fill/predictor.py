@@ -27,7 +27,7 @@ from geonp.models.registry import available, load_with_meta
 from geonp.models.te_attention import set_block_elems
 
 #: ``--model`` names filled from a field's whole stack rather than window by window (:mod:`geonp.fill.stack`).
-STACK_METHODS = ("dineof",)
+STACK_METHODS = ("dineof", "kriging")
 #: Per-cell covariates infill can give a model, by the names a checkpoint's header uses.
 COVARIATES = ("dineof", "nearest_steps")
 #: TE attention block caps for window-sized tasks, without and with autograd (see ``set_block_elems``).

@@ -1,13 +1,14 @@
 """What infill computes from a field's whole stack before its blocks: history covariates for a
-model that takes them, and the fill of a stack method (``dineof``).
+model that takes them, and the fill of a stack method (``dineof``, ``kriging``).
 
 Every model of :mod:`geonp.models` fills a window from the cells around it, so a cube streams
 through infill block by block. What the field's other steps say about a cell is different: it
 comes from the whole stack (:mod:`geonp.history`). It is computed once per field when the plan is
 made and kept on the :class:`~geonp.fill.field.Field`; blocks then read their part, through the
 same output, resume and layout machinery. The stack must fit in memory
-(:data:`geonp.history.MAX_HISTORY_CELLS`): beyond it a model's covariates are flat and a stack
-method is refused with one line, as is a field with fewer than three observed steps.
+(:data:`geonp.history.MAX_HISTORY_CELLS` for DINEOF: beyond it a model's covariates are flat and
+``dineof`` is refused with one line, as is a field with fewer than three observed steps).
+``kriging`` works scene by scene, a step in memory at a time.
 """
 
 from __future__ import annotations
@@ -36,23 +37,33 @@ def reconstruct(field: Field, name: str, seed: int = 0) -> str:
     """Run stack method ``name`` on ``field`` and keep its mean and 1-sigma on the field; returns
     a few words on what it did (for provenance).
 
+    ``dineof``: :func:`geonp.history.dineof` over the field's steps; ``kriging``:
+    :func:`geonp.models.field_kriging.krige_stack`, each step a scene of its own.
+
     Raises:
-        ValueError: one line naming the field: too large for memory, or too short a history.
+        ValueError: one line naming the field: too large for memory, or (dineof) too short a history.
     """
     from geonp.history import MAX_HISTORY_CELLS, dineof
+    from geonp.models.field_kriging import krige_stack
 
     if name not in STACK_METHODS:
         raise ValueError(f"--model {name}: not a stack method ({', '.join(STACK_METHODS)})")
     if field.observed == 0:
         return f"{field.label}: nothing observed"
-    if np.prod(field.shape) > MAX_HISTORY_CELLS:
+    if name == "dineof" and np.prod(field.shape) > MAX_HISTORY_CELLS:
         raise ValueError(f"--model {name}: {field.label} has {np.prod(field.shape):,} cells; DINEOF holds the "
                          f"whole stack in memory and takes at most {MAX_HISTORY_CELLS:,} (crop it, or use a window "
                          "model such as te-pt-tnp)")
     with dask.config.set(scheduler="synchronous"):
         values = np.asarray(field.data.values, np.float64)
+    values = np.where(np.isinf(values), np.nan, values)
+    rng = np.random.default_rng([seed, 4099])
+    if name == "kriging":
+        mean, std, what = krige_stack(values, field.valid, rng=rng)
+        field.stack = (mean.astype(np.float32), std.astype(np.float32))
+        return f"{field.label}: {what}"
     try:
-        rec = dineof(np.where(np.isinf(values), np.nan, values), field.valid, rng=np.random.default_rng([seed, 4099]))
+        rec = dineof(values, field.valid, rng=rng)
     except ValueError as err:
         raise ValueError(f"--model {name}: {field.label}: {err}") from None
     field.stack = (rec.mean.astype(np.float32), rec.std.astype(np.float32))

@@ -1,4 +1,6 @@
-"""``kriging``: ordinary kriging per time slice, in local neighbourhoods, with its own variogram fit.
+"""``window-kriging``: ordinary kriging per time slice of a task, in local neighbourhoods, each with its own
+variogram fit (the NP calling convention, for cube tasks; ``geonp infill --model kriging`` is the
+whole-scene kriging of :mod:`geonp.models.field_kriging`).
 
 Three parts: split the targets into boxes so each kriging system holds at most ``max_points``
 context points (:func:`_neighbourhoods`), fit the variogram of each box's standardised context
@@ -111,7 +113,7 @@ def loo_scale(xs: np.ndarray, z: np.ndarray, model: str, params: list[float]) ->
     return float(np.sqrt(np.mean((inv[:n, :n] @ z) ** 2 / diag)))
 
 
-@register("kriging", presets={"small": {"max_points": 400}, "tiny": {"max_points": 200}})
+@register("window-kriging", presets={"small": {"max_points": 400}, "tiny": {"max_points": 200}})
 class Kriging(SpatialInterpolator):
     """Ordinary kriging (PyKrige) over 1 or 2 space inputs, per time slice.
 

@@ -1,0 +1,188 @@
+"""Ordinary kriging of a whole scene, set up as a geostatistician would: the ``kriging`` baseline.
+
+Per scene (one time step of a field):
+
+* the variogram is fitted once, to up to ``fit_points`` observed cells drawn at random from the
+  whole scene (:func:`geonp.models.kriging.fit_variogram`: PyKrige's variogram families,
+  pair-count then Cressie-weighted least squares), so a gap is filled with the scene's own
+  spatial structure rather than one fitted to the few points around it;
+* each gap cell is kriged from its ``neighbours // 4`` nearest observed cells in each quadrant
+  around it, searched over the whole scene (:func:`quadrant_neighbours`): deep inside a wide
+  cloud the nearest cells all lie on the near rim, and a quadrant search reaches the far rims too,
+  so kriging interpolates across the gap rather than extrapolating from one side;
+* the ordinary-kriging system (a constant but unknown mean) is solved per cell in covariance form,
+  ``C(h) = sill + nugget - gamma(h)``, and sigma is the kriging standard deviation of an
+  observation at the cell (nugget included).
+
+Distances are in grid cells. The variogram families are PyKrige's bounded ones (exponential,
+spherical, gaussian); the window baseline ``window-kriging`` (:mod:`geonp.models.kriging`) fits a
+variogram per neighbourhood of each infill window instead and was weaker than linear
+interpolation inside wide clouds.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from scipy.spatial import cKDTree
+
+from geonp.models.kriging import fit_variogram
+
+#: Variogram families with a sill (the covariance form needs one).
+BOUNDED_MODELS = ("exponential", "spherical", "gaussian")
+#: Observed cells a scene needs for its own variogram; sparser scenes get the field's spread.
+MIN_SCENE_POINTS = 30
+_BATCH = 2048  # targets solved at once: [batch, K, K] float64, 64 MiB at K = 64
+
+
+def quadrant_neighbours(points: np.ndarray, targets: np.ndarray, per_quadrant: int,
+                        max_candidates: int = 4096, available: np.ndarray | None = None) -> np.ndarray:
+    """The ``per_quadrant`` nearest ``points`` in each quadrant around each target.
+
+    Args:
+        points: ``[N, 2]`` (row, col) of the observed cells.
+        targets: ``[M, 2]`` (row, col) of the cells to krige.
+        per_quadrant: neighbours wanted per quadrant.
+        max_candidates: the nearest points examined per target at most; a quadrant with no point
+            among them stays short.
+        available: ``[M, 4]`` how many points each quadrant of each target holds at all
+            (:func:`quadrant_counts`), or None; with it the search stops widening for a quadrant
+            that has given all it holds (at a coast or the scene's edge), which is most of the cost.
+
+    Returns:
+        ``int [M, 4 * per_quadrant]``: indices into ``points`` (quadrant by quadrant, nearest
+        first), -1 where a quadrant has fewer points. Quadrants are half-open (``dr >= 0, dc > 0``
+        and its rotations), so every point belongs to exactly one.
+    """
+    n = len(points)
+    out = np.full((len(targets), 4, per_quadrant), -1, np.int64)
+    if n == 0 or len(targets) == 0:
+        return out.reshape(len(targets), -1)
+    tree = cKDTree(points)
+    todo = np.arange(len(targets))
+    m = min(n, 8 * per_quadrant)
+    while todo.size:
+        _, cand = tree.query(targets[todo], k=m)
+        cand = cand.reshape(len(todo), m)
+        d = points[cand] - targets[todo][:, None, :]  # [T, m, 2]
+        dr, dc = d[..., 0], d[..., 1]
+        quadrant = np.select([(dr >= 0) & (dc > 0), (dr > 0) & (dc <= 0), (dr <= 0) & (dc < 0)], [0, 1, 2], 3)
+        quadrant[(dr == 0) & (dc == 0)] = -1  # the target itself (never observed) would be no neighbour
+        full = np.ones(len(todo), bool)
+        for q in range(4):
+            inside = quadrant == q
+            rank = np.cumsum(inside, axis=1) - 1  # position among this quadrant's candidates, nearest first
+            keep = inside & (rank < per_quadrant)
+            rows, cols = np.nonzero(keep)
+            out[todo[rows], q, rank[rows, cols]] = cand[rows, cols]
+            enough = per_quadrant if available is None else np.minimum(per_quadrant, available[todo, q])
+            full &= inside.sum(1) >= enough
+        if m >= min(n, max_candidates):
+            break
+        todo = todo[~full]
+        m = min(n, max_candidates, 4 * m)
+    return out.reshape(len(targets), -1)
+
+
+def quadrant_counts(observed: np.ndarray, cells: np.ndarray) -> np.ndarray:
+    """How many observed cells lie in each quadrant (as :func:`quadrant_neighbours` splits them)
+    around each of ``cells [M, 2]`` (integer row, col) of the grid ``observed [R, C]``: ``[M, 4]``."""
+    total = np.zeros((observed.shape[0] + 1, observed.shape[1] + 1), np.int64)
+    total[1:, 1:] = observed.cumsum(0).cumsum(1)
+
+    def box(r0, r1, c0, c1):  # observed cells in rows [r0, r1), cols [c0, c1)
+        return total[r1, c1] - total[r0, c1] - total[r1, c0] + total[r0, c0]
+
+    r, c = cells[:, 0].astype(np.int64), cells[:, 1].astype(np.int64)
+    n_r, n_c = observed.shape
+    return np.stack([box(r, n_r, c + 1, n_c),  # dr >= 0, dc > 0
+                     box(r + 1, n_r, 0, c + 1),  # dr > 0, dc <= 0
+                     box(0, r + 1, 0, c),  # dr <= 0, dc < 0
+                     box(0, r, c, n_c)], axis=1)  # dr < 0, dc >= 0
+
+
+def krige_scene(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, variogram_model: str = "exponential",
+                fit_points: int = 2000, nlags: int = 20, rng: np.random.Generator | None = None,
+                ) -> tuple[np.ndarray, np.ndarray, list[float] | None]:
+    """Krige every gap of one scene.
+
+    Args:
+        values: ``[R, C]``, NaN at gaps.
+        valid: ``[R, C]`` bool, True where a value can exist.
+        neighbours: neighbours per gap cell, a quarter from each quadrant.
+        variogram_model: one of :data:`BOUNDED_MODELS`.
+        fit_points: observed cells the variogram is fitted to at most.
+        nlags: distance bins of the experimental variogram.
+        rng: draws the fitting cells; default seed 0.
+
+    Returns:
+        ``(mean, std, params)``: ``[R, C]`` float64 at the gaps (valid and not observed), NaN
+        elsewhere; ``params`` the fitted ``[partial sill, range, nugget]`` in the scene's units
+        (None when the scene had too few observed cells and got its mean and spread).
+    """
+    if variogram_model not in BOUNDED_MODELS:
+        raise ValueError(f"variogram_model must be one of {BOUNDED_MODELS}, got {variogram_model!r}")
+    rng = np.random.default_rng(0) if rng is None else rng
+    observed = np.isfinite(values) & valid
+    gaps = valid & ~np.isfinite(values)
+    mean, std = np.full(values.shape, np.nan), np.full(values.shape, np.nan)
+    if not gaps.any():
+        return mean, std, None
+    pts = np.argwhere(observed).astype(np.float64)  # [N, 2] row, col
+    z = values[observed].astype(np.float64)
+    tgt = np.argwhere(gaps).astype(np.float64)
+    if len(z) < MIN_SCENE_POINTS or z.std() == 0:
+        mean[gaps] = z.mean() if len(z) else np.nan
+        std[gaps] = z.std() if len(z) > 1 and z.std() > 0 else 1.0
+        return mean, std, None
+    centre, scale = z.mean(), z.std()
+    zs = (z - centre) / scale
+    pick = rng.choice(len(z), size=min(fit_points, len(z)), replace=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # degenerate fits warn; the parameters are bounded anyway
+        psill, rng_, nugget = fit_variogram(pts[pick], zs[pick], variogram_model, nlags)
+    from pykrige.ok import OrdinaryKriging
+
+    gamma = OrdinaryKriging.variogram_dict[variogram_model]
+    total = psill + nugget
+
+    def cov(h: np.ndarray) -> np.ndarray:
+        return np.where(h > 0, total - gamma([psill, rng_, nugget], h), total)
+
+    near = quadrant_neighbours(pts, tgt, max(1, neighbours // 4),
+                               available=quadrant_counts(observed, tgt.astype(np.int64)))  # [M, K]
+    m_out, s_out = np.empty(len(tgt)), np.empty(len(tgt))
+    for start in range(0, len(tgt), _BATCH):
+        idx = near[start:start + _BATCH]
+        ok = idx >= 0  # [B, K]
+        xs = pts[np.where(ok, idx, 0)]  # [B, K, 2]
+        h_nn = np.linalg.norm(xs[:, :, None, :] - xs[:, None, :, :], axis=-1)
+        k_nn = cov(h_nn) * ok[:, :, None] * ok[:, None, :]
+        k_nn[:, np.arange(k_nn.shape[1]), np.arange(k_nn.shape[1])] = np.where(ok, total + 1e-10, 1.0)
+        k_t = cov(np.linalg.norm(xs - tgt[start:start + _BATCH, None, :], axis=-1)) * ok  # [B, K]
+        solved = np.linalg.solve(k_nn, np.stack([k_t, ok.astype(np.float64)], -1))  # K^-1 [k_*, 1]
+        a, b = solved[..., 0], solved[..., 1]
+        lagrange = ((ok * a).sum(-1) - 1) / np.maximum((ok * b).sum(-1), 1e-12)
+        w = a - lagrange[:, None] * b
+        m_out[start:start + len(idx)] = (w * np.where(ok, zs[np.where(ok, idx, 0)], 0.0)).sum(-1)
+        s_out[start:start + len(idx)] = np.sqrt(np.clip(total - (w * k_t).sum(-1) - lagrange, 1e-12, None))
+    mean[gaps] = centre + scale * m_out
+    std[gaps] = scale * s_out
+    return mean, std, [float(psill * scale**2), float(rng_), float(nugget * scale**2)]
+
+
+def krige_stack(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, variogram_model: str = "exponential",
+                rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray, str]:
+    """:func:`krige_scene` on every step of ``values [T, R, C]`` (``valid`` ``[R, C]`` or ``[T, R, C]``);
+    returns ``(mean, std, what)``, the first two ``[T, R, C]`` with NaN except at the gaps."""
+    rng = np.random.default_rng(0) if rng is None else rng
+    valid = np.broadcast_to(np.asarray(valid, bool), values.shape)
+    mean, std = np.full(values.shape, np.nan), np.full(values.shape, np.nan)
+    fitted = 0
+    for t in range(values.shape[0]):
+        mean[t], std[t], params = krige_scene(values[t], valid[t], neighbours=neighbours,
+                                              variogram_model=variogram_model, rng=rng)
+        fitted += params is not None
+    return mean, std, f"ordinary kriging, {variogram_model} variogram fitted per scene ({fitted} scenes), " \
+                      f"{neighbours} neighbours by quadrant"

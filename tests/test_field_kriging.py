@@ -1,0 +1,103 @@
+"""The ``kriging`` baseline: per-scene variogram, quadrant neighbours over the whole scene."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from geonp.models.field_kriging import krige_scene, krige_stack, quadrant_neighbours
+
+
+def brute_quadrants(points: np.ndarray, target: np.ndarray, k: int) -> list[set[int]]:
+    d = points - target
+    dr, dc = d[:, 0], d[:, 1]
+    masks = [(dr >= 0) & (dc > 0), (dr > 0) & (dc <= 0), (dr <= 0) & (dc < 0), (dr < 0) & (dc >= 0)]
+    dist = np.linalg.norm(d, axis=1)
+    out = []
+    for m in masks:
+        idx = np.flatnonzero(m)
+        out.append(set(idx[np.argsort(dist[idx], kind="stable")[:k]].tolist()))
+    return out
+
+
+def test_quadrant_neighbours_match_a_brute_force_search():
+    rng = np.random.default_rng(0)
+    points = rng.integers(0, 60, (300, 2)).astype(float)
+    points = np.unique(points, axis=0)
+    targets = np.array([[30.5, 30.5], [0.0, 0.0], [59.0, 10.0], [25.0, 61.0]])
+    near = quadrant_neighbours(points, targets, 5).reshape(len(targets), 4, 5)
+    for t, target in enumerate(targets):
+        for q, want in enumerate(brute_quadrants(points, target, 5)):
+            got = {int(i) for i in near[t, q] if i >= 0}
+            # Ties in distance may pick either point: compare the distances, not the indices.
+            dist = lambda s, x=target: sorted(np.round(np.linalg.norm(points[list(s)] - x, axis=1), 9))  # noqa: E731
+            assert dist(got) == dist(want), (t, q)
+
+
+def test_deep_in_a_gap_every_rim_is_a_neighbour():
+    yy, xx = np.mgrid[0:41, 0:41]
+    observed = (np.abs(yy - 20) > 12) | (np.abs(xx - 20) > 12)  # a 25 x 25 hole in the middle
+    points = np.argwhere(observed).astype(float)
+    near = quadrant_neighbours(points, np.array([[20.0, 14.0]]), 4)[0]
+    sides = points[near]
+    # The 16 nearest observed cells all lie on the left rim (6 cells away); the quadrant search
+    # takes half its neighbours from the other side of the target, on the top and bottom rims.
+    assert (sides[:, 1] >= 14).sum() == 8 and (sides[:, 0] < 8).any() and (sides[:, 0] > 32).any()
+    nearest16 = points[np.argsort(np.linalg.norm(points - [20.0, 14.0], axis=1))[:16]]
+    assert (nearest16[:, 1] <= 7).all()
+
+
+def test_with_every_point_as_neighbour_it_is_pykrige():
+    from pykrige.ok import OrdinaryKriging
+
+    from geonp.models.kriging import fit_variogram
+
+    rng = np.random.default_rng(3)
+    yy, xx = np.mgrid[0:14, 0:15]
+    field = np.sin(yy / 3.0) + np.cos(xx / 4.0) + rng.normal(0, 0.1, yy.shape)
+    values = field.copy()
+    values[rng.random(yy.shape) < 0.75] = np.nan
+    valid = np.ones(yy.shape, bool)
+    # 60 per quadrant: more than the observed cells, so every one is a neighbour.
+    mean, std, params = krige_scene(values, valid, neighbours=4 * 60, rng=np.random.default_rng(1))
+    # The same variogram PyKrige fits from: the same standardisation and sample.
+    seen = np.isfinite(values)
+    z = values[seen]
+    zs = (z - z.mean()) / z.std()
+    pts = np.argwhere(seen).astype(float)
+    psill, rng_, nugget = fit_variogram(pts, zs, "exponential", 20)  # every point: fit_points > N
+    ok = OrdinaryKriging(pts[:, 0], pts[:, 1], zs, variogram_model="exponential",
+                         variogram_parameters={"psill": psill, "range": rng_, "nugget": nugget}, exact_values=True)
+    gaps = np.argwhere(~seen).astype(float)
+    zq, ss = ok.execute("points", gaps[:, 0], gaps[:, 1])
+    np.testing.assert_allclose(mean[~seen], z.mean() + z.std() * np.asarray(zq), atol=1e-6)
+    np.testing.assert_allclose(std[~seen], z.std() * np.sqrt(np.asarray(ss)), rtol=1e-5)
+    assert params[1] == pytest.approx(rng_)
+
+
+def test_a_stack_is_kriged_scene_by_scene_and_sparse_scenes_fall_back():
+    rng = np.random.default_rng(0)
+    yy, xx = np.mgrid[0:30, 0:30]
+    values = np.stack([np.sin(yy / 4.0 + t) + np.cos(xx / 5.0) for t in range(3)])
+    values[:, 10:18, 10:18] = np.nan
+    values[2][rng.random((30, 30)) < 0.98] = np.nan  # too sparse for its own variogram
+    mean, std, what = krige_stack(values, np.ones((30, 30), bool))
+    gap = np.isnan(values)
+    assert np.isfinite(mean[gap]).all() and (std[gap] > 0).all() and np.isnan(mean[~gap]).all()
+    truth = np.stack([np.sin(yy / 4.0 + t) + np.cos(xx / 5.0) for t in range(2)])
+    assert np.sqrt(np.mean((mean[:2][gap[:2]] - truth[gap[:2]]) ** 2)) < 0.2  # the field spans +-2
+    assert "2 scenes" in what
+
+
+def test_quadrant_counts_count_what_the_search_splits():
+    from geonp.models.field_kriging import quadrant_counts
+
+    rng = np.random.default_rng(1)
+    observed = rng.random((20, 25)) < 0.3
+    cells = np.array([[0, 0], [10, 12], [19, 24], [5, 20]])
+    counts = quadrant_counts(observed, cells)
+    points = np.argwhere(observed).astype(float)
+    for cell, got in zip(cells, counts):
+        assert [len(s) for s in brute_quadrants(points, cell.astype(float), 10**6)] == list(got)
+    near = quadrant_neighbours(points, cells.astype(float), 50, available=counts).reshape(4, 4, 50)
+    assert [[int((q >= 0).sum()) for q in t] for t in near] == np.minimum(counts, 50).tolist()

@@ -175,7 +175,8 @@ class TEPTTNP(_TETransformerNP):
                  neighbour_weights: list[float] | None = None, local_context: bool = False,
                  value_skip: bool = False, local_kriging: bool = False, kriging_kernel: str = "exponential",
                  kriging_neighbours: int = 0, kriging_mix: str = "gate",
-                 kriging_quadrant_dims: list[int] | None = None, kriging_covariates: int = 0) -> None:
+                 kriging_quadrant_dims: list[int] | None = None, kriging_covariates: int = 0,
+                 kriging_trend_dims: list[int] | None = None) -> None:
         super().__init__(dim_x, dim_y, dim_model, min_scale)
         # kriging_covariates: the last inputs are covariates, not locations (e.g. what the scene's
         # history predicts at each cell, geonp.history); they enter only the local kriging head's
@@ -187,6 +188,14 @@ class TEPTTNP(_TETransformerNP):
             raise ValueError(f"kriging_covariates must be in 0..{dim_x - 1}, got {kriging_covariates}")
         self.kriging_covariates = kriging_covariates
         dim_x = dim_x - kriging_covariates  # the location inputs, from here on
+        # kriging_trend_dims: location inputs (e.g. [1, 2], rows and columns) whose offsets from the
+        # target join the drift, a plane fitted by each target's neighbours (universal kriging): deep
+        # inside a wide gap the mean follows the trend across it instead of levelling off.
+        if kriging_trend_dims is not None and not (local_kriging and num_neighbours > 0
+                                                   and all(0 <= d < dim_x for d in kriging_trend_dims)):
+            raise ValueError(f"kriging_trend_dims needs the local kriging head and location inputs in "
+                             f"0..{dim_x - 1}, got {kriging_trend_dims}")
+        self.kriging_trend_dims = None if not kriging_trend_dims else list(kriging_trend_dims)
         self.pseudo = nn.Parameter(torch.randn(num_pseudo, dim_model))  # u0 [M, Dz]
         self.pseudo_offset = nn.Parameter(torch.randn(num_pseudo, dim_x))  # v0 [M, Dx]
         self.init_q = nn.Linear(dim_model, dim_model, bias=False)  # psi's query/key maps
@@ -292,6 +301,10 @@ class TEPTTNP(_TETransformerNP):
         if self.kriging is None:
             return self.head(self.decoder(zt))
         near = tuple(t[..., :self.kriging_neighbours] for t in near_k)
+        if self.kriging_trend_dims is not None:  # location offsets as drift: [B, N, P + len(dims)]
+            trend_c, trend_t = x_context[..., self.kriging_trend_dims], x_target[..., self.kriging_trend_dims]
+            drift_c = trend_c if drift_c is None else torch.cat([drift_c, trend_c], -1)
+            drift_t = trend_t if drift_t is None else torch.cat([drift_t, trend_t], -1)
         k_mean, k_logvar = self.kriging(zt, x_target, x_context, yc, *near, drift_t, drift_c)  # [B, Nt, Dy], [B, Nt, 1]
         raw = self.decoder(zt + self.kriging_in(torch.cat([k_mean, k_logvar], -1).to(zt.dtype)))
         loc, pre_scale = raw.float().split(self.dim_y, dim=-1)

@@ -108,3 +108,22 @@ def test_dineof_fills_through_infill_evaluate_and_the_command_line(tmp_path):
     one = ds.isel(time=[0])
     with pytest.raises(ValueError, match="dineof: v: dineof needs at least 3 steps"):
         geonp.infill(one, "v", model="dineof")
+
+
+def test_training_with_history_covariates_gives_weights_infill_feeds_the_same(tmp_path):
+    """``data: {name: windows, covariates: [...]}``: windows carry the covariates, the checkpoint
+    records them, and infill computes them for the cube it fills."""
+    from geonp.train import TrainConfig, train
+
+    cfg = TrainConfig(model="te-pt-tnp", out_dir=str(tmp_path / "run"), preset="tiny", steps=2, batch_size=2,
+                      val_tasks=2, val_every=2, checkpoint_every=2, log_every=1, device="cpu",
+                      model_args={"num_neighbours": 4, "local_kriging": True, "kriging_neighbours": 8,
+                                  "kriging_covariates": 2},
+                      data={"name": "windows", "synthetic": 1.0, "covariates": ["dineof", "nearest_steps"],
+                            "window": {"max_context": 128}})
+    train(cfg, progress=False)
+    truth, given = low_rank_stack(steps=6, rows=20, cols=22)
+    out = geonp.infill(stack_dataset(truth, given), "v", model="te-pt-tnp",
+                       checkpoint=str(tmp_path / "run" / "model.safetensors"), fit_steps=1)
+    assert "dineof" in out.attrs["geonp_history"] and "nearest_steps" in out.attrs["geonp_history"]
+    assert np.isfinite(out["v"].values).all()

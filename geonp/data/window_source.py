@@ -116,33 +116,51 @@ class WindowSource:
         real_clouds: probability that a window's hidden cells are another time step's real gaps
             (see :func:`~geonp.data.windows.training_window`) rather than synthetic clouds.
         wide_clouds: probability that a window's clouds span its whole view, halo included.
+        covariates: history covariates the model takes after its location inputs (``dineof``,
+            ``nearest_steps``; :func:`geonp.history.history_covariates`), computed once per real
+            field over its whole stack and per synthetic field over its view; the checkpoint
+            records them, so infill computes the same.
     """
 
-    dim_x, dim_y = 3, 1
+    dim_y = 1
 
     def __init__(self, files: list[dict] | None = None, val_files: list[dict] | None = None,
                  synthetic: float = 0.5, window: dict | None = None, seed: int = 0,
-                 real_clouds: float = 0.0, wide_clouds: float = 0.0) -> None:
+                 real_clouds: float = 0.0, wide_clouds: float = 0.0, covariates: list[str] | None = None) -> None:
         self.spec = WindowSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in (window or {}).items()})
+        self.covariates = list(covariates or [])
+        self.dim_x = 3 + len(self.covariates)
         folder = data_folder()
-        self.fields = [_load(e, folder) for e in files or []]
-        self.val_fields = [_load(e, folder) for e in val_files or []]
+        self.fields = [self._with_history(*_load(e, folder)) for e in files or []]
+        self.val_fields = [self._with_history(*_load(e, folder)) for e in val_files or []]
         self.synthetic = synthetic if self.fields else 1.0
         self.real_clouds, self.wide_clouds = real_clouds, wide_clouds
-        self.checkpoint_meta = {"inputs": {"kind": "windows"},
-                                "infill": {"cells_per_unit": self.spec.cells_per_unit,
-                                           "steps_per_unit": self.spec.steps_per_unit,
-                                           "window": self.spec.as_dict()}}
+        infill = {"cells_per_unit": self.spec.cells_per_unit, "steps_per_unit": self.spec.steps_per_unit,
+                  "window": self.spec.as_dict()}
+        if self.covariates:
+            infill["covariates"] = self.covariates
+        self.checkpoint_meta = {"inputs": {"kind": "windows"}, "infill": infill}
+
+    def _with_history(self, values: np.ndarray, valid: np.ndarray, spread: float) -> tuple:
+        """A field as ``(values, valid, spread, history [P, T, R, C] or None)``."""
+        if not self.covariates:
+            return values, valid, spread, None
+        from geonp.history import history_covariates
+
+        history, _ = history_covariates(values, valid, self.covariates)
+        return values, valid, spread, history
 
     def _window(self, rng: np.random.Generator, fields: list, synthetic: float) -> WindowTask:
         while True:
             if rng.random() < synthetic or not fields:
                 values = synthetic_field(self.spec.view, rng)
-                valid, spread = np.ones(values.shape, bool), float(np.nanstd(values)) or 1.0
+                valid, spread, history = np.ones(values.shape, bool), float(np.nanstd(values)) or 1.0, None
+                if self.covariates:
+                    _, _, _, history = self._with_history(values, valid, spread)
             else:
-                values, valid, spread = fields[int(rng.integers(len(fields)))]
+                values, valid, spread, history = fields[int(rng.integers(len(fields)))]
             task = training_window(values, valid, self.spec, rng, spread, real_clouds=self.real_clouds,
-                                   wide_clouds=self.wide_clouds)
+                                   wide_clouds=self.wide_clouds, history=history)
             if task is not None:
                 return task
 

@@ -12,8 +12,9 @@ where variants are chosen; ``test`` hides steps 1, 4, 7, ... and is reported onc
 OLCI's box has water on three of its five scenes only: there every step is hidden (under half of
 its cells) and the split is by place, a validation crop north of the test crop.
 
-A row is ``MODEL[+COVARIATE...][@FIT_STEPS]``: ``te-pt-tnp+dineof@30`` is the bundled te-pt-tnp
-weights with the ``dineof`` history covariate in its kriging head's drift
+A row is ``MODEL[+COVARIATE...][@FIT_STEPS]``, or a label given weights with ``--checkpoint
+LABEL=PATH``: ``te-pt-tnp+dineof@30`` is the bundled te-pt-tnp weights with the ``dineof``
+history covariate in its kriging head's drift
 (``geonp.history.history_covariates``), fine-tuned 30 steps on the scene. The covariate
 checkpoints are made here from the bundled weights (the drift adds no weight).
 Writes ``pipelines/results/history_cv_<split>.md`` and ``.json``.
@@ -120,11 +121,14 @@ def main() -> None:
     parser.add_argument("--rows", nargs="*", default=ROWS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reuse", action="store_true", help="keep the earlier table's rows not run now")
+    parser.add_argument("--checkpoint", action="append", default=[], metavar="LABEL=PATH",
+                        help="a row LABEL[@FIT] scores te-pt-tnp with these weights (e.g. a trained variant)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     out = Path(args.out or REPO / "pipelines" / "results" / f"history_cv_{args.split}.md")
     earlier = _earlier(out.with_suffix(".json")) if args.reuse else {}
     folder, commit = data_folder(), git_commit()
+    trained = dict(item.split("=", 1) for item in args.checkpoint)
     results: list[dict] = []
     skipped: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -136,6 +140,8 @@ def main() -> None:
             for row in args.rows:
                 model, covariates, fit = parse_row(row)
                 checkpoints = {model: str(covariate_checkpoint(model, covariates, Path(tmp)))} if covariates else None
+                if row.partition("@")[0] in trained:
+                    model, checkpoints = "te-pt-tnp", {"te-pt-tnp": trained[row.partition("@")[0]]}
                 try:
                     part = evaluate(ds, variable, [model], checkpoints=checkpoints, fit_steps=fit, seed=args.seed,
                                     options={"device": "auto"}, hide_steps=steps)

@@ -260,12 +260,13 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
     ok = np.ones(values.shape[1:], bool) if valid is None else np.asarray(valid, bool)
     observed = np.isfinite(values) & np.broadcast_to(ok, values.shape)
     mean = float(values[observed].mean()) if observed.any() else 0.0
-    out = np.full((len(names), *values.shape), mean, np.float32)
     steps_seen = int(observed.any(axis=(1, 2)).sum())
     if values.size > MAX_HISTORY_CELLS:
-        return out, f"flat (the field's {values.size:,} cells exceed {MAX_HISTORY_CELLS:,})"
+        return flat_covariates(len(names), values.shape, mean), \
+            f"flat (the field's {values.size:,} cells exceed {MAX_HISTORY_CELLS:,})"
     if steps_seen < MIN_STEPS:
-        return out, f"flat (fewer than {MIN_STEPS} steps with observations)"
+        return flat_covariates(len(names), values.shape, mean), f"flat (fewer than {MIN_STEPS} steps with observations)"
+    out = np.full((len(names), *values.shape), mean, np.float32)
     said = []
     for i, name in enumerate(names):
         if name == "dineof":
@@ -276,6 +277,12 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
             out[i] = np.where(np.isfinite(pred := nearest_steps(np.where(observed, values, np.nan))), pred, mean)
             said.append("nearest_steps")
     return out, ", ".join(said)
+
+
+def flat_covariates(count: int, shape: tuple[int, ...], value: float) -> np.ndarray:
+    """``count`` flat maps of ``shape`` holding ``value``, as a read-only view of one number: a
+    field too large for its history costs no memory for it."""
+    return np.broadcast_to(np.float32(value), (count, *shape))
 
 
 def nearest_steps(values: np.ndarray) -> np.ndarray:

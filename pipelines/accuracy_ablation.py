@@ -103,11 +103,20 @@ def forced_mean(checkpoint: Path, mean: str, out: Path) -> Path:
 
 
 def variant_checkpoint(checkpoint: Path, out: Path, mean: str | None = None,
-                       model_args: dict[str, Any] | None = None) -> Path:
+                       model_args: dict[str, Any] | None = None, covariates: list[str] | None = None) -> Path:
     """A copy of ``checkpoint`` changed at inference only, same trained weights: ``mean`` pins a
     gated local-kriging model's gate (see :func:`forced_mean`); ``model_args`` replaces
-    architecture arguments that hold no weights (e.g. ``kriging_neighbours``)."""
+    architecture arguments that hold no weights (e.g. ``kriging_neighbours``); ``covariates``
+    (te-pt-tnp with a local kriging head) adds history covariates to the kriging drift, which
+    holds no weight either: one more input each, recorded in the ``infill`` header so infill
+    computes them (:func:`geonp.history.history_covariates`)."""
     tensors, meta = read_checkpoint(checkpoint)
+    if covariates:
+        meta = copy.deepcopy(meta)
+        had = len(meta["infill"].get("covariates", []))
+        meta["model"]["dim_x"] += len(covariates) - had
+        meta["model"]["kwargs"]["kriging_covariates"] = len(covariates)
+        meta["infill"]["covariates"] = list(covariates)
     if mean is not None:
         if "kriging_gate.bias" not in tensors:
             raise SystemExit(f"{checkpoint}: no kriging gate to force (mean: {mean})")

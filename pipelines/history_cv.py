@@ -35,9 +35,9 @@ from geonp.data import open_satellite
 from geonp.data.window_source import data_folder
 from geonp.evaluate import evaluate
 from geonp.fill.predictor import bundled_checkpoint
-from geonp.models.registry import load_with_meta, save
 from geonp.skill_table import write_table
 from geonp.train import resolve_device
+from pipelines.accuracy_ablation import variant_checkpoint
 from pipelines.provenance import REPO, git_commit, header
 from pipelines.satellite_cv import _earlier, keep_earlier
 
@@ -94,16 +94,8 @@ def parse_row(row: str) -> tuple[str, list[str], int]:
 
 def covariate_checkpoint(model: str, covariates: list[str], folder: Path) -> Path:
     """The bundled weights of ``model`` with ``covariates`` in the kriging head's drift."""
-    from geonp.models import build
-
-    net, meta = load_with_meta(bundled_checkpoint(model))
-    cfg = meta["model"]
-    grown = build(model, cfg["dim_x"] + len(covariates), cfg["dim_y"], preset=cfg["preset"],
-                  **{**cfg["kwargs"], "kriging_covariates": len(covariates)})
-    grown.load_state_dict(net.state_dict())
-    path = folder / f"{model}+{'+'.join(covariates)}.safetensors"
-    save(grown, path, extra={"infill": {**meta["infill"], "covariates": covariates}, "step": meta.get("step")})
-    return path
+    out = folder / f"{model}+{'+'.join(covariates)}.safetensors"
+    return variant_checkpoint(bundled_checkpoint(model), out, covariates=covariates)
 
 
 def _crop(ds: xr.Dataset) -> str:

@@ -108,8 +108,8 @@ def fill_block(field: Field, key: tuple[slice, slice, slice], model: NeuralProce
             flat = np.ravel_multi_index(tuple(far_cells.T), field.shape)
             whole_centre = tuple((p0 + p1 - 1) / 2 for p0, p1 in pred)  # ``centre`` in cube cells
             far = (inputs(flat, field.shape, whole_centre, spec, elevation), far_values)
-            if field.history is not None:
-                far_history = field.history.reshape(len(field.history), -1)[:, flat]
+            if field.history is not None:  # indexed cell by cell: a flat history is a view of one number
+                far_history = field.history[(slice(None), *far_cells.T)]
         rng = np.random.default_rng([seed, *ks])
         task = window_task(values[view], context, target, centre, spec, field.spread,
                            None if elev is None else elev[view[1], view[2]], rng, focus=region[1:], far=far,

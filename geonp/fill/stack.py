@@ -24,8 +24,12 @@ from geonp.fill.predictor import STACK_METHODS
 def add_history(field: Field, covariates: list[str], seed: int = 0) -> str:
     """Keep on ``field`` the history covariates a model takes (:func:`geonp.history.history_covariates`);
     returns a few words on what they are (for provenance)."""
-    from geonp.history import history_covariates
+    from geonp.history import MAX_HISTORY_CELLS, flat_covariates, history_covariates
 
+    cells = int(np.prod(field.shape))
+    if cells > MAX_HISTORY_CELLS:  # decided before reading: the field is never loaded whole
+        field.history = flat_covariates(len(covariates), field.shape, field.mean)
+        return f"{field.label}: flat (the field's {cells:,} cells exceed {MAX_HISTORY_CELLS:,})"
     with dask.config.set(scheduler="synchronous"):
         values = np.asarray(field.data.values, np.float64)
     field.history, what = history_covariates(np.where(np.isinf(values), np.nan, values), field.valid, covariates,

@@ -162,7 +162,8 @@ def dineof(
     return Reconstruction(mean, std, held_out, best_k, cv_rmse, sigma, int(cv.sum()))
 
 
-def _leave_one_out(anomaly: np.ndarray, seen: np.ndarray, lead: np.ndarray, ridge: np.ndarray) -> np.ndarray:
+def _leave_one_out(anomaly: np.ndarray, seen: np.ndarray, lead: np.ndarray, ridge: np.ndarray,
+                   chunk: int = 65536) -> np.ndarray:
     """Each cell's anomaly predicted from its other observed steps: ``[N, T]``.
 
     At DINEOF's fixed point a cell's loadings on the temporal EOFs ``lead [T, k]`` are the least
@@ -170,18 +171,23 @@ def _leave_one_out(anomaly: np.ndarray, seen: np.ndarray, lead: np.ndarray, ridg
     a ridge (``ridge [k]``, a prior on each mode's loading), so a cell seen on few steps keeps
     loadings of the size the modes have rather than the wild ones an exact fit of two values
     gives. Refitted without step ``t`` itself, the prediction at an observed step is
-    ``x - e / (1 - h)`` (``e`` the fit's residual, ``h`` the step's leverage): the leave-one-out
-    identity of ridge regression, for all cells at once.
+    ``x - e / (1 - h)`` (``e`` the fit's residual, ``h`` the step's leverage), the leave-one-out
+    identity of ridge regression, exact for every step: a cell seen once is predicted by the prior
+    alone (the mean), never by a fit that holds its own value. ``chunk`` cells at a time keep the
+    ``[cells, k, k]`` systems small.
     """
-    w = seen.astype(np.float64)  # [N, T]
-    gram = np.einsum("nt,tk,tl->nkl", w, lead, lead) + np.diag(ridge)  # [N, k, k]
-    inverse = np.linalg.inv(gram)  # [N, k, k]
-    loadings = np.einsum("nkl,nt,tl->nk", inverse, w * anomaly, lead)  # [N, k]
-    fitted = loadings @ lead.T  # [N, T]
-    leverage = np.einsum("tk,nkl,tl->nt", lead, inverse, lead)  # [N, T]
-    # A step that alone decides a loading (leverage near 1) cannot be left out: keep the fit there.
-    loo = anomaly - (anomaly - fitted) / np.clip(1.0 - leverage, 0.05, None)
-    return np.where(seen & (leverage < 0.95), loo, fitted)
+    out = np.empty_like(anomaly)
+    for start in range(0, len(anomaly), chunk):
+        x, w = anomaly[start:start + chunk], seen[start:start + chunk].astype(np.float64)  # [n, T]
+        gram = np.einsum("nt,tk,tl->nkl", w, lead, lead, optimize=True) + np.diag(ridge)  # [n, k, k]
+        loadings = np.linalg.solve(gram, np.einsum("nt,tl->nl", w * x, lead)[..., None])[..., 0]  # [n, k]
+        fitted = loadings @ lead.T  # [n, T]
+        # Leverage of each step, h = v_t^T G^-1 v_t, from one more solve against every v_t.
+        solved = np.linalg.solve(gram, np.broadcast_to(lead.T, (len(x), *lead.T.shape)))  # [n, k, T]
+        leverage = np.einsum("tk,nkt->nt", lead, solved)  # [n, T], below 1 with a positive ridge
+        loo = x - (x - fitted) / np.maximum(1.0 - leverage, 1e-12)
+        out[start:start + chunk] = np.where(w > 0, loo, fitted)
+    return out
 
 
 def _converge(work: np.ndarray, unknown: np.ndarray, k: int, tol: float, max_iter: int) -> np.ndarray:
@@ -253,6 +259,7 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
         ``(float32 [P, T, R, C], what)``: the maps (finite everywhere; where nothing predicts a
         cell it holds the field's mean) and a few words saying what they are, for provenance.
     """
+    rng = np.random.default_rng([0, 4099]) if rng is None else rng  # infill passes [its seed, 4099]
     unknown = [n for n in names if n not in HISTORY_COVARIATES]
     if unknown:
         raise ValueError(f"unknown history covariates {unknown}; geonp computes {', '.join(HISTORY_COVARIATES)}")

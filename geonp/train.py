@@ -170,6 +170,10 @@ class _Run:
         else:  # continue training a given model (fine-tuning): a copy, the caller's stays as it was
             model = copy.deepcopy(model)
         self.model = model
+        covariates = getattr(source, "covariates", [])
+        if covariates and getattr(model, "kriging_covariates", 0) != len(covariates):
+            raise ValueError(f"config: data covariates {covariates} need model_args kriging_covariates: "
+                             f"{len(covariates)} (the model takes {getattr(model, 'kriging_covariates', 0)})")
         if not self.model.trainable:
             raise ValueError(f"model {cfg.model!r} has no trainable weights (its hyper-parameters are fitted per task)")
         if cfg.init_from is not None:

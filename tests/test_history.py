@@ -91,3 +91,12 @@ def test_held_out_leaves_each_observation_out_of_its_own_prediction():
     assert rmse(rec.mean, given, seen) < 0.9 * rmse(rec.held_out, given, seen)
     at_gaps = np.sqrt(rmse(rec.held_out, truth, gap) ** 2 + 0.3**2)
     assert 0.7 < rmse(rec.held_out, given, seen) / at_gaps < 1.4
+
+
+def test_a_cell_seen_once_is_predicted_without_its_own_value():
+    truth, given = low_rank_stack(steps=8, noise=0.3)
+    given[:, 5, 5] = np.nan
+    given[2, 5, 5] = 40.0  # seen on one step, far from anything the modes predict
+    rec = dineof(given)
+    centre = np.nanmean(given)
+    assert abs(rec.held_out[2, 5, 5] - centre) < 1.0  # the prior (the mean), not 40

@@ -141,3 +141,49 @@ def test_a_field_too_large_for_its_history_is_filled_as_without_it(kriging_check
     ref = geonp.infill(ds, "v", model="te-pt-tnp", checkpoint=plain, fit_steps=0)
     np.testing.assert_allclose(out["v"].values, ref["v"].values, atol=1e-4)
     np.testing.assert_allclose(out["v_std"].values, ref["v_std"].values, atol=1e-4)
+
+
+def test_covariates_the_model_cannot_take_are_refused(tmp_path, kriging_checkpoints):
+    from geonp.models.registry import load_with_meta
+    from geonp.train import TrainConfig, train
+
+    plain, _ = kriging_checkpoints
+    model, meta = load_with_meta(plain)
+    bad = tmp_path / "bad.safetensors"
+    save(model, bad, extra={"infill": {**meta["infill"], "covariates": ["dineof"]}})  # header says one, model none
+    truth, given = low_rank_stack(steps=4, rows=12, cols=12)
+    with pytest.raises(ValueError, match="inconsistent"):
+        geonp.infill(stack_dataset(truth, given), "v", model="te-pt-tnp", checkpoint=str(bad))
+    cfg = TrainConfig(model="te-pt-tnp", out_dir=str(tmp_path / "run"), preset="tiny", steps=1, batch_size=2,
+                      val_tasks=0, device="cpu", model_args={"num_neighbours": 4, "local_kriging": True},
+                      data={"name": "windows", "synthetic": 1.0, "covariates": ["dineof"]})
+    with pytest.raises(ValueError, match="kriging_covariates: 1"):
+        train(cfg, progress=False)
+
+
+def test_far_points_carry_the_covariates_mean_over_their_own_cells(kriging_checkpoints, monkeypatch):
+    """A hole wider than the halo brings far points; each gets its covariate averaged over the
+    observed cells its value averages (a far point of a field equal to its covariate has the
+    covariate's value exactly)."""
+    from geonp.fill import blocks
+
+    _, drift = kriging_checkpoints
+    truth, given = low_rank_stack(steps=6, rows=60, cols=64, noise=0.0)
+    given[1:4, 5:55, 5:58] = np.nan  # far wider than the 10-cell halo, on the window's three steps
+    seen = []
+    real = blocks._far_history
+
+    def spy(field, slab, history, *args):
+        out = real(field, slab, history, *args)
+        seen.append(out)
+        return out
+
+    monkeypatch.setattr(blocks, "_far_history", spy)
+    out = geonp.infill(stack_dataset(truth, given), "v", model="te-pt-tnp", checkpoint=drift, fit_steps=0)
+    assert seen and all(np.isfinite(s).all() for s in seen)
+    assert np.isfinite(out["v"].values).all()
+    # The covariate's far values are block means: within the range of the covariate itself.
+    from geonp.history import history_covariates
+
+    maps, _ = history_covariates(given, None, ["dineof"])
+    assert all(maps.min() - 1e-4 <= s.min() and s.max() <= maps.max() + 1e-4 for s in seen)

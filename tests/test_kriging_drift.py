@@ -64,7 +64,7 @@ def test_a_field_the_covariate_explains_is_recovered_and_ordinary_kriging_misses
     plain, _ = head_prediction(xc, yc, None, xt, dt)
     err_drift = (drift - yt).abs().max().item()
     err_plain = (plain - yt).abs().max().item()
-    assert err_drift < 0.1 and err_plain > 10 * err_drift
+    assert err_drift < 0.15 and err_plain > 10 * err_drift  # the smooth part (0.3) is kriged, not drift
 
 
 def test_a_flat_covariate_changes_nothing():

@@ -92,6 +92,8 @@ def borrow_gaps(
     """
     observed, gaps = np.asarray(observed, bool), np.asarray(gaps, bool)
     n_steps, ny, nx = observed.shape
+    if steps is not None and any(not 0 <= int(s) < n_steps for s in steps):
+        raise ValueError(f"steps to hide must be in 0..{n_steps - 1}, got {list(steps)}")
     n_obs = observed.sum(axis=(1, 2))
     gap_rows = gaps.reshape(n_steps, -1).astype(np.float32)
     hidden = np.zeros_like(observed)

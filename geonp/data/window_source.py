@@ -26,6 +26,7 @@ import torch
 from geonp.data.batch import Batch
 from geonp.data.clouds import random_clouds
 from geonp.data.windows import WindowSpec, WindowTask, canonical, collate_windows, training_window
+from geonp.history import flat_covariates
 
 #: Random Fourier features per synthetic field.
 NUM_FEATURES = 256
@@ -118,8 +119,9 @@ class WindowSource:
         wide_clouds: probability that a window's clouds span its whole view, halo included.
         covariates: history covariates the model takes after its location inputs (``dineof``,
             ``nearest_steps``; :func:`geonp.history.history_covariates`), computed once per real
-            field over its whole stack and per synthetic field over its view; the checkpoint
-            records them, so infill computes the same.
+            field over its whole stack (its EOFs then include the cells a window hides, a
+            small leak the leave-one-out loadings do not remove), flat on synthetic fields; the
+            checkpoint records them, so infill computes the same.
     """
 
     dim_y = 1
@@ -156,7 +158,9 @@ class WindowSource:
                 values = synthetic_field(self.spec.view, rng)
                 valid, spread, history = np.ones(values.shape, bool), float(np.nanstd(values)) or 1.0, None
                 if self.covariates:
-                    _, _, _, history = self._with_history(values, valid, spread)
+                    # Flat: a view of a few steps holds little history, and the EOFs of so short a stack
+                    # would be fitted to the very cells the window then hides.
+                    history = flat_covariates(len(self.covariates), values.shape, float(np.nanmean(values)))
             else:
                 values, valid, spread, history = fields[int(rng.integers(len(fields)))]
             task = training_window(values, valid, self.spec, rng, spread, real_clouds=self.real_clouds,

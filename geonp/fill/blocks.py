@@ -108,8 +108,8 @@ def fill_block(field: Field, key: tuple[slice, slice, slice], model: NeuralProce
             flat = np.ravel_multi_index(tuple(far_cells.T), field.shape)
             whole_centre = tuple((p0 + p1 - 1) / 2 for p0, p1 in pred)  # ``centre`` in cube cells
             far = (inputs(flat, field.shape, whole_centre, spec, elevation), far_values)
-            if field.history is not None:  # indexed cell by cell: a flat history is a view of one number
-                far_history = field.history[(slice(None), *far_cells.T)]
+            if field.history is not None:
+                far_history = _far_history(field, slab, history, pred, seen[0], spec, far_cells, finest)
         rng = np.random.default_rng([seed, *ks])
         task = window_task(values[view], context, target, centre, spec, field.spread,
                            None if elev is None else elev[view[1], view[2]], rng, focus=region[1:], far=far,
@@ -128,6 +128,26 @@ def fill_block(field: Field, key: tuple[slice, slice, slice], model: NeuralProce
 
     return compose(values[own], valid[own], observed[own], missing[own], weight[own], first[own], second[own],
                     field)
+
+
+def _far_history(field: Field, slab: Slab, history: np.ndarray, pred: list, seen_time: tuple[int, int],
+                 spec: WindowSpec, cells: np.ndarray, finest: int) -> np.ndarray:
+    """The history covariates ``[P, Nf]`` at a window's far points: each the covariate's mean over
+    the cells whose values make the far point (the same selection run on the covariate with the
+    same observed cells), so the drift pairs a block mean with a block mean. A flat covariate is
+    its one value."""
+    out = np.empty((len(history), len(cells)))
+    for p, cov in enumerate(history):
+        if cov.strides == (0,) * cov.ndim:  # flat (a broadcast of one number)
+            out[p] = cov.flat[0]
+            continue
+        cov_slab = Slab(np.where(slab.observed, cov, np.nan), slab.observed, slab.missing, slab.origin, slab.shape)
+        got, values = far_points(lambda p=p: field.history_pyramid(p, finest), cov_slab, pred, seen_time,
+                                 spec.halo[1:], max(spec.max_context // FAR_SHARE, 1))
+        if not np.array_equal(got, cells):  # the selection depends on the observed cells only
+            raise RuntimeError("far context: the covariate's far points are not the values' ones")
+        out[p] = values
+    return out
 
 
 def read_block(field: Field, key: tuple[slice, slice, slice]) -> tuple[np.ndarray, ...]:

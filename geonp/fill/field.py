@@ -51,7 +51,8 @@ class Field:
     history: np.ndarray | None = dataclass_field(default=None, repr=False, compare=False)
     #: A stack method's fill (:mod:`geonp.fill.stack`): mean and 1-sigma, each ``[time, rows, cols]``.
     stack: tuple[np.ndarray, np.ndarray] | None = dataclass_field(default=None, repr=False, compare=False)
-    _pyramids: dict[int, Pyramid] = dataclass_field(default_factory=dict, repr=False, compare=False)
+    _pyramids: dict[int | tuple[int, int], Pyramid] = dataclass_field(default_factory=dict, repr=False,
+                                                                      compare=False)
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -69,6 +70,17 @@ class Field:
         if finest not in self._pyramids:
             self._pyramids[finest] = build_pyramid(self.data, self.valid, finest)
         return self._pyramids[finest]
+
+    def history_pyramid(self, p: int, finest: int) -> Pyramid:
+        """Block summaries of history covariate ``p`` over the *observed* cells (those of
+        :meth:`pyramid`), so a far point's covariate is the mean over the same cells as its value."""
+        key = (-1 - p, finest)
+        if key not in self._pyramids:
+            with dask.config.set(scheduler="synchronous"):
+                seen = np.isfinite(np.asarray(self.data.values, np.float64))
+            cov = xr.DataArray(np.where(seen, self.history[p], np.nan), dims=self.data.dims)
+            self._pyramids[key] = build_pyramid(cov, self.valid, finest)
+        return self._pyramids[key]
 
     def valid_slab(self, key: tuple[slice, slice, slice]) -> np.ndarray:
         """The valid mask over ``key``, broadcast to ``[T, R, C]``."""

@@ -109,6 +109,10 @@ def choose_model(name: str, checkpoint: str | Path | None = None, elevation: boo
     if unknown:
         raise ValueError(f"--checkpoint {path}: takes covariates {unknown} this geonp cannot compute "
                          f"(it knows {', '.join(COVARIATES)})")
+    drift = getattr(model, "kriging_covariates", 0)
+    if drift != len(covariates):
+        raise ValueError(f"--checkpoint {path}: its header names covariates {covariates} but the model takes "
+                         f"{drift} in its kriging drift; the checkpoint is inconsistent")
     locations = model.dim_x - len(covariates)
     takes_elevation = locations == 4
     if locations not in (3, 4) or model.dim_y != 1:

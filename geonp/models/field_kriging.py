@@ -104,7 +104,7 @@ def quadrant_counts(observed: np.ndarray, cells: np.ndarray) -> np.ndarray:
 
 def krige_scene(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, variogram_model: str = "exponential",
                 fit_points: int = 2000, nlags: int = 20, rng: np.random.Generator | None = None,
-                ) -> tuple[np.ndarray, np.ndarray, list[float] | None]:
+                fallback: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray, list[float] | None]:
     """Krige every gap of one scene.
 
     Args:
@@ -115,6 +115,8 @@ def krige_scene(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, 
         fit_points: observed cells the variogram is fitted to at most.
         nlags: distance bins of the experimental variogram.
         rng: draws the fitting cells; default seed 0.
+        fallback: ``(mean, spread)`` for a scene with fewer than :data:`MIN_SCENE_POINTS` observed
+            cells (the whole field's, from :func:`krige_stack`); default the scene's own.
 
     Returns:
         ``(mean, std, params)``: ``[R, C]`` float64 at the gaps (valid and not observed), NaN
@@ -133,8 +135,11 @@ def krige_scene(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, 
     z = values[observed].astype(np.float64)
     tgt = np.argwhere(gaps).astype(np.float64)
     if len(z) < MIN_SCENE_POINTS or z.std() == 0:
-        mean[gaps] = z.mean() if len(z) else np.nan
-        std[gaps] = z.std() if len(z) > 1 and z.std() > 0 else 1.0
+        if z.size and z.std() == 0 and len(z) >= MIN_SCENE_POINTS:  # a constant scene: it is that constant
+            mean[gaps], std[gaps] = z[0], 1e-6 * max(abs(z[0]), 1.0)
+        else:
+            centre, spread = fallback if fallback is not None else (z.mean() if z.size else np.nan, z.std())
+            mean[gaps], std[gaps] = centre, spread if spread > 0 else np.nan
         return mean, std, None
     centre, scale = z.mean(), z.std()
     zs = (z - centre) / scale
@@ -179,10 +184,12 @@ def krige_stack(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, 
     rng = np.random.default_rng(0) if rng is None else rng
     valid = np.broadcast_to(np.asarray(valid, bool), values.shape)
     mean, std = np.full(values.shape, np.nan), np.full(values.shape, np.nan)
+    seen = values[np.isfinite(values) & valid]
+    whole = (float(seen.mean()), float(seen.std()) or 1e-6) if seen.size else None
     fitted = 0
     for t in range(values.shape[0]):
         mean[t], std[t], params = krige_scene(values[t], valid[t], neighbours=neighbours,
-                                              variogram_model=variogram_model, rng=rng)
+                                              variogram_model=variogram_model, rng=rng, fallback=whole)
         fitted += params is not None
     return mean, std, f"ordinary kriging, {variogram_model} variogram fitted per scene ({fitted} scenes), " \
                       f"{neighbours} neighbours by quadrant"

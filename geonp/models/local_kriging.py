@@ -23,8 +23,8 @@ kriging solution as a feature and lets it learn where to trust it and by how muc
   its field and the covariate where it is, and a covariate that says nothing gets a slope near 0.
   The same Cholesky factor serves: ``A = K^-1 [k_*, F]``, ``l = (F^T K^-1 F)^-1 (F^T K^-1 k_* - f_*)``,
   ``w = K^-1 k_* - K^-1 F l``, variance ``s + t - w^T k_* - l^T f_*``, with ``F = [1, d_i - d_*]``
-  and ``f_* = [1, 0]``; a small ridge on the slopes keeps ``F^T K^-1 F`` invertible where the
-  covariate is flat. Without covariates this is the ordinary kriging above.
+  and ``f_* = [1, 0]``; a small ridge on each slope (relative to its own precision) keeps
+  ``F^T K^-1 F`` invertible where the covariate is flat. Without covariates this is the ordinary kriging above.
 
 Only differences of inputs enter, so the head keeps translation equivariance. Cost: one
 ``k x k`` Cholesky factorisation per target, ``O(Nt k^3)``; the ``k x k`` steps run a
@@ -51,8 +51,8 @@ INIT_LENGTHSCALES = {"gaussian": 0.25, "matern32": 1.0, "exponential": 2.0}
 INIT_SILL, INIT_NUGGET = 1.0, 0.05
 _JITTER = 1e-4
 _CACHE_ELEMS = 2**18  # K x K entries processed at once (1 MiB of float32): one slice of targets
-#: Ridge on the drift slopes, relative to the mean of ``F^T K^-1 F``'s intercept entry: a flat
-#: covariate among a target's neighbours leaves the system solvable (its slope then goes to 0).
+#: Ridge on each drift slope, relative to that slope's own entry of ``F^T K^-1 F`` (a tiny floor
+#: keeps a covariate flat among a target's neighbours solvable: its slope then goes to 0).
 DRIFT_RIDGE = 1e-3
 
 
@@ -231,9 +231,13 @@ class LocalKriging(nn.Module):
         solved = spd_solve(k_nn, torch.cat([k_tn[..., None], f], -1))  # K^-1 [k_*, F]: [B, Nt, K, 2 + P]
         a, kf = solved[..., 0], solved[..., 1:]  # [B, Nt, K], [B, Nt, K, 1 + P]
         gram = f.transpose(-1, -2) @ kf  # F^T K^-1 F: [B, Nt, 1 + P, 1 + P]
-        ridge = torch.ones(gram.shape[-1], device=gram.device)
-        ridge[0] = 0.0  # the intercept is the ordinary-kriging constraint: never shrunk
-        gram = gram + DRIFT_RIDGE * gram[..., :1, :1].clamp(min=1e-12) * torch.diag(ridge)
+        # Each slope shrunk by a share of its own precision (whatever the covariate's units), plus a
+        # tiny floor for a covariate flat among the neighbours; the intercept is the ordinary-kriging
+        # constraint and is never shrunk.
+        diag = gram.diagonal(dim1=-2, dim2=-1)  # [B, Nt, 1 + P]
+        ridge = DRIFT_RIDGE * diag + 1e-9 * diag[..., :1].clamp(min=1e-12)
+        ridge = torch.cat([torch.zeros_like(ridge[..., :1]), ridge[..., 1:]], -1)
+        gram = gram + torch.diag_embed(ridge)
         f_star = torch.zeros(gram.shape[-1], device=gram.device)
         f_star[0] = 1.0  # [1, 0, ..., 0]: the target's own drift, relative to itself
         lagrange = torch.linalg.solve(gram, (f * a[..., None]).sum(-2) - f_star)  # [B, Nt, 1 + P]

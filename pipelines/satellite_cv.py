@@ -88,6 +88,8 @@ def main() -> None:
             keep_earlier(res, earlier[res["source"]], name)
         results.append(res)
         print(f"{name}: done", flush=True)
+    ran = {r["source"] for r in results}
+    results += [res for source, res in earlier.items() if source not in ran]  # scenes not run now stay
     _write(results, args.out)
 
 

@@ -63,9 +63,6 @@ def fit_variogram(xs: np.ndarray, z: np.ndarray, model: str, nlags: int) -> list
     that leaves fewer than 3 bins): pairs farther apart are few and dominated by the edges,
     and the kriging weights depend on the short lags.
     """
-    from pykrige.ok import OrdinaryKriging
-
-    func = OrdinaryKriging.variogram_dict[model]
     d, g = pdist(xs), 0.5 * pdist(z[:, None], "sqeuclidean")
     for cut in (d.max() / 2, d.max()):
         sel = d <= cut
@@ -76,13 +73,22 @@ def fit_variogram(xs: np.ndarray, z: np.ndarray, model: str, nlags: int) -> list
             break
     lag = np.bincount(idx, d[sel], nlags)[full] / cnt[full]
     gam = np.bincount(idx, g[sel], nlags)[full] / cnt[full]
-    w = np.sqrt(cnt[full])
+    return fit_binned(lag, gam, cnt[full], model, float(d.max()))
+
+
+def fit_binned(lag: np.ndarray, gam: np.ndarray, cnt: np.ndarray, model: str, extent: float) -> list[float]:
+    """Fit PyKrige's ``model`` variogram to an experimental one: mean lag ``lag``, semivariance
+    ``gam`` and pair count ``cnt`` per bin (``[B]`` each); ``extent`` bounds the range (4x)."""
+    from pykrige.ok import OrdinaryKriging
+
+    func = OrdinaryKriging.variogram_dict[model]
+    w = np.sqrt(cnt)
     top = max(gam.max(), 2 * _MIN_NUGGET)
     if model == "linear":
         x0, lo, hi = [top / lag.max(), gam.min()], [0.0, _MIN_NUGGET], [np.inf, top]
     else:
         x0 = [top - gam.min(), lag.max() / 2, gam.min()]
-        lo, hi = [0.0, 1e-6 * lag.max(), _MIN_NUGGET], [10 * top, 4 * d.max(), top]
+        lo, hi = [0.0, 1e-6 * lag.max(), _MIN_NUGGET], [10 * top, 4 * extent, top]
     x0 = np.clip(x0, lo, hi)
     # Pair-count weighted least squares, then Cressie's (1985) weights N_h / gamma^2, which trust
     # the short lags more. PyKrige's own fit (6 unweighted lags up to the largest distance) missed

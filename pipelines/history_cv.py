@@ -202,7 +202,7 @@ def summary(results: list[dict], chosen: str | None = None) -> str:
         best_rmse, best_crps = min(r["rmse"] for r in others), min(r["crps"] for r in others)
         far = lambda r: (r.get("rmse_by_distance") or {}).get(">12", {}).get("rmse")  # noqa: E731
         ratio = f"{far(ours) / far(lin):.2f}" if all(math.isfinite(far(r) or math.nan) for r in (ours, lin)) else "–"
-        cover = " / ".join(f"{v:.2f}" if math.isfinite(v) else "–"
+        cover = " / ".join(f"{v:.2f}" if v is not None and math.isfinite(v) else "–"
                            for v in (ours.get("coverage_90_by_distance") or {}).values())
         lines.append(f"| {res['source'].split(':')[0]} | {ours['model']} @{ours['fit_steps']} | "
                      f"{ours['rmse'] / lin['rmse']:.2f} | {ours['rmse'] / best_rmse:.2f} | "

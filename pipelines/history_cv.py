@@ -15,7 +15,7 @@ its cells) and the split is by place, a validation crop north of the test crop.
 A row is ``MODEL[+COVARIATE...][@FIT_STEPS]``, or a label given weights with ``--checkpoint
 LABEL=PATH``: ``te-pt-tnp+dineof@30`` is the bundled te-pt-tnp weights with the ``dineof``
 history covariate in its kriging head's drift
-(``geonp.history.history_covariates``), fine-tuned 30 steps on the scene. The covariate
+(``geonp.data.history.history_covariates``), fine-tuned 30 steps on the scene. The covariate
 checkpoints are made here from the bundled weights (the drift adds no weight).
 Writes ``pipelines/results/history_cv_<split>.md`` and ``.json``.
 """

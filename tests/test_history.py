@@ -1,4 +1,4 @@
-"""DINEOF (``geonp.history``): a stack's gaps from the EOFs of its own history."""
+"""DINEOF (``geonp.data.history``): a stack's gaps from the EOFs of its own history."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from geonp.data.clouds import random_clouds
-from geonp.history import dineof
+from geonp.data.history import dineof
 
 
 def low_rank_stack(steps: int = 20, rows: int = 60, cols: int = 70, noise: float = 0.1, seed: int = 1):

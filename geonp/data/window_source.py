@@ -25,8 +25,8 @@ import torch
 
 from geonp.data.batch import Batch
 from geonp.data.clouds import random_clouds
+from geonp.data.history import flat_covariates
 from geonp.data.windows import WindowSpec, WindowTask, canonical, collate_windows, training_window
-from geonp.history import flat_covariates
 
 #: Random Fourier features per synthetic field.
 NUM_FEATURES = 256
@@ -118,7 +118,7 @@ class WindowSource:
             (see :func:`~geonp.data.windows.training_window`) rather than synthetic clouds.
         wide_clouds: probability that a window's clouds span its whole view, halo included.
         covariates: history covariates the model takes after its location inputs (``dineof``,
-            ``nearest_steps``; :func:`geonp.history.history_covariates`), computed once per real
+            ``nearest_steps``; :func:`geonp.data.history.history_covariates`), computed once per real
             field over its whole stack (its EOFs then include the cells a window hides, a
             small leak the leave-one-out loadings do not remove), flat on synthetic fields; the
             checkpoint records them, so infill computes the same.
@@ -147,7 +147,7 @@ class WindowSource:
         """A field as ``(values, valid, spread, history [P, T, R, C] or None)``."""
         if not self.covariates:
             return values, valid, spread, None
-        from geonp.history import history_covariates
+        from geonp.data.history import history_covariates
 
         history, _ = history_covariates(values, valid, self.covariates)
         return values, valid, spread, history

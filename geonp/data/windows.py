@@ -204,7 +204,7 @@ def window_task(values: np.ndarray, context: np.ndarray, target: np.ndarray, cen
             near cells: model inputs (as :func:`inputs` makes them) and values in user units
             (see :mod:`geonp.data.far_context`). They take ``Nf`` of ``spec.max_context``.
         history: ``[P, T, R, C]`` what the field's history predicts at each cell, one map per
-            covariate (user units, :func:`geonp.history.history_covariates`), or None when the
+            covariate (user units, :func:`geonp.data.history.history_covariates`), or None when the
             model takes none. They become the last ``P`` inputs, standardised like the values, so a
             model sees how each cell departs from them; ``far_history [P, Nf]``: at the far points.
     """

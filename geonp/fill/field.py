@@ -47,7 +47,7 @@ class Field:
     gaps: int = 0
     infinite: int = 0  # cells holding +-inf, filled as gaps
     #: What the field's history predicts at every cell, ``[P, time, rows, cols]`` float32 in the
-    #: field's units, one map per covariate the model takes (:func:`geonp.history.history_covariates`).
+    #: field's units, one map per covariate the model takes (:func:`geonp.data.history.history_covariates`).
     history: np.ndarray | None = dataclass_field(default=None, repr=False, compare=False)
     #: A stack method's fill (:mod:`geonp.fill.stack`): mean and 1-sigma, each ``[time, rows, cols]``.
     stack: tuple[np.ndarray, np.ndarray] | None = dataclass_field(default=None, repr=False, compare=False)

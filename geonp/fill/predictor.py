@@ -43,7 +43,7 @@ class ModelChoice:
     (``cells_per_unit``, ``steps_per_unit``) or empty; ``elevation`` whether it takes elevation;
     ``covariates`` the per-cell covariates it takes after the location inputs, from the header
     (``["dineof", "nearest_steps"]``: what the field's history predicts at each cell, see
-    :func:`geonp.history.history_covariates`).
+    :func:`geonp.data.history.history_covariates`).
     """
 
     name: str

@@ -71,14 +71,19 @@ class Field:
             self._pyramids[finest] = build_pyramid(self.data, self.valid, finest)
         return self._pyramids[finest]
 
+    def whole(self) -> np.ndarray:
+        """The whole field in memory, ``[T, R, C]`` float64, +-inf as NaN (for whole-stack passes:
+        history covariates, stack methods; a block never needs this)."""
+        with dask.config.set(scheduler="synchronous"):
+            values = np.asarray(self.data.values, np.float64)
+        return np.where(np.isinf(values), np.nan, values)
+
     def history_pyramid(self, p: int, finest: int) -> Pyramid:
         """Block summaries of history covariate ``p`` over the *observed* cells (those of
         :meth:`pyramid`), so a far point's covariate is the mean over the same cells as its value."""
         key = (-1 - p, finest)
         if key not in self._pyramids:
-            with dask.config.set(scheduler="synchronous"):
-                seen = np.isfinite(np.asarray(self.data.values, np.float64))
-            cov = xr.DataArray(np.where(seen, self.history[p], np.nan), dims=self.data.dims)
+            cov = xr.DataArray(np.where(np.isfinite(self.whole()), self.history[p], np.nan), dims=self.data.dims)
             self._pyramids[key] = build_pyramid(cov, self.valid, finest)
         return self._pyramids[key]
 

@@ -13,7 +13,6 @@ same output, resume and layout machinery. The stack must fit in memory
 
 from __future__ import annotations
 
-import dask
 import numpy as np
 
 from geonp.fill.blocks import BlockResult, compose, read_block
@@ -30,10 +29,7 @@ def add_history(field: Field, covariates: list[str], seed: int = 0) -> str:
     if cells > MAX_HISTORY_CELLS:  # decided before reading: the field is never loaded whole
         field.history = flat_covariates(len(covariates), field.shape, field.mean)
         return f"{field.label}: flat (the field's {cells:,} cells exceed {MAX_HISTORY_CELLS:,})"
-    with dask.config.set(scheduler="synchronous"):
-        values = np.asarray(field.data.values, np.float64)
-    field.history, what = history_covariates(np.where(np.isinf(values), np.nan, values), field.valid, covariates,
-                                             rng=np.random.default_rng([seed, 4099]))
+    field.history, what = history_covariates(field.whole(), field.valid, covariates, rng=_rng(seed))
     return f"{field.label}: {what}"
 
 
@@ -58,10 +54,7 @@ def reconstruct(field: Field, name: str, seed: int = 0) -> str:
         raise ValueError(f"--model {name}: {field.label} has {np.prod(field.shape):,} cells; DINEOF holds the "
                          f"whole stack in memory and takes at most {MAX_HISTORY_CELLS:,} (crop it, or use a window "
                          "model such as te-pt-tnp)")
-    with dask.config.set(scheduler="synchronous"):
-        values = np.asarray(field.data.values, np.float64)
-    values = np.where(np.isinf(values), np.nan, values)
-    rng = np.random.default_rng([seed, 4099])
+    values, rng = field.whole(), _rng(seed)
     if name == "kriging":
         mean, std, what = krige_stack(values, field.valid, rng=rng)
         field.stack = (mean.astype(np.float32), std.astype(np.float32))
@@ -72,6 +65,11 @@ def reconstruct(field: Field, name: str, seed: int = 0) -> str:
         raise ValueError(f"--model {name}: {field.label}: {err}") from None
     field.stack = (rec.mean.astype(np.float32), rec.std.astype(np.float32))
     return f"{field.label}: DINEOF, {rec.modes} modes, cross-validation RMSE {rec.cv_rmse[rec.modes]:.4g}"
+
+
+def _rng(seed: int) -> np.random.Generator:
+    """The whole-stack passes' randomness (cross-validation cells): the run's seed, its own stream."""
+    return np.random.default_rng([seed, 4099])
 
 
 def stack_block(field: Field, key: tuple[slice, slice, slice]) -> BlockResult:

@@ -100,3 +100,38 @@ def test_a_cell_seen_once_is_predicted_without_its_own_value():
     rec = dineof(given)
     centre = np.nanmean(given)
     assert abs(rec.held_out[2, 5, 5] - centre) < 1.0  # the prior (the mean), not 40
+
+
+def test_a_folds_covariates_know_nothing_of_its_hidden_cells():
+    """Changing the values under a fold's hidden cells leaves that fold's covariates as they were:
+    the covariates a training window's targets carry are as blind to them as infill's to a gap."""
+    from geonp.data.history import history_folds
+
+    truth, given = low_rank_stack(steps=9, rows=30, cols=34)
+    folds = history_folds(given, None, ["dineof", "nearest_steps"], 3)
+    assert len(folds) == 3
+    for f, fold in enumerate(folds):
+        assert fold.covariates.shape == (2, *given.shape) and np.isfinite(fold.covariates).all()
+        steps = np.flatnonzero(fold.hidden.any(axis=(1, 2)))
+        assert len(steps) and all(s % 3 == f for s in steps)  # fold f hides steps f, f + 3, ...
+        assert not (fold.hidden & np.isnan(given)).any()  # only observed cells are hidden
+    first = folds[0]
+    changed = np.where(first.hidden, given + 50.0, given)
+    again = history_folds(changed, None, ["dineof", "nearest_steps"], 3)[0]
+    assert (again.hidden == first.hidden).all()
+    np.testing.assert_allclose(again.covariates, first.covariates, rtol=1e-6)
+    # Whereas the whole-stack covariates move with them.
+    from geonp.data.history import history_covariates
+
+    whole, _ = history_covariates(given, None, ["dineof"])
+    moved, _ = history_covariates(changed, None, ["dineof"])
+    assert np.abs(moved - whole).max() > 1.0
+
+
+def test_a_stack_without_history_has_none():
+    from geonp.data.history import MIN_STEPS, has_history
+
+    _, given = low_rank_stack(steps=MIN_STEPS, rows=10, cols=12)
+    assert has_history(given, None)
+    given[1:] = np.nan
+    assert not has_history(given, None)

@@ -169,3 +169,45 @@ def test_infill_reads_the_history_the_model_was_trained_with(tmp_path):
          extra={"infill": {"cells_per_unit": 8.0, "window": {"halo": [2, 10, 10], "time_cells": 4.0}}})
     out = geonp.infill(smooth_cube(t=5), "sst", model="te-pt-tnp", checkpoint=str(path), fit_steps=0)
     assert "'halo': [2, 10, 10]" in out.attrs["geonp_window"] and "'time_cells': 4.0" in out.attrs["geonp_window"]
+
+
+def test_a_history_fold_sets_the_targets_and_keeps_its_hidden_cells_out_of_the_context():
+    from geonp.data.history import history_folds
+
+    values, valid = _history(t=9)
+    fold = history_folds(values, valid, ["dineof"], 3)[1]
+    spec = WindowSpec(core=(1, 16, 16), overlap=(0, 4, 4), halo=(2, 6, 6))
+    # The covariate channel marks the hidden cells (1) and the rest (0), so the task's inputs say
+    # which cells became targets and context.
+    marks = fold.hidden[None].astype(np.float32)
+    rng = np.random.default_rng(0)
+    made = 0
+    for _ in range(60):
+        task = training_window(values, valid, spec, rng, 1.0, history=marks, hidden=fold.hidden)
+        if task is None:
+            continue
+        made += 1
+        assert np.ptp(task.xt[:, 0]) == 0  # targets on one step
+        assert np.ptp(task.xt[:, 3]) == 0 and np.ptp(task.xc[:, 3]) == 0  # every target hidden, no context
+        assert task.xt[0, 3] > task.xc[0, 3]
+        assert np.unique(task.xc[:, 0]).size > 1  # the other steps are context
+    assert made >= 5
+
+
+def test_history_folds_are_computed_only_for_fields_with_a_history(tmp_path):
+    values, _ = _history(t=6)
+    ds = xr.Dataset({"v": (("time", "lat", "lon"), values)},
+                    coords={"time": pd.date_range("2020-01-01", periods=6), "lat": np.arange(40.0),
+                            "lon": np.arange(40.0)})
+    ds.to_netcdf(tmp_path / "stack.nc")
+    ds.isel(time=[0]).to_netcdf(tmp_path / "scene.nc")
+    src = WindowSource(files=[{"path": str(tmp_path / "stack.nc"), "variable": "v"},
+                              {"path": str(tmp_path / "scene.nc"), "variable": "v"}],
+                       synthetic=0.0, covariates=["dineof"], history_folds=2,
+                       window={"core": [1, 16, 16], "overlap": [0, 4, 4], "halo": [2, 6, 6]})
+    (stack_folds, scene_folds) = (f[4] for f in src.fields)
+    assert len(stack_folds) == 2 and scene_folds == []
+    import torch
+
+    batch = src.sample(4, torch.Generator().manual_seed(0))
+    assert batch.xc.shape[-1] == 4  # time, row, col and the dineof covariate

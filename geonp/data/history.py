@@ -267,12 +267,8 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
     ok = np.ones(values.shape[1:], bool) if valid is None else np.asarray(valid, bool)
     observed = np.isfinite(values) & np.broadcast_to(ok, values.shape)
     mean = float(values[observed].mean()) if observed.any() else 0.0
-    steps_seen = int(observed.any(axis=(1, 2)).sum())
-    if values.size > MAX_HISTORY_CELLS:
-        return flat_covariates(len(names), values.shape, mean), \
-            f"flat (the field's {values.size:,} cells exceed {MAX_HISTORY_CELLS:,})"
-    if steps_seen < MIN_STEPS:
-        return flat_covariates(len(names), values.shape, mean), f"flat (fewer than {MIN_STEPS} steps with observations)"
+    if (lacking := _without_history(values, observed)) is not None:
+        return flat_covariates(len(names), values.shape, mean), f"flat ({lacking})"
     out = np.full((len(names), *values.shape), mean, np.float32)
     said = []
     for i, name in enumerate(names):
@@ -284,6 +280,71 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
             out[i] = np.where(np.isfinite(pred := nearest_steps(np.where(observed, values, np.nan))), pred, mean)
             said.append("nearest_steps")
     return out, ", ".join(said)
+
+
+@dataclass
+class HistoryFold:
+    """A stack's history covariates as a model meets them at infill: computed without some cells.
+
+    ``hidden``: bool ``[T, R, C]``, observed cells hidden under other steps' real gaps before the
+    covariates were computed; ``covariates``: float32 ``[P, T, R, C]``, the
+    :func:`history_covariates` of the stack without them. A training window whose targets are
+    hidden cells of a fold (and whose context leaves out every hidden cell) sees a covariate exactly
+    as uninformed of its targets as infill's is of a real gap: the EOFs, the steps' loadings and
+    the neighbours under the same cloud all come from the rest of the stack.
+    """
+
+    hidden: np.ndarray
+    covariates: np.ndarray
+
+
+def history_folds(values: np.ndarray, valid: np.ndarray | None, names: list[str] | tuple[str, ...], folds: int, *,
+                  rng: np.random.Generator | None = None, low: float = 0.10, high: float = 0.5) -> list[HistoryFold]:
+    """``folds`` :class:`HistoryFold` of a stack; fold ``f`` hides cells in steps ``f, f + folds, ...``.
+
+    Each hidden step loses ``low`` to ``high`` of its observed cells under another step's real gaps
+    (:func:`geonp.data.clouds.borrow_gaps`), the history cross-validation's protocol; the other
+    steps stay whole, the history. Costs one :func:`history_covariates` per fold.
+
+    Args:
+        values: ``[T, R, C]`` the field, NaN at gaps.
+        valid: ``[R, C]`` or ``[T, R, C]`` bool, True where a value can exist; None: everywhere.
+        names: the covariates, as :func:`history_covariates`.
+        folds: how many folds (at least 1).
+        rng: donor choice and DINEOF's cross-validation; default seed ``[0, 6151]``.
+        low, high: share of a hidden step's observed cells to hide.
+
+    Returns:
+        the folds, in order; a fold whose stack has too little history gets flat covariates.
+    """
+    if folds < 1:
+        raise ValueError(f"history folds must be at least 1, got {folds}")
+    rng = np.random.default_rng([0, 6151]) if rng is None else rng
+    values = np.asarray(values, np.float64)
+    ok = np.broadcast_to(np.ones(values.shape[1:], bool) if valid is None else np.asarray(valid, bool), values.shape)
+    observed = np.isfinite(values) & ok
+    out = []
+    for f in range(folds):
+        steps = list(range(f, len(values), folds))
+        hidden, _ = borrow_gaps(observed, ~np.isfinite(values) & ok, rng, low=low, high=high, steps=steps)
+        covariates, _ = history_covariates(np.where(hidden, np.nan, values), valid, names, rng=rng)
+        out.append(HistoryFold(hidden, np.ascontiguousarray(covariates)))
+    return out
+
+
+def _without_history(values: np.ndarray, observed: np.ndarray) -> str | None:
+    """Why a stack gets flat history covariates, or None when it has a history to learn from."""
+    if values.size > MAX_HISTORY_CELLS:
+        return f"the field's {values.size:,} cells exceed {MAX_HISTORY_CELLS:,}"
+    if int(observed.any(axis=(1, 2)).sum()) < MIN_STEPS:
+        return f"fewer than {MIN_STEPS} steps with observations"
+    return None
+
+
+def has_history(values: np.ndarray, valid: np.ndarray | None) -> bool:
+    """Whether :func:`history_covariates` computes more than flat maps for this ``[T, R, C]`` stack."""
+    ok = np.ones(values.shape[1:], bool) if valid is None else np.asarray(valid, bool)
+    return _without_history(values, np.isfinite(values) & np.broadcast_to(ok, values.shape)) is None
 
 
 def flat_covariates(count: int, shape: tuple[int, ...], value: float) -> np.ndarray:

@@ -122,15 +122,21 @@ class WindowSource:
             field over its whole stack (its EOFs then include the cells a window hides, a
             small leak the leave-one-out loadings do not remove), flat on synthetic fields; the
             checkpoint records them, so infill computes the same.
+        history_folds: with covariates, compute each real field's covariates this many times
+            more, each time without some of its cells (:func:`geonp.data.history.history_folds`),
+            and let a window of a field with a history hide exactly those cells: its targets'
+            covariates then know as little of them as infill's know of a real gap. 0: no folds.
     """
 
     dim_y = 1
 
     def __init__(self, files: list[dict] | None = None, val_files: list[dict] | None = None,
                  synthetic: float = 0.5, window: dict | None = None, seed: int = 0,
-                 real_clouds: float = 0.0, wide_clouds: float = 0.0, covariates: list[str] | None = None) -> None:
+                 real_clouds: float = 0.0, wide_clouds: float = 0.0, covariates: list[str] | None = None,
+                 history_folds: int = 0) -> None:
         self.spec = WindowSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in (window or {}).items()})
         self.covariates = list(covariates or [])
+        self.history_folds = history_folds
         self.dim_x = 3 + len(self.covariates)
         folder = data_folder()
         self.fields = [self._with_history(*_load(e, folder)) for e in files or []]
@@ -144,27 +150,35 @@ class WindowSource:
         self.checkpoint_meta = {"inputs": {"kind": "windows"}, "infill": infill}
 
     def _with_history(self, values: np.ndarray, valid: np.ndarray, spread: float) -> tuple:
-        """A field as ``(values, valid, spread, history [P, T, R, C] or None)``."""
+        """A field as ``(values, valid, spread, history [P, T, R, C] or None, folds)``: ``folds`` the
+        :class:`~geonp.data.history.HistoryFold` list, empty without folds or without a history."""
         if not self.covariates:
-            return values, valid, spread, None
-        from geonp.data.history import history_covariates
+            return values, valid, spread, None, []
+        from geonp.data.history import has_history, history_covariates, history_folds
 
+        if self.history_folds and has_history(values, valid):  # flat covariates leak nothing: no folds
+            return values, valid, spread, None, history_folds(values, valid, self.covariates, self.history_folds)
         history, _ = history_covariates(values, valid, self.covariates)
-        return values, valid, spread, history
+        return values, valid, spread, history, []
 
     def _window(self, rng: np.random.Generator, fields: list, synthetic: float) -> WindowTask:
         while True:
             if rng.random() < synthetic or not fields:
                 values = synthetic_field(self.spec.view, rng)
                 valid, spread, history = np.ones(values.shape, bool), float(np.nanstd(values)) or 1.0, None
+                hidden = None
                 if self.covariates:
                     # Flat: a view of a few steps holds little history, and the EOFs of so short a stack
                     # would be fitted to the very cells the window then hides.
                     history = flat_covariates(len(self.covariates), values.shape, float(np.nanmean(values)))
             else:
-                values, valid, spread, history = fields[int(rng.integers(len(fields)))]
+                values, valid, spread, history, folds = fields[int(rng.integers(len(fields)))]
+                hidden = None
+                if folds:
+                    fold = folds[int(rng.integers(len(folds)))]
+                    history, hidden = fold.covariates, fold.hidden
             task = training_window(values, valid, self.spec, rng, spread, real_clouds=self.real_clouds,
-                                   wide_clouds=self.wide_clouds, history=history)
+                                   wide_clouds=self.wide_clouds, history=history, hidden=hidden)
             if task is not None:
                 return task
 

@@ -269,7 +269,8 @@ def _thin(ci: np.ndarray, shape: tuple[int, int, int], focus: tuple[slice, slice
 def training_window(values: np.ndarray, valid: np.ndarray, spec: WindowSpec, rng: np.random.Generator,
                     spread: float, elevation: np.ndarray | None = None, cover: tuple[float, float] = (0.1, 0.7),
                     real_clouds: float = 0.0, wide_clouds: float = 0.0,
-                    gap_donor: np.ndarray | None = None, history: np.ndarray | None = None) -> WindowTask | None:
+                    gap_donor: np.ndarray | None = None, history: np.ndarray | None = None,
+                    hidden: np.ndarray | None = None) -> WindowTask | None:
     """One self-supervised task from a ``[T, R, C]`` array (NaN = missing), or None if too sparse.
 
     The window is placed at random; at its central time step a part of the observed cells of the
@@ -288,7 +289,9 @@ def training_window(values: np.ndarray, valid: np.ndarray, spec: WindowSpec, rng
     cloud; otherwise a synthetic cloud over the whole view), so the hidden cells have the shapes and
     sizes of the gaps the scene really has.
     ``valid`` is ``[T, R, C]`` (True where data may exist); ``elevation`` ``[R, C]`` m;
-    ``history`` ``[P, T, R, C]`` (see :func:`window_task`) or None.
+    ``history`` ``[P, T, R, C]`` (see :func:`window_task`) or None. ``hidden`` (``bool [T, R, C]``,
+    a :class:`~geonp.data.history.HistoryFold`'s) replaces the clouds: the targets are the region's
+    hidden cells and no hidden cell of any step is context, the cells ``history`` was computed without.
     """
     shape = values.shape
     size = [min(c + o, n) for c, o, n in zip(spec.core, spec.overlap, shape)]
@@ -302,30 +305,36 @@ def training_window(values: np.ndarray, valid: np.ndarray, spec: WindowSpec, rng
     region = (t_mid - lo[0], slice(start[1] - lo[1], start[1] - lo[1] + size[1]),
               slice(start[2] - lo[2], start[2] - lo[2] + size[2]))
     here = observed[region]
-    # Drawn only when asked: without wide clouds the random stream stays as it was.
-    wide = gap_donor is not None or (wide_clouds > 0 and rng.random() < wide_clouds)
-    # The cloud mask covers the region, or with ``wide`` the whole view; ``inner`` cuts the region out of it.
-    area = (slice(lo[1], hi[1]), slice(lo[2], hi[2])) if wide else \
-        (slice(start[1], start[1] + size[1]), slice(start[2], start[2] + size[2]))
-    inner = region[1:] if wide else (slice(None), slice(None))
-    clouds = gaps = None
-    if gap_donor is not None:
-        gaps = gap_donor[area]
-    elif real_clouds > 0 and shape[0] > 1 and rng.random() < real_clouds:
-        donor = int(rng.integers(shape[0] - 1))
-        donor += donor >= t_mid  # any step but this one
-        gaps = ~np.isfinite(values[(donor, *area)]) & valid[(donor, *area)]
-    if gaps is not None:  # real gaps are the cloud only if they hide some, but not all, of the region
-        share = (gaps[inner] & here).sum() / max(here.sum(), 1)
-        clouds = gaps if 0.05 <= share <= 0.95 else None
-    if clouds is None:
-        shape_c = (area[0].stop - area[0].start, area[1].stop - area[1].start)
-        clouds = random_clouds(shape_c, float(rng.uniform(*cover)), rng, float(rng.uniform(2.0, 8.0)))
-    target = np.zeros(v.shape, bool)
-    target[region] = clouds[inner] & here
-    context = observed & ~target
-    if wide:
-        context[region[0]] &= ~clouds  # the halo under the cloud is hidden too, but not scored
+    if hidden is not None:
+        held = hidden[view]
+        target = np.zeros(v.shape, bool)
+        target[region] = held[region] & here
+        context = observed & ~held
+    else:
+        # Drawn only when asked: without wide clouds the random stream stays as it was.
+        wide = gap_donor is not None or (wide_clouds > 0 and rng.random() < wide_clouds)
+        # The cloud mask covers the region, or with ``wide`` the whole view; ``inner`` cuts the region out of it.
+        area = (slice(lo[1], hi[1]), slice(lo[2], hi[2])) if wide else \
+            (slice(start[1], start[1] + size[1]), slice(start[2], start[2] + size[2]))
+        inner = region[1:] if wide else (slice(None), slice(None))
+        clouds = gaps = None
+        if gap_donor is not None:
+            gaps = gap_donor[area]
+        elif real_clouds > 0 and shape[0] > 1 and rng.random() < real_clouds:
+            donor = int(rng.integers(shape[0] - 1))
+            donor += donor >= t_mid  # any step but this one
+            gaps = ~np.isfinite(values[(donor, *area)]) & valid[(donor, *area)]
+        if gaps is not None:  # real gaps are the cloud only if they hide some, but not all, of the region
+            share = (gaps[inner] & here).sum() / max(here.sum(), 1)
+            clouds = gaps if 0.05 <= share <= 0.95 else None
+        if clouds is None:
+            shape_c = (area[0].stop - area[0].start, area[1].stop - area[1].start)
+            clouds = random_clouds(shape_c, float(rng.uniform(*cover)), rng, float(rng.uniform(2.0, 8.0)))
+        target = np.zeros(v.shape, bool)
+        target[region] = clouds[inner] & here
+        context = observed & ~target
+        if wide:
+            context[region[0]] &= ~clouds  # the halo under the cloud is hidden too, but not scored
     if target.sum() < MIN_POINTS or context.sum() < MIN_POINTS:
         return None
     centre = (t_mid - lo[0], start[1] - lo[1] + (size[1] - 1) / 2, start[2] - lo[2] + (size[2] - 1) / 2)

@@ -24,7 +24,11 @@ if TYPE_CHECKING:
 
 @xr.register_dataset_accessor("geonp")
 class GeonpAccessor:
-    """The ``geonp`` namespace of an ``xarray.Dataset``."""
+    """The ``geonp`` namespace of an ``xarray.Dataset``: ``ds.geonp.infill/evaluate/plot``.
+
+    Args:
+        ds: the Dataset (xarray passes it; you write ``ds.geonp``).
+    """
 
     def __init__(self, ds: xr.Dataset) -> None:
         self._ds = ds
@@ -37,29 +41,56 @@ class GeonpAccessor:
 
     def infill(self, variables: str | list[str] | None = None, model: str = "te-pt-tnp",
                **options: Any) -> xr.Dataset:
-        """Fill the gaps: ``v``, ``v_std`` (1-sigma) and ``v_flag`` per variable, as ``geonp infill``,
-        on this dataset's own dimensions and coordinates (so ``xr.align(ds, out)`` holds).
+        """Fill the gaps, as ``geonp infill`` does, in memory.
 
-        ``options``: checkpoint, valid_mask, elevation, window, device, batch_size, seed, fit_steps
-        (default :data:`geonp.fill.FIT_STEPS`, as on the command line), progress.
+        Args:
+            variables: the variable or variables to fill; default every gridded field.
+            model: a registry name (``geonp models``); default the bundled te-pt-tnp.
+            options: checkpoint, valid_mask, elevation, window, device, batch_size, seed,
+                fit_steps (default :data:`geonp.fill.FIT_STEPS`, as on the command line),
+                progress; see :func:`geonp.fill.engine.infill`.
+
+        Returns:
+            ``v``, ``v_std`` (1-sigma, ``v``'s units) and ``v_flag`` (0 observed, 1 infilled,
+            2 outside the valid area) per variable, on this dataset's own dimensions and
+            coordinates (so ``xr.align(ds, out, join="exact")`` holds).
         """
         from geonp.fill.engine import infill
 
         return infill(self._cube(), variables, model, like=self._ds, **options)
 
     def evaluate(self, variable: str, models: str | list[str], **options: Any) -> dict[str, Any]:
-        """Hide observed cells and score ``models`` there, as ``geonp evaluate`` (see
-        :func:`geonp.evaluate.evaluate` for ``options``); returns its result dict."""
+        """Hide observed cells and score models there, as ``geonp evaluate``.
+
+        Args:
+            variable: the field to evaluate.
+            models: a model name or names, all scored on the same hidden cells.
+            options: :func:`geonp.evaluate.evaluate`'s keywords (valid_mask, checkpoints,
+                fit_steps, seed, ...).
+
+        Returns:
+            The result dict of :func:`geonp.evaluate.evaluate`: what was hidden, and a row of
+            scores per model (RMSE, CRPS, coverage, by distance to the nearest observation).
+        """
         from geonp.evaluate import evaluate
 
         names = [models] if isinstance(models, str) else list(models)
         return evaluate(self._cube(), variable, names, **options)
 
     def plot(self, variable: str | None = None, path: str | Path | None = None, **options: Any) -> Figure | Path:
-        """Map panels of an infill output, as ``geonp plot``: a Figure, or the PNG at ``path``.
+        """Map panels of an infill output, as ``geonp plot``.
 
-        ``options``: time, truth, hidden, region, projection_name, point, title (and dpi with ``path``);
-        see :func:`geonp.maps.map_figure`.
+        Args:
+            variable: the filled variable; default the dataset's only one.
+            path: write a PNG there instead of returning a Figure.
+            options: time, truth, hidden, region, projection_name, point, title, select (and
+                dpi with ``path``); see :func:`geonp.maps.map_figure`.
+
+        Returns:
+            A matplotlib ``Figure``, or the PNG's ``Path`` when ``path`` is given.
+
+        Raises:
+            ValueError: no variable named while the dataset holds several (or no) filled ones.
         """
         from geonp.maps import map_figure, plot_infill
         from geonp.maps.figure import filled_variables

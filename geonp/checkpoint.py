@@ -27,7 +27,16 @@ _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default container (a zip holding a pi
 
 
 def write_checkpoint(path: str | os.PathLike, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Path:
-    """Atomically write ``tensors`` and the JSON-serialisable ``meta`` to ``path``."""
+    """Atomically write ``tensors`` and the JSON-serialisable ``meta`` to ``path``.
+
+    Args:
+        path: the safetensors file to write; written to a temporary file beside it and renamed.
+        tensors: named tensors (copied to CPU, contiguous, before writing).
+        meta: JSON-serialisable header (config, scaling, provenance); the geonp version is added.
+
+    Returns:
+        ``Path(path)``.
+    """
     header = json.dumps({"geonp_version": __version__, **meta}, sort_keys=True)
     # safetensors refuses shared or non-contiguous storage: give it plain copies.
     flat = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
@@ -48,11 +57,18 @@ def _looks_like_safetensors(path: Path) -> bool:
 def read_checkpoint(
     path: str | os.PathLike, device: str | torch.device = "cpu"
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Read a file written by :func:`write_checkpoint`; return ``(tensors, meta)``.
+    """Read a file written by :func:`write_checkpoint`.
 
-    Raises ``ValueError`` naming the file when it is missing, is a pickle or
-    ``torch.save`` archive (refused: unpickling can run arbitrary code), or is not
-    a geonp safetensors checkpoint.
+    Args:
+        path: the checkpoint file.
+        device: where to put the tensors.
+
+    Returns:
+        ``(tensors, meta)``: the named tensors on ``device`` and the JSON header as a dict.
+
+    Raises:
+        ValueError: naming the file when it is missing, is a pickle or ``torch.save`` archive
+            (refused: unpickling can run arbitrary code), or is not a geonp safetensors checkpoint.
     """
     path = Path(path)
     if not path.is_file():

@@ -66,7 +66,26 @@ def cloudy_scene(seed: int = 0) -> tuple[xr.Dataset, np.ndarray, xr.DataArray]:
 
 def run_demo(out: str | Path = "geonp-demo", fit_steps: int = FIT_STEPS, device: str = "auto",
              overwrite: bool = False, verbose: bool = True) -> dict:
-    """Run the demo into folder ``out``; returns (and writes) the summary."""
+    """``geonp demo``: fill synthetic clouds over HadISST SST and score three models there.
+
+    Writes ``sst_filled.zarr`` (the first model's CF output), ``sst_map.png``, ``skill.md`` and
+    ``summary.json`` into ``out``.
+
+    Args:
+        out: the output folder (created; an existing one is refused unless ``overwrite``).
+        fit_steps: fine-tuning steps of te-pt-tnp on the scene's visible cells.
+        device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
+        overwrite: replace an existing ``out``.
+        verbose: print progress and the skill table.
+
+    Returns:
+        The summary written to ``summary.json``: ``fit_steps``, ``hidden_cells``, ``wall_s`` and
+        per model its scores on the hidden cells (degC; see
+        :func:`geonp.metrics.gaussian_skill`) with its ``wall_s``.
+
+    Raises:
+        ValueError: ``out`` exists without ``overwrite``, or ``fit_steps < 0``.
+    """
     from geonp.fill.engine import infill, infill_to_zarr
     from geonp.maps import plot_infill
 

@@ -228,12 +228,28 @@ def run_evaluate(
     options: Mapping[str, Any] | None = None,
     infill_fn: Callable[..., xr.Dataset] | None = None,
 ) -> list[dict[str, Any]]:
-    """``geonp evaluate``: score ``models`` on ``variables`` of ``input``, write ``out`` (.md) and its .json.
+    """``geonp evaluate``: score ``models`` on ``variables`` of a file; write the tables.
 
-    ``satellite=True`` opens each variable with ``open_satellite`` (product QC, ``valid`` mask from
-    ``valid_mask`` or the product), else ``open_cube``. Other arguments as ``evaluate``. Returns
-    the results, one dict per variable. Raises ValueError (one line, naming the file and the
-    variable or model) for a missing variable, a variable with no observed cell, an unknown model.
+    Args:
+        input: the cube or satellite product (a path or URL).
+        variables: the fields to evaluate, each on its own.
+        models: model names, as for :func:`evaluate`.
+        out: the markdown table to write; the JSON goes beside it (``.json``).
+        valid_mask: the valid area, as for :func:`evaluate`.
+        checkpoints: ``{model: checkpoint path}`` for models that should not use bundled weights.
+        fit_steps: fine-tuning steps, for every model or ``{model: steps}``.
+        seed: seeds the hidden cells and each infill call.
+        satellite: open each variable with ``open_satellite`` (product QC, ``valid`` mask from
+            ``valid_mask`` or the product) instead of ``open_cube``.
+        options: extra keyword arguments for every infill call (``device``, ...).
+        infill_fn: replaces ``geonp.fill.engine.infill`` (same signature); for tests and wrappers.
+
+    Returns:
+        The results of :func:`evaluate`, one dict per variable.
+
+    Raises:
+        ValueError: one line naming the file and the variable or model: a missing variable, a
+            variable with no observed cell, an unknown model.
     """
     if not variables:
         raise ValueError(f"{input}: name at least one variable to evaluate")

@@ -19,8 +19,13 @@ from torch.distributions import Normal
 def task_log_likelihood(dist: Normal, yt: torch.Tensor, mask_t: torch.Tensor) -> torch.Tensor:
     """Mean log-likelihood per present target point, one value per task.
 
-    ``dist`` loc/scale ``[B, Nt, Dy]``, ``yt [B, Nt, Dy]``, ``mask_t [B, Nt]`` -> ``[B]``
-    (nats per target point, output dimensions summed). Padded targets count as nothing.
+    Args:
+        dist: the predictive ``Normal``, loc/scale ``[B, Nt, Dy]``.
+        yt: the target values ``[B, Nt, Dy]``.
+        mask_t: bool ``[B, Nt]``, True where a target is present; padded targets count as nothing.
+
+    Returns:
+        ``[B]``: nats per present target point, output dimensions summed (differentiable).
     """
     log_p = dist.log_prob(torch.where(mask_t[..., None], yt, dist.loc.detach())).sum(-1)  # [B, Nt]
     log_p = log_p * mask_t
@@ -28,7 +33,14 @@ def task_log_likelihood(dist: Normal, yt: torch.Tensor, mask_t: torch.Tensor) ->
 
 
 def mean_and_stderr(values: torch.Tensor) -> tuple[float, float]:
-    """Mean and standard error of the mean of a 1-D tensor of per-task scores."""
+    """Mean and standard error of the mean of per-task scores.
+
+    Args:
+        values: 1-D tensor of per-task scores (e.g. :func:`task_scores`).
+
+    Returns:
+        ``(mean, standard error)`` as floats; the standard error is NaN for a single value.
+    """
     values = values.double()
     n = values.numel()
     stderr = values.std(unbiased=True).item() / n**0.5 if n > 1 else float("nan")
@@ -37,10 +49,17 @@ def mean_and_stderr(values: torch.Tensor) -> tuple[float, float]:
 
 @torch.no_grad()
 def task_scores(model, batches: list, device: torch.device | str = "cpu", shift: float = 0.0) -> torch.Tensor:
-    """Per-task mean log-likelihood of ``model`` on fixed ``batches`` (``geonp.data.Batch``).
+    """Per-task mean log-likelihood of ``model`` on fixed batches, in evaluation mode.
 
-    ``shift`` translates every input location first (the TE-TNP paper's test-time
-    Δ). Runs in evaluation mode and float32; returns ``[num_tasks]`` on the CPU.
+    Args:
+        model: a model in the calling convention (``model(xc, yc, xt, mask_c, mask_t)``).
+        batches: ``geonp.data.Batch`` objects (e.g. from :func:`geonp.data.tasks.sample_tasks`).
+        device: where to run the model.
+        shift: added to every input location first (the TE-TNP paper's test-time Δ).
+
+    Returns:
+        ``[num_tasks]`` float32 on the CPU: nats per target point (see
+        :func:`task_log_likelihood`). The model's training mode is restored afterwards.
     """
     was_training = getattr(model, "training", False)
     model.eval()
@@ -54,13 +73,22 @@ def task_scores(model, batches: list, device: torch.device | str = "cpu", shift:
 
 
 def gaussian_skill(y: np.ndarray, mean: np.ndarray, std: np.ndarray) -> dict[str, float]:
-    """Skill of Gaussian predictions ``N(mean, std^2)`` at held-out truths ``y`` (same shapes).
+    """Skill of Gaussian predictions ``N(mean, std^2)`` at held-out truths ``y``.
 
-    NaN in any of the three drops that point. Returns, in ``y``'s units unless stated:
-    ``n`` points, ``rmse``, ``mae``, ``nll`` (nats per point), ``crps`` (closed form),
-    ``coverage_50``/``coverage_90``/``coverage_95`` (fraction of ``y`` inside the central
-    50%/90%/95% interval),
-    ``interval_score_90`` (Gneiting & Raftery 2007, alpha = 0.1; width plus penalties).
+    Args:
+        y: the truths, any shape.
+        mean: predicted means, ``y``'s shape and units.
+        std: predicted standard deviations (1-sigma), ``y``'s shape and units. A point where
+            any of the three is NaN, or ``std <= 0``, is dropped.
+
+    Returns:
+        In ``y``'s units unless stated: ``n`` points scored, ``rmse``, ``mae``, ``nll`` (nats
+        per point), ``crps`` (closed form), ``coverage_50``/``coverage_90``/``coverage_95``
+        (fraction of ``y`` inside the central 50%/90%/95% interval), ``interval_score_90``
+        (Gneiting & Raftery 2007, alpha = 0.1; width plus penalties).
+
+    Raises:
+        ValueError: no point can be scored.
     """
     import scoringrules as sr
 
@@ -174,11 +202,20 @@ def binned_coverage(err: np.ndarray, std: np.ndarray, distance: np.ndarray, leve
 
 
 def pit_histogram(y: np.ndarray, mean: np.ndarray, std: np.ndarray, bins: int = 10) -> list[int]:
-    """Counts of the probability integral transform ``Phi((y - mean) / std)`` in ``bins`` equal bins of [0, 1].
+    """Histogram of the probability integral transform ``Phi((y - mean) / std)``.
 
-    ``y``, ``mean``, ``std`` as in ``gaussian_skill`` (same shapes; a point with a non-finite value or
-    std <= 0 is dropped). Calibrated predictions give flat counts; too narrow ones a U (truths in
-    the tails), too wide ones a hump, a biased mean a slope. Returns ``bins`` ints, 0 to 1.
+    Calibrated predictions give flat counts; too narrow ones a U (truths in the tails), too wide
+    ones a hump, a biased mean a slope.
+
+    Args:
+        y: the truths, any shape.
+        mean: predicted means, ``y``'s shape and units.
+        std: predicted standard deviations, ``y``'s shape and units (a point with a non-finite
+            value or ``std <= 0`` is dropped).
+        bins: number of equal bins of [0, 1].
+
+    Returns:
+        ``bins`` counts, from PIT 0 to 1.
     """
     y, mean, std = _scorable(y, mean, std)
     counts, _ = np.histogram(norm.cdf((y - mean) / std), bins=bins, range=(0.0, 1.0))

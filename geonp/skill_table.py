@@ -36,10 +36,18 @@ def write_table(
 ) -> tuple[Path, Path]:
     """Write ``evaluate`` results as markdown (up to four tables per dataset) and JSON (everything).
 
-    ``header`` (markdown, e.g. ``pipelines.provenance.header``) is prepended. Numbers get 4
-    significant digits; the best RMSE and CRPS of the main table, and the best RMSE of each
-    distance bin, are bold. The JSON is ``{"header", "results"}`` with non-finite numbers as null.
-    ``json_path`` defaults to ``md_path`` with the suffix ``.json``. Returns the two paths.
+    Numbers get 4 significant digits; the best RMSE and CRPS of the main table, and the best RMSE
+    of each distance bin, are bold.
+
+    Args:
+        results: results of :func:`geonp.evaluate.evaluate`, one per dataset.
+        md_path: the markdown file to write.
+        json_path: the JSON file, ``{"header", "results"}`` with non-finite numbers as null;
+            default ``md_path`` with the suffix ``.json``.
+        header: markdown prepended to the tables (e.g. ``pipelines.provenance.header``).
+
+    Returns:
+        ``(md_path, json_path)`` as written.
     """
     md_path = Path(md_path)
     json_path = Path(json_path) if json_path is not None else md_path.with_suffix(".json")

@@ -53,7 +53,35 @@ from geonp.train_state import initialise_from, load_state, rank_state, restore_r
 
 @dataclass
 class TrainConfig:
-    """Everything that defines a training run (YAML keys have the same names)."""
+    """Everything that defines a training run (YAML keys have the same names).
+
+    Attributes:
+        model: a registry name (``geonp models``), e.g. ``"te-pt-tnp"``.
+        out_dir: the run's folder (checkpoints, log, final model); None: an in-memory run
+            (fine-tuning) that writes nothing and cannot be resumed.
+        preset: the architecture preset (``"paper"``, ``"small"``, ``"tiny"``).
+        model_args: constructor arguments over the preset's (e.g. ``num_neighbours: 16``).
+        data: the task source, a mapping with a ``name``: a synthetic generator (``gp``,
+            ``sawtooth``, with its options), ``cube`` (windows of a cube: ``path``,
+            ``variables``, ``window``, ``region``, ``val_region``, ``inputs``, ...) or
+            ``windows`` (infill-shaped windows of synthetic and real fields: ``files``,
+            ``synthetic``, ``real_clouds``, ``wide_clouds``, ``window``, ``covariates``, ...).
+        steps: optimizer steps in all (a resumed run continues up to this number).
+        batch_size: tasks per step and per process.
+        lr: AdamW learning rate, whatever the number of processes.
+        weight_decay: AdamW weight decay.
+        clip_grad_norm: gradients are clipped to this global norm.
+        checkpoint_every: steps between resumable checkpoints (``state.safetensors``).
+        log_every: steps between rows of ``log.csv``.
+        val_every: steps between validations.
+        val_tasks: validation tasks, from their own generator (0: no validation).
+        seed: seeds the weights and the training stream.
+        val_seed: seeds the validation tasks; must differ from ``seed``.
+        device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
+        time_budget_s: stop (with a checkpoint) after this many seconds; None: no limit.
+        init_from: a checkpoint whose weights start the run: the weights it shares with the
+            configured model are copied, new blocks keep their initialisation.
+    """
 
     model: str
     out_dir: str | None  # None: an in-memory run (fine-tuning) that writes nothing
@@ -90,7 +118,19 @@ class TrainConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> TrainConfig:
-        """Read a YAML file; unknown keys are an error naming the key and the file."""
+        """Read a training configuration from a YAML file.
+
+        Args:
+            path: the YAML file; its keys are the attribute names (``model`` and ``out_dir``
+                are required).
+
+        Returns:
+            The validated configuration.
+
+        Raises:
+            ValueError: one line naming the file and the problem: missing file, bad YAML,
+                unknown or missing keys, wrong types or values.
+        """
         path = Path(path)
         if not path.is_file():
             raise ValueError(f"config {path}: no such file")
@@ -145,6 +185,16 @@ def resolve_device(device: str) -> torch.device:
 
 @dataclass
 class TrainResult:
+    """What :func:`train` returns.
+
+    Attributes:
+        model: the trained model (unwrapped from DistributedDataParallel).
+        step: the last optimizer step.
+        val_nll: the last validation NLL, nats per target (NaN without validation).
+        out_dir: the run folder, or None for an in-memory run.
+        wall_s: seconds the call took.
+    """
+
     model: NeuralProcess
     step: int
     val_nll: float
@@ -227,12 +277,26 @@ def train(config: TrainConfig | dict | str | Path, resume: bool = False, progres
     """Train the configured model; see the module docstring for the files written.
 
     The one training loop of geonp: ``geonp train`` and ``--fit-steps`` fine-tuning both run it.
-    ``model``: train a copy of this model instead of building ``config.model`` (fine-tuning).
-    ``source``: draw tasks from this task source instead of ``config.data``. ``on_step(step,
-    model, loss)`` is called after every optimizer step (``model`` in training mode). With
-    ``config.out_dir`` None nothing is written (and nothing can be resumed); with
-    ``config.val_tasks`` 0 there is no validation (``val_nll`` NaN). Under torchrun each process
-    trains on its own tasks with DistributedDataParallel (see :mod:`geonp.parallel`).
+    Under torchrun each process trains on its own tasks with DistributedDataParallel (see
+    :mod:`geonp.parallel`).
+
+    Args:
+        config: a :class:`TrainConfig`, a dict of its fields, or a YAML file.
+        resume: continue the run in ``config.out_dir`` exactly (refused when there is none).
+        progress: show a progress bar with loss and tasks/s.
+        model: train a copy of this model instead of building ``config.model`` (fine-tuning).
+        source: draw tasks from this task source instead of ``config.data``.
+        on_step: called as ``on_step(step, model, loss)`` after every optimizer step (``model``
+            in training mode).
+
+    Returns:
+        A :class:`TrainResult`: the trained model, the last step, the validation NLL (nats per
+        target; NaN with ``val_tasks`` 0), the run folder (None when ``out_dir`` is None:
+        nothing written) and the wall time in seconds.
+
+    Raises:
+        ValueError: one line: a bad config, a missing input, ``resume`` without a run or a new
+            run over an existing one, CUDA asked for but absent.
     """
     if isinstance(config, (str, Path)):
         cfg = TrainConfig.from_yaml(config)
@@ -332,7 +396,19 @@ def _train(run: _Run, resume: bool, progress: bool,
 def train_file(path: str | Path, *, device: str | None = None, steps: int | None = None, resume: bool = False,
                progress: bool = True) -> str | None:
     """Train from a YAML config with the command line's overrides (``geonp train`` and
-    ``python -m geonp.train`` both run this); returns the line to print, None if no model was written."""
+    ``python -m geonp.train`` both run this).
+
+    Args:
+        path: the YAML configuration (see :class:`TrainConfig`).
+        device: overrides the config's device.
+        steps: overrides the config's total steps.
+        resume: continue the run in the config's ``out_dir``.
+        progress: show a progress bar.
+
+    Returns:
+        The line to print (model, steps, validation NLL, where the model was written), or None
+        when no model was written (an in-memory run).
+    """
     cfg = TrainConfig.from_yaml(path)
     if device is not None:
         cfg.device = device

@@ -88,7 +88,7 @@ def borrow_gaps(
 
     Returns:
         ``(hidden, donors)``: bool ``[S, R, C]`` (True: hide), and int ``[S]``: each step's donor,
-        :data:`DONOR_CLOUDS` for synthetic clouds, :data:`DONOR_NONE` for untouched.
+        ``DONOR_CLOUDS`` (-1) for synthetic clouds, ``DONOR_NONE`` (-2) for untouched.
     """
     observed, gaps = np.asarray(observed, bool), np.asarray(gaps, bool)
     n_steps, ny, nx = observed.shape

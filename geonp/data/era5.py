@@ -246,10 +246,12 @@ def fetch_era5(variables: str | Sequence[str], start: str | dt.date, end: str | 
         variables, start, end, area, grid, hours: as for :func:`era5_requests`.
         out: the Zarr store; an existing one must hold the same variables, area, grid and hours
             (it is then extended forward), unless ``overwrite``.
+        overwrite: replace an existing store that holds another fetch.
         orography: also store ``elevation`` (m, on (lat, lon)) = ERA5 geopotential / 9.80665.
         client: an object with cdsapi's ``retrieve(name, request, target)``; default a
             ``cdsapi.Client`` with the credentials of :func:`geonp.data.cds.cds_credentials`.
-        retries: further attempts per request after a failure; back-off ``backoff * 2**i`` s.
+        retries: further attempts per request after a failure.
+        backoff: seconds before the first retry; the ``i``-th waits ``backoff * 2**i`` s.
         zarr_format: 3 (default) or 2, for a new store.
         verbose: progress lines on stderr.
 

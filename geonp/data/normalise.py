@@ -46,30 +46,73 @@ class Normaliser:
 
     # -- values -----------------------------------------------------------------------
     def normalise_values(self, name: str, y: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+        """Values of variable ``name`` in its units to model units, ``(y - mean) / std``.
+
+        Args:
+            name: the variable (a key of ``values``).
+            y: values in the variable's units, any shape.
+
+        Returns:
+            The standardised values, same shape and type as ``y``.
+        """
         mean, std = self._value(name)
         return (y - mean) / std
 
     def denormalise_values(self, name: str, y: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+        """Model units back to variable ``name``'s units, ``y * std + mean``.
+
+        Args:
+            name: the variable (a key of ``values``).
+            y: standardised values, any shape.
+
+        Returns:
+            The values in the variable's units, same shape and type as ``y``.
+        """
         mean, std = self._value(name)
         return y * std + mean
 
     def denormalise_prediction(self, prediction: Normal, variables: list[str]) -> Normal:
-        """Map a predictive ``Normal`` over ``[..., Dy]`` (one channel per variable, in the
-        order of ``variables``) back to the variables' units."""
+        """Map a predictive ``Normal`` back to the variables' units.
+
+        Args:
+            prediction: a ``Normal`` over ``[..., Dy]`` in model units, one channel per variable.
+            variables: the variables' names in channel order (``len(variables) == Dy``).
+
+        Returns:
+            A ``Normal`` of the same shape whose mean and standard deviation are in the
+            variables' units.
+        """
         stats = torch.tensor([self._value(v) for v in variables], dtype=prediction.mean.dtype,
                              device=prediction.mean.device)
         return Normal(prediction.mean * stats[:, 1] + stats[:, 0], prediction.stddev * stats[:, 1])
 
     # -- inputs -----------------------------------------------------------------------
     def normalise_input(self, name: str, x: np.ndarray) -> np.ndarray:
-        """One input column in the user's units (datetime64 or cftime dates for time) to model units."""
+        """One input column in the user's units to model units, ``(x - offset) / scale``.
+
+        Args:
+            name: the input (``lat``, ``lon``, ``time``, ``elevation``, ...).
+            x: its values: degrees, metres, or datetime64 / cftime dates for ``time``.
+
+        Returns:
+            float64 array of ``x``'s shape in model units.
+        """
         offset, scale = self._input(name)
         raw = hours_since_epoch(x) if name == "time" else np.asarray(x, dtype=np.float64)
         return (raw - offset) / scale
 
     def denormalise_input(self, name: str, x: np.ndarray, like: np.ndarray | None = None) -> np.ndarray:
-        """Model units back to degrees / metres; time back to dates of ``like``'s calendar
-        (the cube's time axis; default datetime64[s])."""
+        """Model units back to degrees / metres; time back to dates.
+
+        Args:
+            name: the input (``lat``, ``lon``, ``time``, ``elevation``, ...).
+            x: its values in model units.
+            like: for ``time``, values on the calendar to return (the cube's time axis);
+                default datetime64[s].
+
+        Returns:
+            Array of ``x``'s shape: float64 in the input's units, or dates for ``time``.
+        """
         offset, scale = self._input(name)
         raw = np.asarray(x, dtype=np.float64) * scale + offset
         if name == "time":
@@ -78,7 +121,15 @@ class Normaliser:
 
     # -- files ------------------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
-        """Write JSON to ``path``; a checkpoint path gets the file beside it (see ``beside``)."""
+        """Write the statistics as JSON.
+
+        Args:
+            path: a JSON file, or a ``.safetensors`` checkpoint path: then the file beside it
+                (``model.normalisation.json``, see :func:`beside`).
+
+        Returns:
+            The path written.
+        """
         path = Path(path)
         if path.suffix == ".safetensors":
             path = beside(path)
@@ -87,8 +138,20 @@ class Normaliser:
 
     @classmethod
     def load(cls, path: str | Path) -> Normaliser:
-        """From a JSON file, or from a checkpoint: the record ``geonp train`` writes into a
-        cube-trained model's header (older runs: the JSON file beside it)."""
+        """Read the statistics back.
+
+        Args:
+            path: a JSON file written by :meth:`save`, or a checkpoint: the record ``geonp train``
+                writes into a cube-trained model's header (older runs: the JSON file beside it).
+
+        Returns:
+            The ``Normaliser``.
+
+        Raises:
+            ValueError: the file is not a geonp normalisation, or the checkpoint was not
+                trained on a cube.
+            FileNotFoundError: no normalisation file where one was expected.
+        """
         path = Path(path)
         if path.suffix == ".safetensors" and not path.exists() and beside(path).exists():
             path = beside(path)  # a normalisation saved beside a checkpoint that is not written yet

@@ -15,7 +15,13 @@ import xarray as xr
 
 @dataclass(frozen=True)
 class Region:
-    """A latitude/longitude box in degrees (lon in [-180, 180)), bounds inclusive."""
+    """A latitude/longitude box in degrees (lon in [-180, 180)), bounds inclusive.
+
+    Attributes:
+        name: the name it is registered and reported under.
+        lat: ``(south, north)`` in degrees north, ``-90 <= south < north <= 90``.
+        lon: ``(west, east)`` in degrees east, ``-180 <= west < east <= 180``.
+    """
 
     name: str
     lat: tuple[float, float]
@@ -48,8 +54,20 @@ for _r in (
 
 
 def get_region(region: str | Region | Sequence[float] | Mapping[str, Sequence[float]]) -> Region:
-    """A ``Region`` from a registered name, a Region, ``(south, north, west, east)`` or
-    ``{"lat": [south, north], "lon": [west, east]}``."""
+    """The ``Region`` a user's description names.
+
+    Args:
+        region: a registered name (``"central_europe"``, ``"western_europe"``,
+            ``"northern_europe"`` or one added with :func:`register_region`), a ``Region``,
+            ``(south, north, west, east)`` in degrees, or ``{"lat": [south, north], "lon":
+            [west, east]}`` (optionally with ``"name"``).
+
+    Returns:
+        The ``Region`` (named ``"custom"`` when given by its bounds).
+
+    Raises:
+        ValueError: an unknown name, or bounds that are not four numbers in range.
+    """
     if isinstance(region, Region):
         return region
     if isinstance(region, str):

@@ -344,6 +344,14 @@ class TaskStream:
 
 
 def sample_tasks(sampler: TaskSampler, num_batches: int) -> list[Batch]:
-    """The first ``num_batches`` batches of ``sampler``'s stream (a fixed evaluation set)."""
+    """The first batches of ``sampler``'s stream, as a fixed evaluation set.
+
+    Args:
+        sampler: the task sampler; its seed decides the batches.
+        num_batches: how many batches to draw.
+
+    Returns:
+        ``num_batches`` ``Batch`` objects of ``sampler.batch_size`` tasks each.
+    """
     stream = iter(sampler)
     return [next(stream) for _ in range(num_batches)]

@@ -30,12 +30,25 @@ MaskSpec = str | os.PathLike | tuple[str | os.PathLike, str] | xr.DataArray
 
 def valid_area(ds: xr.Dataset, da: xr.DataArray, spec: MaskSpec | None = None,
                source: str = "the input") -> tuple[xr.DataArray, str]:
-    """The valid area of field ``da`` of ``ds`` and how it was decided (for the output's attributes).
+    """The valid area of field ``da`` of ``ds`` (where it may hold data), by geonp's one rule.
 
-    Returns a bool DataArray on the horizontal dims, in ``da``'s order, with a time dim too when
-    a named mask varies in time (callers that need a static area reduce it with ``any``). Raises
-    ValueError (one line naming ``source`` or the mask) for a mask that cannot be found or is on
-    another grid.
+    Args:
+        ds: the cube holding ``da`` (and maybe a ``valid`` variable or the named mask).
+        da: the field.
+        spec: the user's mask: a variable of ``ds``, a file, a ``(file, variable)`` pair or a
+            DataArray (values > 0.5 are valid); ``"observed"`` (cells observed in some time
+            step) or ``"all"``. None: ``ds["valid"]`` if present (what ``open_satellite``
+            writes), else every cell.
+        source: how to name the input in error messages.
+
+    Returns:
+        ``(mask, how)``: a bool DataArray on the horizontal dims in ``da``'s order (with a time
+        dim too when a named mask varies in time; callers that need a static area reduce it
+        with ``any``), and a phrase saying how it was decided (for the output's attributes).
+
+    Raises:
+        ValueError: one line naming ``source`` or the mask: a mask that cannot be found or is
+            on another grid.
     """
     hdims = [d for d in da.dims if d in horizontal_dims(ds)]
     if isinstance(spec, str) and spec in ("observed", "all") and spec not in ds.variables:

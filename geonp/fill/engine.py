@@ -228,16 +228,40 @@ def _without_context_text(totals: dict[str, int]) -> str:
 
 def infill(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = "te-pt-tnp", *,
            progress: bool = False, like: xr.Dataset | None = None, **options: Any) -> xr.Dataset:
-    """Fill the gaps of ``ds`` in memory; returns ``v``, ``v_std``, ``v_flag`` per variable.
+    """Fill the gaps of ``ds`` in memory (``geonp.infill``).
 
-    ``options`` are :func:`plan`'s keywords (checkpoint, valid_mask, elevation, window, device,
-    batch_size, seed, fit_steps). The layers have the dimensions, coordinates and global
-    attributes of ``like`` (default ``ds``; give the dataset as it was before
-    :func:`geonp.data.cube.to_convention` to get its own names back, see
-    :mod:`geonp.fill.layout`). ``v_std`` is 0 at observed cells and NaN outside the valid area.
-    The global attribute ``geonp_gaps_without_context_<v>`` counts the gap cells of ``v`` that had
-    no observation in reach on their window's time steps and got ``v``'s global mean and spread
-    (a warning says so when there are any).
+    Every NaN cell of each variable inside its valid area is predicted; observed cells are
+    copied unchanged.
+
+    Args:
+        ds: the cube, in ``open_cube``'s convention (``[time,] lat, lon`` or ``[time,] y, x``;
+            further dimensions such as ``level`` are filled one index at a time).
+        variables: the variable or variables to fill; default every gridded field.
+        model: a registry name (``geonp models``): ``"te-pt-tnp"`` (bundled weights), another
+            trained model, or a baseline (``"linear"``, ``"kriging"``, ``"gp"``, ...).
+        progress: print progress lines on stderr.
+        like: the layout to return: its dimensions, coordinates and global attributes (default
+            ``ds``; give the dataset as it was before :func:`geonp.data.cube.to_convention` to get
+            its own names back, see :mod:`geonp.fill.layout`).
+        options: :func:`plan`'s keywords: ``checkpoint`` (weights instead of the bundled ones),
+            ``valid_mask`` (see :func:`geonp.data.valid.valid_area`), ``elevation`` (a DEM, for
+            models trained with it), ``window`` (cells each window predicts, ``(T, R, C)``),
+            ``device``, ``batch_size`` (windows per model call), ``seed`` and ``fit_steps``
+            (fine-tuning steps on ``ds``'s own observed cells first; default
+            :data:`geonp.fill.FIT_STEPS`).
+
+    Returns:
+        A Dataset with, per variable ``v``: ``v`` (observed or predicted, ``v``'s units),
+        ``v_std`` (1-sigma predictive standard deviation, same units; 0 at observed cells, NaN
+        outside the valid area) and ``v_flag`` (0 observed, 1 infilled, 2 outside the valid
+        area), with CF attributes and provenance. The global attribute
+        ``geonp_gaps_without_context_<v>`` counts the gap cells of ``v`` that had no observation
+        in reach on their window's time steps and got ``v``'s global mean and spread (a warning
+        says so when there are any).
+
+    Raises:
+        ValueError: one line naming the problem: an unknown variable or model, a checkpoint for
+            another model, a window larger than the cube, bad option values.
     """
     say = _stderr if progress else None
     p = plan(ds, variables, model, **options)
@@ -268,12 +292,33 @@ def infill_to_zarr(ds: xr.Dataset, out: str | Path, variables: str | list[str] |
                    model: str = "te-pt-tnp", *, source: str = "the input", overwrite: bool = False,
                    zarr_format: int = 3, scheduler: str | None = None, workers: int | None = None,
                    progress: bool = True, like: xr.Dataset | None = None, **options: Any) -> Path:
-    """Fill ``ds`` into the Zarr store ``out`` (see :mod:`geonp.fill.output`); resumable.
+    """Fill ``ds`` into the Zarr store ``out`` (see :mod:`geonp.fill.output`), resumably.
 
-    ``scheduler``: None fills blocks one after another in this process (torch uses the cores);
-    a dask.distributed scheduler address spreads blocks over its workers; ``workers=N`` starts a
-    local cluster of N worker processes for that. ``like``: the layout of the finished store
-    (default ``ds``; see :func:`infill`).
+    Blocks (the input's chunks) are written one by one, each marked done after its data; the
+    same call after an interruption continues from the written blocks and gives the same store.
+
+    Args:
+        ds: the cube, as for :func:`infill`.
+        out: the output Zarr store.
+        variables: the variable or variables to fill; default every gridded field.
+        model: a registry name, as for :func:`infill`.
+        source: how to name the input in messages and provenance.
+        overwrite: replace an existing, different or finished store at ``out``.
+        zarr_format: 3 (default) or 2.
+        scheduler: None fills blocks one after another in this process (torch uses the cores);
+            a dask.distributed scheduler address spreads blocks over its workers.
+        workers: start a local dask cluster of this many worker processes and spread blocks
+            over it (not with ``scheduler``).
+        progress: progress lines on stderr.
+        like: the layout of the finished store (default ``ds``; see :func:`infill`).
+        options: :func:`plan`'s keywords, as for :func:`infill`.
+
+    Returns:
+        ``Path(out)``: the finished CF store (``v``, ``v_std``, ``v_flag`` per variable, the
+        input's layout, ``Conventions = "CF-1.11"`` and provenance).
+
+    Raises:
+        ValueError: one line naming the problem, before anything is written.
     """
     if scheduler is not None and workers is not None:
         raise ValueError("--scheduler and --workers: give one (an existing cluster, or a local one to start)")
@@ -375,9 +420,23 @@ def _stderr(message: str) -> None:
 
 def infill_file(input: str, out: str | Path, variables: list[str] | None = None, model: str = "te-pt-tnp", *,
                 satellite: bool = False, **options: Any) -> Path:
-    """``geonp infill INPUT -o OUT``: open INPUT (``open_cube``, or ``open_satellite`` with its QC) and fill it.
+    """``geonp infill INPUT -o OUT``: open a file and fill it into a Zarr store.
 
-    Refuses an output that is the input itself before anything is read or written.
+    Args:
+        input: the cube (NetCDF, GRIB, Zarr, GeoTIFF; a path or URL).
+        out: the output Zarr store (not the input, nor inside it).
+        variables: the variables to fill; default every gridded field.
+        model: a registry name, as for :func:`infill`.
+        satellite: open ``input`` with ``open_satellite`` (QC flags to gaps, the product's valid
+            area; exactly one variable) instead of ``open_cube``.
+        options: :func:`infill_to_zarr`'s and :func:`plan`'s keywords.
+
+    Returns:
+        ``Path(out)``, the finished store, laid out like ``input``.
+
+    Raises:
+        ValueError: one line, before anything is read or written when the output is the input
+            itself or inside it.
     """
     from geonp.data import open_cube, open_satellite
     from geonp.data.readers import open_input

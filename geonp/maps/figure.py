@@ -34,7 +34,19 @@ if TYPE_CHECKING:
 
 
 def plot_infill(ds: xr.Dataset, variable: str, path: str | Path, *, dpi: int = 110, **options: Any) -> Path:
-    """Write the PNG of :func:`map_figure` (same arguments) to ``path`` and return it."""
+    """Write the map panels of :func:`map_figure` to a PNG.
+
+    Args:
+        ds: the infill output, as for :func:`map_figure`.
+        variable: the filled variable's name.
+        path: the PNG to write (atomically: a temporary file renamed into place).
+        dpi: resolution in dots per inch.
+        options: :func:`map_figure`'s keywords (``time``, ``truth``, ``hidden``, ``region``,
+            ``projection_name``, ``point``, ``title``, ``select``).
+
+    Returns:
+        ``Path(path)``.
+    """
     fig = map_figure(ds, variable, **options)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
@@ -61,6 +73,10 @@ def map_figure(ds: xr.Dataset, variable: str, *, time: int | str = 0, truth: xr.
         title: the figure title; default variable, time and model.
         select: ``{dim: value}`` along the variable's other dims (a pressure ``level``, an
             ensemble ``member``): a coordinate value, else an index; default the first of each.
+
+    Returns:
+        A matplotlib ``Figure`` (not attached to pyplot): observed, truth and error (with
+        ``truth``), predicted mean, 1-sigma and flag panels, plus the series with ``point``.
 
     Raises:
         ValueError: a layer is missing, the shapes disagree, or an argument is out of range.

@@ -26,6 +26,9 @@ def plot_file(output: str | Path, out: str | Path, *, variable: str | None = Non
         dpi: PNG resolution.
         select: ``["DIM=VALUE", ...]``: which level, member ... to draw (default the first of each).
 
+    Returns:
+        ``Path(out)``, the PNG written.
+
     Raises:
         ValueError / FileNotFoundError: one line naming the file, variable or argument at fault.
     """

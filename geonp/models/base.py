@@ -26,6 +26,10 @@ class NeuralProcess(nn.Module):
     Subclasses implement ``predict`` with the same signature, receiving clean
     tensors (masks filled in, padding zeroed). ``config`` records the keyword
     arguments the model was built with so :func:`geonp.models.save` can rebuild it.
+
+    Args:
+        dim_x: number of input dimensions ``Dx``, at least 1.
+        dim_y: number of output dimensions ``Dy``, at least 1.
     """
 
     #: Whether a task needs at least one context point (True for every model here).
@@ -51,12 +55,42 @@ class NeuralProcess(nn.Module):
         mask_c: torch.Tensor | None = None,
         mask_t: torch.Tensor | None = None,
     ) -> Normal:
+        """The predictive distribution at the targets, given the context: the calling convention.
+
+        A padded batch gives the same predictions as its tasks one by one; padded entries may
+        hold NaN.
+
+        Args:
+            xc: context inputs ``[B, Nc, Dx]``.
+            yc: context values ``[B, Nc, Dy]``.
+            xt: target inputs ``[B, Nt, Dx]``.
+            mask_c: bool ``[B, Nc]``, True where a context point is present; None: all present.
+            mask_t: bool ``[B, Nt]``, True where a target is present; None: all present.
+
+        Returns:
+            A ``torch.distributions.Normal`` with ``loc`` and ``scale`` ``[B, Nt, Dy]``.
+
+        Raises:
+            ValueError: shapes, dtypes or masks that do not fit (one line saying which).
+        """
         xc, yc, xt, mask_c, mask_t = check_inputs(self, xc, yc, xt, mask_c, mask_t)
         return self.predict(xc, yc, xt, mask_c, mask_t)
 
     def predict(
         self, xc: torch.Tensor, yc: torch.Tensor, xt: torch.Tensor, mask_c: torch.Tensor, mask_t: torch.Tensor
     ) -> Normal:  # pragma: no cover - abstract
+        """What each model implements: :meth:`forward` on validated inputs.
+
+        Args:
+            xc: context inputs ``[B, Nc, Dx]``, zero at padded entries.
+            yc: context values ``[B, Nc, Dy]``, zero at padded entries.
+            xt: target inputs ``[B, Nt, Dx]``, zero at padded entries.
+            mask_c: bool ``[B, Nc]``, True where a context point is present.
+            mask_t: bool ``[B, Nt]``, True where a target is present.
+
+        Returns:
+            A ``Normal`` with ``loc`` and ``scale`` ``[B, Nt, Dy]``.
+        """
         raise NotImplementedError
 
 

@@ -125,7 +125,7 @@ class Kriging(SpatialInterpolator):
 
     Args:
         dim_x, dim_y: input and output dimensions; each output is kriged independently.
-        time_input, space_inputs: as for :class:`LinearInterpolation`, with at most 2 space
+        time_input, space_inputs: as for :class:`~geonp.models.interpolation.LinearInterpolation`, with at most 2 space
             inputs (one is kriged along a line). Other inputs (elevation) are ignored.
         variogram_model: ``"exponential"`` (default), ``"spherical"``, ``"gaussian"`` or
             ``"linear"``; fitted, nugget included, by :func:`fit_variogram` to each

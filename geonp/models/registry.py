@@ -56,13 +56,27 @@ def _ensure_loaded() -> None:
 
 
 def available() -> list[str]:
-    """Names accepted by :func:`build`, sorted."""
+    """The model names :func:`build` accepts (``geonp models`` lists them with their presets).
+
+    Returns:
+        The registered names, sorted.
+    """
     _ensure_loaded()
     return sorted(_MODELS)
 
 
 def presets(name: str) -> dict[str, dict[str, Any]]:
-    """The named presets of model ``name`` (preset name -> overrides)."""
+    """The named presets of a model.
+
+    Args:
+        name: a registered model name.
+
+    Returns:
+        ``{preset name: constructor overrides}``, e.g. ``{"paper": {...}, "small": {...}}``.
+
+    Raises:
+        ValueError: an unknown model name (the message lists the available ones).
+    """
     _ensure_loaded()
     _check_name(name)
     return {k: dict(v) for k, v in _PRESETS[name].items()}
@@ -74,10 +88,20 @@ def _check_name(name: str) -> None:
 
 
 def build(name: str, dim_x: int, dim_y: int, preset: str = "paper", **overrides: Any) -> NeuralProcess:
-    """Build model ``name`` for ``dim_x`` inputs and ``dim_y`` outputs.
+    """Build a model of the family by name, with freshly initialised weights.
 
-    ``preset`` selects named architecture sizes (``"paper"``, ``"small"``,
-    ``"tiny"``); ``overrides`` set any constructor argument explicitly.
+    Args:
+        name: a registered name (:func:`available`), e.g. ``"te-pt-tnp"``.
+        dim_x: number of input dimensions ``Dx`` (e.g. 2 for rows and cols, 3 with time).
+        dim_y: number of output dimensions ``Dy`` (variables predicted jointly).
+        preset: named architecture sizes (:func:`presets`): ``"paper"``, ``"small"``, ``"tiny"``.
+        overrides: any constructor argument, set explicitly over the preset's.
+
+    Returns:
+        The model; ``model.config`` records how it was built, so :func:`save` can rebuild it.
+
+    Raises:
+        ValueError: an unknown name or preset, or an argument the model does not take.
     """
     _ensure_loaded()
     _check_name(name)
@@ -104,14 +128,34 @@ def same_model(config_a: dict[str, Any], config_b: dict[str, Any]) -> bool:
 
 
 def save(model: NeuralProcess, path: str | os.PathLike, extra: dict[str, Any] | None = None) -> None:
-    """Write ``model`` (weights + build config) to a safetensors file at ``path``."""
+    """Write a model's weights and build config to a safetensors file (no pickle).
+
+    Args:
+        model: a model made by :func:`build` (it carries its build config).
+        path: the file to write, atomically.
+        extra: more JSON-serialisable header entries (training data, scaling, provenance).
+
+    Raises:
+        ValueError: the model has no build config.
+    """
     if not getattr(model, "config", None):
         raise ValueError("model has no build config: build it with geonp.models.build(...)")
     write_checkpoint(path, dict(model.state_dict()), {"kind": "model", "model": model.config, **(extra or {})})
 
 
 def load(path: str | os.PathLike, device: str | torch.device = "cpu") -> NeuralProcess:
-    """Rebuild the model saved at ``path`` and load its weights (strictly)."""
+    """Rebuild a model saved by :func:`save` and load its weights (strictly).
+
+    Args:
+        path: the checkpoint.
+        device: where to put the weights.
+
+    Returns:
+        The model, in training mode as ``nn.Module`` starts (call ``.eval()`` to predict).
+
+    Raises:
+        ValueError: naming the file: missing, not a geonp checkpoint, or a pickle (refused).
+    """
     return load_with_meta(path, device)[0]
 
 

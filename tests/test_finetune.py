@@ -80,3 +80,25 @@ def test_own_gaps_copy_the_cubes_gaps_deterministically(tiny_checkpoint, one_thr
     # Windows under the cube's own gaps (a 10% scatter and a hole) hide fewer cells than
     # synthetic clouds of 10-70% cover do.
     assert own.mask_t.sum() < plain.mask_t.sum()
+
+
+def test_with_history_folds_fine_tuning_hides_the_cells_the_covariates_were_computed_without(tiny_checkpoint,
+                                                                                             one_thread):
+    """A field with folds (a model with history covariates, ``FIT_HISTORY_FOLDS``): every
+    fine-tuning window's targets are one fold's hidden cells, and none of them is context."""
+    import numpy as np
+
+    from geonp.data.history import history_folds
+    from geonp.fill.finetune import FieldWindows
+
+    p = plan(smooth_cube(t=6), "sst", "te-pt-tnp", checkpoint=tiny_checkpoint, device="cpu", seed=3)
+    f = p.fields[0]
+    f.folds = history_folds(f.whole(), f.valid, ["dineof"], 3)
+    for fold in f.folds:  # the covariate channel marks the hidden cells, so the inputs say which are which
+        fold.covariates = fold.hidden[None].astype(np.float32)
+    batch = FieldWindows(p.fields, p.spec, seed=5, dim_x=4, own_gaps=0.0).sample(8)
+    xt, xc = batch.xt[batch.mask_t], batch.xc[batch.mask_c]
+    for b in range(len(batch.xt)):
+        marks_t, marks_c = batch.xt[b, batch.mask_t[b], 3], batch.xc[b, batch.mask_c[b], 3]
+        assert marks_t.min() > marks_c.max()  # targets hidden, context not
+    assert len(xt) and len(xc)

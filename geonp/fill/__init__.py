@@ -22,3 +22,7 @@ FIT_WIDE_CLOUDS = 0.0
 #: run (``pipelines/results/finetune_own_gaps_*.md``): CRPS within 0.07% of plain fine-tuning on
 #: average, 90% coverage nearer 0.90 (mean distance 0.011 against 0.015).
 FIT_OWN_GAPS = 0.5
+#: For a model with history covariates: the folds of each field's stack that fine-tuning hides
+#: (:func:`geonp.data.history.history_folds`): its windows' targets are cells the covariates were
+#: computed without, as a real gap's are, the way the bundled weights were trained (``history_folds``).
+FIT_HISTORY_FOLDS = 3

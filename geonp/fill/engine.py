@@ -25,13 +25,13 @@ from geonp import __version__
 from geonp.data.cube import renamed_from
 from geonp.data.far_context import FAR_SHARE, MIN_FAR, OPENING
 from geonp.data.windows import WindowSpec, canonical, extra_indices
-from geonp.fill import FIT_STEPS
+from geonp.fill import FIT_HISTORY_FOLDS, FIT_STEPS
 from geonp.fill.blocks import BlockResult, fill_block
 from geonp.fill.field import Field, select_variables, summarise, valid_area
 from geonp.fill.layout import restore_layout
 from geonp.fill.output import WITHOUT_CONTEXT, InfillStore, block_list, output_template
 from geonp.fill.predictor import ModelChoice, choose_model
-from geonp.fill.stack import add_history, reconstruct, stack_block
+from geonp.fill.stack import add_history, add_history_folds, reconstruct, stack_block
 
 
 @dataclass
@@ -208,6 +208,9 @@ def _finetune(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None
         # another order, and a resumed run must write what an uninterrupted one would.
         p.choice.model = set_block_elems(load(saved, device=p.device), PREDICT_BLOCK_ELEMS).eval()
         return
+    if p.choice.covariates:
+        for f in p.fields:
+            add_history_folds(f, p.choice.covariates, FIT_HISTORY_FOLDS, p.seed)
     p.choice.model = finetune(p.choice.model, p.fields, p.spec, p.fit_steps, p.device, p.seed, p.elevation, say)
     if saved is not None:
         save(p.choice.model, saved, extra={"infill": {"fit_steps": p.fit_steps}})

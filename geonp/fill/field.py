@@ -49,6 +49,9 @@ class Field:
     #: What the field's history predicts at every cell, ``[P, time, rows, cols]`` float32 in the
     #: field's units, one map per covariate the model takes (:func:`geonp.data.history.history_covariates`).
     history: np.ndarray | None = dataclass_field(default=None, repr=False, compare=False)
+    #: The same covariates computed without some observed cells, for fine-tuning: a list of
+    #: :class:`geonp.data.history.HistoryFold` (empty without a history).
+    folds: list = dataclass_field(default_factory=list, repr=False, compare=False)
     #: A stack method's fill (:mod:`geonp.fill.stack`): mean and 1-sigma, each ``[time, rows, cols]``.
     stack: tuple[np.ndarray, np.ndarray] | None = dataclass_field(default=None, repr=False, compare=False)
     _pyramids: dict[int | tuple[int, int], Pyramid] = dataclass_field(default_factory=dict, repr=False,

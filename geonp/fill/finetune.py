@@ -112,13 +112,17 @@ def _draw(f: Field, spec: WindowSpec, rng: np.random.Generator, elevation: np.nd
         return tuple(slice(s, s + z) for s, z in ((int(rng.integers(0, n - z + 1)), z) for n, z in zip(f.shape, size)))
 
     key = place()
+    elev = None if elevation is None else elevation[key[1], key[2]]
     with dask.config.set(scheduler="synchronous"):
         values = np.asarray(f.data[key].values, np.float64)
+        if f.folds:  # hide the cells one fold's covariates were computed without (drawn only with folds)
+            fold = f.folds[int(rng.integers(len(f.folds)))]
+            return training_window(values, f.valid_slab(key), spec, rng, f.spread, elev,
+                                   history=fold.covariates[(slice(None), *key)], hidden=fold.hidden[key])
         donor = None
         if own_gaps > 0 and rng.random() < own_gaps:  # drawn only when asked: the stream stays as it was
             other = place()
             step = (slice(other[0].start, other[0].start + 1), *other[1:])  # one day's gaps
             donor = ~np.isfinite(np.asarray(f.data[step].values[0], np.float64)) & f.valid_slab(step)[0]
-    elev = None if elevation is None else elevation[key[1], key[2]]
     return training_window(values, f.valid_slab(key), spec, rng, f.spread, elev, wide_clouds=wide_clouds,
                            gap_donor=donor, history=None if f.history is None else f.history[(slice(None), *key)])

@@ -33,6 +33,16 @@ def add_history(field: Field, covariates: list[str], seed: int = 0) -> str:
     return f"{field.label}: {what}"
 
 
+def add_history_folds(field: Field, covariates: list[str], folds: int, seed: int = 0) -> None:
+    """Keep on ``field`` its :func:`geonp.data.history.history_folds` (for fine-tuning), when its
+    covariates are more than flat maps; ``folds`` DINEOF runs more."""
+    from geonp.data.history import history_folds
+
+    if field.history is None or field.history.strides == (0,) * field.history.ndim:
+        return  # no history (flat maps): nothing a window could learn to overtrust
+    field.folds = history_folds(field.whole(), field.valid, covariates, folds, rng=np.random.default_rng([seed, 6151]))
+
+
 def reconstruct(field: Field, name: str, seed: int = 0) -> str:
     """Run stack method ``name`` on ``field`` and keep its mean and 1-sigma on the field; returns
     a few words on what it did (for provenance).

@@ -135,3 +135,28 @@ def test_a_stack_without_history_has_none():
     assert has_history(given, None)
     given[1:] = np.nan
     assert not has_history(given, None)
+
+
+def test_analogs_learn_each_days_offset_and_scale_from_the_best_matching_days():
+    from geonp.data.analogs import analog_prediction
+
+    rng = np.random.default_rng(0)
+    v = rng.normal(size=(5, 30, 30))
+    v[3] = 2.0 * v[0] + 5.0  # day 3 is day 0 in other units; days 1, 2, 4 are unrelated noise
+    v[3, :6] = np.nan
+    v[0, 20:] = np.nan  # day 0 does not see the bottom rows
+    pred = analog_prediction(v, analogs=1)
+    np.testing.assert_allclose(pred[3, :6], 2.0 * v[0, :6] + 5.0, atol=1e-9)  # the match, mapped
+    assert np.isfinite(pred[0, 20:]).all()  # from day 3 mapped back, though day 0 never saw them
+    np.testing.assert_allclose(pred[0, 20:], (v[3, 20:] - 5.0) / 2.0, atol=1e-9)
+
+
+def test_analogs_beat_persistence_on_a_history_of_recurring_patterns():
+    from geonp.data.analogs import analog_prediction
+    from geonp.data.history import nearest_steps
+
+    truth, given = low_rank_stack(steps=20)
+    gap = np.isnan(given)
+    rmse = {name: np.sqrt(np.mean((p[gap] - truth[gap]) ** 2))
+            for name, p in (("analogs", analog_prediction(given)), ("nearest", nearest_steps(given)))}
+    assert rmse["analogs"] < 0.3 * rmse["nearest"], rmse

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from geonp.data.analogs import analog_prediction
 from geonp.data.clouds import borrow_gaps
 from geonp.metrics import distance_to_observed
 
@@ -229,7 +230,7 @@ def _sigma_by_distance(errors: np.ndarray, distance: np.ndarray) -> list[tuple[f
 #: holds the whole stack in memory (float64).
 MAX_HISTORY_CELLS = 50_000_000
 #: The covariates :func:`history_covariates` computes, by the names checkpoints record.
-HISTORY_COVARIATES = ("dineof", "nearest_steps")
+HISTORY_COVARIATES = ("dineof", "nearest_steps", "analogs")
 
 
 def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list[str] | tuple[str, ...], *,
@@ -243,7 +244,9 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
     * ``dineof``: the :func:`dineof` prediction from the stack's EOFs
       (``Reconstruction.held_out``), the recurring patterns of a long history;
     * ``nearest_steps``: the cell's value interpolated linearly in time between its nearest
-      observed steps before and after (the one there is, at an end), persistence.
+      observed steps before and after (the one there is, at an end), persistence;
+    * ``analogs``: the cell from the steps most like this one, whenever they were, each mapped by
+      the offset and scale fitted between the two days (:func:`geonp.data.analogs.analog_prediction`).
 
     A field with fewer than :data:`MIN_STEPS` steps holding observations (one scene), or above
     :data:`MAX_HISTORY_CELLS`, gets flat maps, which make a model's external drift the
@@ -277,8 +280,10 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
             out[i] = np.where(np.isfinite(rec.held_out), rec.held_out, mean)
             said.append(f"dineof ({rec.modes} modes)")
         else:
-            out[i] = np.where(np.isfinite(pred := nearest_steps(np.where(observed, values, np.nan))), pred, mean)
-            said.append("nearest_steps")
+            seen_only = np.where(observed, values, np.nan)
+            pred = nearest_steps(seen_only) if name == "nearest_steps" else analog_prediction(seen_only)
+            out[i] = np.where(np.isfinite(pred), pred, mean)
+            said.append(name)
     return out, ", ".join(said)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from geonp.data.history import HISTORY_COVARIATES
 from geonp.data.windows import WindowTask, collate_windows
 from geonp.models import build
 from geonp.models.base import NeuralProcess
@@ -29,7 +30,7 @@ from geonp.models.te_attention import set_block_elems
 #: ``--model`` names filled from a field's whole stack rather than window by window (:mod:`geonp.fill.stack`).
 STACK_METHODS = ("dineof", "kriging")
 #: Per-cell covariates infill can give a model, by the names a checkpoint's header uses.
-COVARIATES = ("dineof", "nearest_steps")
+COVARIATES = HISTORY_COVARIATES
 #: TE attention block caps for window-sized tasks, without and with autograd (see ``set_block_elems``).
 PREDICT_BLOCK_ELEMS, TRAIN_BLOCK_ELEMS = 2**22, 2**25
 

@@ -9,6 +9,8 @@
   geonp) gets those comments as its docstring.
 - Undocumented instance attributes (``self.x = ...``, dataclass fields) are left out of the
   reference: the signature or the class's ``Attributes:`` section already names them.
+- A ``Returns:`` block whose first line holds a colon gets the return annotation as its type,
+  so griffe does not split the prose at that colon.
 - An ``Args:`` entry naming several parameters at once (``low, high: the range``, geonp's habit
   for parameters that go together) becomes one entry per parameter with the shared text, so
   each parameter is checked against the signature and listed.
@@ -43,7 +45,10 @@ class GeonpDocstrings(griffe.Extension):
                 _comment_docstring(obj)
             if obj.docstring is not None:
                 text = ROLE.sub(lambda m, o=obj: self._role(o, m), obj.docstring.value)
-                obj.docstring.value = split_joint_parameters(text)
+                text = split_joint_parameters(text)
+                if obj.is_function:
+                    text = typed_returns(text, "" if obj.returns is None else str(obj.returns))
+                obj.docstring.value = text
 
     def _lookup(self, path: str) -> griffe.Object | griffe.Alias | None:
         try:
@@ -130,6 +135,27 @@ def split_joint_parameters(text: str) -> str:
             out.append(f"{match.group(1)}{name}{match.group(3) or ''}:{body[0]}")
             out.extend(body[1:])
     return "\n".join(out)
+
+
+RETURNS = re.compile(r"^(\s*)(Returns|Yields):\s*$")
+
+
+def typed_returns(text: str, annotation: str) -> str:
+    """A ``Returns:`` block written as prose whose first line holds a colon (``(mask, how): a
+    bool ...``) would be read as ``type: description`` and split there; give it the function's
+    return annotation as its type instead, so the prose stays whole."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        header = RETURNS.match(line)
+        if not header:
+            continue
+        j = i + 1
+        while j < len(lines) and not lines[j].strip():
+            j += 1
+        if j < len(lines) and ":" in lines[j] and len(lines[j]) - len(lines[j].lstrip()) > len(header.group(1)):
+            indent = lines[j][: len(lines[j]) - len(lines[j].lstrip())]
+            lines[j] = f"{indent}{annotation}: {lines[j].lstrip()}"
+    return "\n".join(lines)
 
 
 def _walk(obj: griffe.Object):

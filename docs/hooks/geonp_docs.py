@@ -14,6 +14,7 @@ so a new results file or module appears without editing ``mkdocs.yml``.
 
 from __future__ import annotations
 
+import argparse
 import io
 import os
 import re
@@ -111,12 +112,21 @@ def _help(parser) -> str:
 
 
 def cli_page() -> str:
-    import argparse
-
-    os.environ["COLUMNS"] = "100"  # argparse wraps to the terminal; the page should not depend on it
     from geonp.cli import _parser
 
-    parser = _parser()
+    # argparse wraps to the terminal's width; the page should not depend on it (and fits 80 columns)
+    columns = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "80"
+    try:
+        return _cli_markdown(_parser())
+    finally:
+        if columns is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = columns
+
+
+def _cli_markdown(parser: argparse.ArgumentParser) -> str:
     parts = ["# Command line", "",
              "Every command and option of `geonp`, as `--help` prints them (generated from the parser "
              "at build time). The [user guide](../guide/infill.md) explains what they do.", "",

@@ -91,7 +91,7 @@ class Group:
 def setup(device: torch.device) -> Group:
     """Join the process group torchrun describes (if any) and pick this rank's device.
 
-    ``device`` is the configured device (``resolve_device``); on CUDA each rank takes GPU
+    ``device`` is the configured device (:func:`geonp.device.resolve_device`); on CUDA each rank takes GPU
     ``LOCAL_RANK``. Raises ValueError (one line) when torchrun's variables are incomplete.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -43,6 +43,7 @@ import yaml
 
 from geonp.atomic import write_text_atomic
 from geonp.data.sources import make_task_source
+from geonp.device import resolve_device
 from geonp.metrics import task_log_likelihood, task_scores
 from geonp.models import build, save
 from geonp.models.base import NeuralProcess
@@ -170,17 +171,6 @@ _TYPE_WORDS = {"str": "a string", "int": "an integer", "float": "a number", "str
 def _of_type(value: Any, annotation: str) -> bool:
     kinds = _TYPES.get(str(annotation))
     return kinds is None or (isinstance(value, kinds) and not isinstance(value, bool))
-
-
-def resolve_device(device: str) -> torch.device:
-    """``auto`` -> CUDA when present else CPU; ``cuda`` without a GPU is an error."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but no CUDA GPU is available (use --device cpu or auto)")
-    if device != "cpu" and not device.startswith("cuda"):
-        raise ValueError(f"device must be auto, cpu or cuda, got {device!r}")
-    return torch.device(device)
 
 
 @dataclass

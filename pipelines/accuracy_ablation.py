@@ -40,8 +40,9 @@ from geonp.checkpoint import read_checkpoint, write_checkpoint
 from geonp.data import open_satellite
 from geonp.data.window_source import data_folder
 from geonp.data.windows import WindowSpec
+from geonp.device import resolve_device
 from geonp.evaluate import evaluate
-from geonp.train import TrainConfig, resolve_device, train
+from geonp.train import TrainConfig, train
 from pipelines.provenance import REPO, git_commit, header
 from pipelines.satellite_cv import SCENES as TEST
 

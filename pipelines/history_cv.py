@@ -33,10 +33,10 @@ import xarray as xr
 
 from geonp.data import open_satellite
 from geonp.data.window_source import data_folder
+from geonp.device import resolve_device
 from geonp.evaluate import evaluate
 from geonp.fill.predictor import bundled_checkpoint
 from geonp.skill_table import write_table
-from geonp.train import resolve_device
 from pipelines.accuracy_ablation import variant_checkpoint
 from pipelines.provenance import REPO, git_commit, header
 from pipelines.satellite_cv import _earlier, keep_earlier

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
+from geonp.device import resolve_device
 from geonp.models import build
-from geonp.train import resolve_device
 from pipelines.provenance import header
 
 MODES = ("forward (no grad)", "forward + backward")

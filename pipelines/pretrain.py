@@ -23,7 +23,8 @@ import torch
 import yaml
 
 from geonp.checkpoint import read_checkpoint
-from geonp.train import TrainConfig, resolve_device, train
+from geonp.device import resolve_device
+from geonp.train import TrainConfig, train
 from pipelines.accuracy_ablation import variant_checkpoint
 from pipelines.provenance import REPO, git_commit, header
 

@@ -28,9 +28,9 @@ import torch
 
 from geonp.data import open_satellite
 from geonp.data.window_source import data_folder
+from geonp.device import resolve_device
 from geonp.evaluate import evaluate
 from geonp.skill_table import write_table
-from geonp.train import resolve_device
 from pipelines.provenance import REPO, git_commit, header
 
 #: name -> (file under the data folder, variable, open_satellite keywords, crop as isel keywords)

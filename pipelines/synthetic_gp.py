@@ -28,9 +28,10 @@ from pathlib import Path
 import torch
 
 from geonp.data.synthetic import fixed_tasks, make_generator
+from geonp.device import resolve_device
 from geonp.metrics import mean_and_stderr, task_scores
 from geonp.models import build
-from geonp.train import TrainConfig, resolve_device, train
+from geonp.train import TrainConfig, train
 from pipelines.provenance import git_commit, header
 
 SHIFTS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)

@@ -11,8 +11,9 @@ import yaml
 from geonp.checkpoint import read_checkpoint
 from geonp.data.normalise import Normaliser
 from geonp.data.synthetic import fixed_tasks, make_generator
+from geonp.device import resolve_device
 from geonp.models import load
-from geonp.train import TrainConfig, evaluate_nll, resolve_device, train
+from geonp.train import TrainConfig, evaluate_nll, train
 
 
 def config(tmp_path, **kw) -> TrainConfig:

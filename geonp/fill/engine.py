@@ -25,6 +25,7 @@ from geonp import __version__
 from geonp.data.cube import renamed_from
 from geonp.data.far_context import FAR_SHARE, MIN_FAR, OPENING
 from geonp.data.windows import WindowSpec, canonical, extra_indices
+from geonp.device import resolve_device
 from geonp.fill import FIT_HISTORY_FOLDS, FIT_STEPS
 from geonp.fill.blocks import BlockResult, fill_block
 from geonp.fill.field import Field, select_variables, summarise, valid_area
@@ -118,8 +119,6 @@ def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = 
          device: str = "auto", batch_size: int = 16, seed: int = 0, fit_steps: int = FIT_STEPS,
          source: str = "the input", command: str | None = None) -> Plan:
     """Check the request against the cube and load the model; raises ValueError with one line."""
-    from geonp.train import resolve_device
-
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
     if fit_steps < 0:

@@ -13,9 +13,9 @@ import torch
 from torch.distributions import Normal
 
 from geonp.models.base import NeuralProcess
+from geonp.models.catalog import register
 from geonp.models.layers import mlp
 from geonp.models.likelihood import GaussianHead
-from geonp.models.registry import register
 
 _SIZES = {"small": {"dim_model": 64}, "tiny": {"dim_model": 32}}
 

@@ -38,9 +38,9 @@ from torch import nn
 from torch.distributions import Normal
 
 from geonp.models.base import NeuralProcess
+from geonp.models.catalog import register
 from geonp.models.layers import mlp
 from geonp.models.likelihood import GaussianHead
-from geonp.models.registry import register
 from geonp.models.setconv import (
     density_channels,
     grid_to_points,

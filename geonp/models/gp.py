@@ -26,7 +26,7 @@ from linear_operator.utils.errors import NotPSDError
 from torch.distributions import Normal
 
 from geonp.models.base import NeuralProcess
-from geonp.models.registry import register
+from geonp.models.catalog import register
 
 # Above gpytorch's default (800) it switches to conjugate gradients with random
 # probe vectors, which is approximate and non-deterministic; always use Cholesky.

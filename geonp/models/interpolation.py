@@ -27,7 +27,7 @@ from scipy.spatial import Delaunay, QhullError, cKDTree
 from torch.distributions import Normal
 
 from geonp.models.base import NeuralProcess
-from geonp.models.registry import register
+from geonp.models.catalog import register
 
 try:  # optional: lets predict keep BLAS to one thread (see there)
     from threadpoolctl import threadpool_limits

@@ -18,8 +18,8 @@ import numpy as np
 from scipy.optimize import least_squares
 from scipy.spatial.distance import pdist, squareform
 
+from geonp.models.catalog import register
 from geonp.models.interpolation import SpatialInterpolator, check_int, sigma_floor, spread
-from geonp.models.registry import register
 
 _MIN_NUGGET = 1e-4  # standardised; without a nugget, Gaussian variograms give singular kriging systems
 VARIOGRAM_MODELS = ("exponential", "spherical", "gaussian", "linear")

@@ -10,42 +10,20 @@ the model from that header and never unpickles anything.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from geonp.checkpoint import read_checkpoint, write_checkpoint
 from geonp.models.base import NeuralProcess
+from geonp.models.catalog import MODELS, PRESETS
 
 #: Build arguments that change how a model computes, not what it computes (memory knobs):
 #: checkpoints that differ only in these describe the same model.
 RUNTIME_KEYS = frozenset({"max_block_elems"})
 
-_MODELS: dict[str, type[NeuralProcess]] = {}
-_PRESETS: dict[str, dict[str, dict[str, Any]]] = {}
-
-
-def register(name: str, presets: dict[str, dict[str, Any]] | None = None) -> Callable[[type], type]:
-    """Class decorator: make a model buildable as ``build(name, ...)``.
-
-    ``presets`` maps a preset name to keyword overrides; ``"paper"`` is always the
-    class defaults (the TE-TNP paper's appendix F sizes).
-    """
-
-    def add(cls: type[NeuralProcess]) -> type[NeuralProcess]:
-        if name in _MODELS:
-            raise ValueError(f"model name {name!r} registered twice")
-        _MODELS[name] = cls
-        _PRESETS[name] = {"paper": {}, **(presets or {})}
-        cls.registry_name = name
-        return cls
-
-    return add
-
-
 def _ensure_loaded() -> None:
-    # Importing the model modules runs their @register decorators.
+    """Import the model modules, which runs their ``@register`` decorators (:mod:`geonp.models.catalog`)."""
     import geonp.models.baselines  # noqa: F401
     import geonp.models.convcnp  # noqa: F401
     import geonp.models.gp  # noqa: F401
@@ -62,7 +40,7 @@ def available() -> list[str]:
         The registered names, sorted.
     """
     _ensure_loaded()
-    return sorted(_MODELS)
+    return sorted(MODELS)
 
 
 def presets(name: str) -> dict[str, dict[str, Any]]:
@@ -79,12 +57,12 @@ def presets(name: str) -> dict[str, dict[str, Any]]:
     """
     _ensure_loaded()
     _check_name(name)
-    return {k: dict(v) for k, v in _PRESETS[name].items()}
+    return {k: dict(v) for k, v in PRESETS[name].items()}
 
 
 def _check_name(name: str) -> None:
-    if name not in _MODELS:
-        raise ValueError(f"unknown model name {name!r}; available: {', '.join(sorted(_MODELS))}")
+    if name not in MODELS:
+        raise ValueError(f"unknown model name {name!r}; available: {', '.join(sorted(MODELS))}")
 
 
 def build(name: str, dim_x: int, dim_y: int, preset: str = "paper", **overrides: Any) -> NeuralProcess:
@@ -105,10 +83,10 @@ def build(name: str, dim_x: int, dim_y: int, preset: str = "paper", **overrides:
     """
     _ensure_loaded()
     _check_name(name)
-    if preset not in _PRESETS[name]:
-        raise ValueError(f"unknown preset {preset!r} for model {name!r}; available: {', '.join(_PRESETS[name])}")
-    kwargs = {**_PRESETS[name][preset], **overrides}
-    cls = _MODELS[name]
+    if preset not in PRESETS[name]:
+        raise ValueError(f"unknown preset {preset!r} for model {name!r}; available: {', '.join(PRESETS[name])}")
+    kwargs = {**PRESETS[name][preset], **overrides}
+    cls = MODELS[name]
     try:
         model = cls(dim_x=dim_x, dim_y=dim_y, **kwargs)
     except TypeError as err:

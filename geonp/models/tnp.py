@@ -28,11 +28,11 @@ from torch.distributions import Normal
 
 from geonp.models.attention import AttentionBlock
 from geonp.models.base import NeuralProcess
+from geonp.models.catalog import register
 from geonp.models.layers import mlp
 from geonp.models.likelihood import GaussianHead
 from geonp.models.local_attention import TELocalAttentionBlock, nearest_neighbours
 from geonp.models.local_kriging import LocalKriging
-from geonp.models.registry import register
 from geonp.models.te_attention import DEFAULT_BLOCK_ELEMS, TEAttentionBlock
 
 _SIZES = {

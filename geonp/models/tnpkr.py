@@ -43,9 +43,9 @@ from torch.distributions import Normal
 
 from geonp.models.attention import MultiHeadAttention
 from geonp.models.base import NeuralProcess
+from geonp.models.catalog import register
 from geonp.models.favor import DEFAULT_NUM_FEATURES, FavorAttention, KeySummary
 from geonp.models.likelihood import GaussianHead
-from geonp.models.registry import register
 from geonp.models.tnp import _SIZES
 
 #: Default cap on the elements of one block of per-row work in ``tnp-kr-fast``

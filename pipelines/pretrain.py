@@ -84,6 +84,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="*", default=None, help="model names (default: every bundled config)")
     parser.add_argument("--export-only", action="store_true", help="export finished runs without training")
+    parser.add_argument("--trained-at", default=None, metavar="COMMIT",
+                        help="with --export-only: the commit a run copied from elsewhere was trained at")
     args = parser.parse_args()
     device = resolve_device("auto")
     results = REPO / "pipelines" / "results" / f"pretrain_{device.type}.json"
@@ -91,7 +93,7 @@ def main() -> None:
     rows = []
     for path in _configs(args.models):
         name = yaml.safe_load(path.read_text())["model"]
-        rows.append(_run(path, args.export_only, old.get(name, {}).get("commit")))
+        rows.append(_run(path, args.export_only, args.trained_at or old.get(name, {}).get("commit")))
     merged = old | {r["model"]: r for r in rows}
     budget = "per config: its steps and time_budget_s (see the config files)"
     text = header("Bundled weights (geonp/weights)", device, budget,

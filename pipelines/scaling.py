@@ -30,9 +30,8 @@ import psutil
 import torch
 
 from geonp.device import resolve_device
-from geonp.fill.predictor import PREDICT_BLOCK_ELEMS
 from geonp.models import build
-from geonp.models.te_attention import set_block_elems
+from geonp.models.te_attention import PREDICT_BLOCK_ELEMS, set_block_elems
 from pipelines.memory import high_water
 from pipelines.provenance import header
 

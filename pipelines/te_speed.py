@@ -24,9 +24,8 @@ from pathlib import Path
 import torch
 
 from geonp.data.window_source import WindowSource
-from geonp.fill.predictor import PREDICT_BLOCK_ELEMS
 from geonp.models import build
-from geonp.models.te_attention import TEAttention, set_block_elems
+from geonp.models.te_attention import PREDICT_BLOCK_ELEMS, TRAIN_BLOCK_ELEMS, TEAttention, set_block_elems
 from pipelines.provenance import REPO, header
 
 #: (label, model name, build keywords): the bundled te-pt-tnp and its local-attention variant.
@@ -74,7 +73,6 @@ def time_infill(model: torch.nn.Module, data: list) -> float:
 #: (label, fast path, fused kernel): the direct form, the Python fast path (split first layer of
 #: rho, row blocks recomputed in backward), and the fused kernel.
 FORMS = [("reference", False, False), ("fast", True, False), ("fused", True, True)]
-TRAIN_BLOCK_ELEMS = 2**25  # the Python forms' training block cap (the fused kernel has none)
 
 #: (label, model name, build keywords): models with standard attention on the same tasks.
 PEERS = [("tnp (TNP-D) tiny", "tnp", {"preset": "tiny"}), ("pt-tnp tiny", "pt-tnp", {"preset": "tiny"})]

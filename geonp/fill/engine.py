@@ -197,15 +197,13 @@ def _finetune(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None
     if p.fit_steps == 0 or p.choice.model is None or not p.choice.model.trainable or all(f.gaps == 0 for f in p.fields):
         return
     from geonp.fill.finetune import finetune
-    from geonp.fill.predictor import PREDICT_BLOCK_ELEMS
     from geonp.models import load, save
-    from geonp.models.te_attention import set_block_elems
 
     saved = None if store_dir is None else store_dir / "geonp_fitted_model.safetensors"
     if saved is not None and saved.exists():
         # The same attention blocking as the fine-tuned model had: another blocking sums in
         # another order, and a resumed run must write what an uninterrupted one would.
-        p.choice.model = set_block_elems(load(saved, device=p.device), PREDICT_BLOCK_ELEMS).eval()
+        p.choice.model = load(saved, device=p.device).for_prediction()
         return
     if p.choice.covariates:
         for f in p.fields:

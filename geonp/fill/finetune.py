@@ -21,9 +21,7 @@ from geonp.data.batch import Batch
 from geonp.data.windows import WindowSpec, WindowTask, collate_windows, training_window
 from geonp.fill import FIT_LR, FIT_OWN_GAPS, FIT_WIDE_CLOUDS
 from geonp.fill.field import Field
-from geonp.fill.predictor import PREDICT_BLOCK_ELEMS, TRAIN_BLOCK_ELEMS
 from geonp.models.base import NeuralProcess
-from geonp.models.te_attention import set_block_elems
 
 
 class FieldWindows:
@@ -97,10 +95,10 @@ def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, steps:
     cfg = TrainConfig(model=model.registry_name, out_dir=None, steps=steps, batch_size=batch_size, lr=lr,
                       weight_decay=0.0, clip_grad_norm=1.0, val_tasks=0, seed=seed, val_seed=seed + 1,
                       device=str(device), log_every=every)
-    start = set_block_elems(copy.deepcopy(model), TRAIN_BLOCK_ELEMS)
+    start = copy.deepcopy(model).for_training()
     source = FieldWindows(fields, spec, seed, model.dim_x, elevation, wide_clouds, own_gaps)
     tuned = train(cfg, progress=False, model=start, source=source, on_step=step_done).model
-    return set_block_elems(tuned.eval(), PREDICT_BLOCK_ELEMS)
+    return tuned.for_prediction()
 
 
 def _draw(f: Field, spec: WindowSpec, rng: np.random.Generator, elevation: np.ndarray | None,

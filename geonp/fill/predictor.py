@@ -25,14 +25,11 @@ from geonp.data.windows import WindowTask, collate_windows
 from geonp.models import build
 from geonp.models.base import NeuralProcess
 from geonp.models.registry import available, load_with_meta
-from geonp.models.te_attention import set_block_elems
 
 #: ``--model`` names filled from a field's whole stack rather than window by window (:mod:`geonp.fill.stack`).
 STACK_METHODS = ("dineof", "kriging")
 #: Per-cell covariates infill can give a model, by the names a checkpoint's header uses.
 COVARIATES = HISTORY_COVARIATES
-#: TE attention block caps for window-sized tasks, without and with autograd (see ``set_block_elems``).
-PREDICT_BLOCK_ELEMS, TRAIN_BLOCK_ELEMS = 2**22, 2**25
 
 
 @dataclass
@@ -126,7 +123,7 @@ def choose_model(name: str, checkpoint: str | Path | None = None, elevation: boo
     if elevation and not takes_elevation:
         raise ValueError(f"--elevation: model {name!r} ({path.name}) was trained without elevation; drop "
                          "--elevation or pass a checkpoint trained with it")
-    model = set_block_elems(model, PREDICT_BLOCK_ELEMS).eval()
+    model = model.for_prediction()
     return ModelChoice(name, model, path, file_sha256(path), scaling, takes_elevation, covariates)
 
 

@@ -76,6 +76,22 @@ class NeuralProcess(nn.Module):
         xc, yc, xt, mask_c, mask_t = check_inputs(self, xc, yc, xt, mask_c, mask_t)
         return self.predict(xc, yc, xt, mask_c, mask_t)
 
+    def for_prediction(self) -> NeuralProcess:
+        """This model in eval mode with its attention blocked for no-grad forwards of window-sized
+        tasks (:data:`geonp.models.te_attention.PREDICT_BLOCK_ELEMS`); returns it. A runtime
+        setting, not a weight; the blocking fixes the summation order, so a resumed infill that
+        calls this again writes what an uninterrupted one would."""
+        from geonp.models.te_attention import PREDICT_BLOCK_ELEMS, set_block_elems
+
+        return set_block_elems(self, PREDICT_BLOCK_ELEMS).eval()
+
+    def for_training(self) -> NeuralProcess:
+        """This model in training mode with its attention blocked for forwards with autograd
+        (:data:`geonp.models.te_attention.TRAIN_BLOCK_ELEMS`); returns it."""
+        from geonp.models.te_attention import TRAIN_BLOCK_ELEMS, set_block_elems
+
+        return set_block_elems(self, TRAIN_BLOCK_ELEMS).train()
+
     def predict(
         self, xc: torch.Tensor, yc: torch.Tensor, xt: torch.Tensor, mask_c: torch.Tensor, mask_t: torch.Tensor
     ) -> Normal:  # pragma: no cover - abstract

@@ -78,16 +78,24 @@ class NeuralProcess(nn.Module):
 
     def for_prediction(self) -> NeuralProcess:
         """This model in eval mode with its attention blocked for no-grad forwards of window-sized
-        tasks (:data:`geonp.models.te_attention.PREDICT_BLOCK_ELEMS`); returns it. A runtime
+        tasks (:data:`geonp.models.te_attention.PREDICT_BLOCK_ELEMS`). A runtime
         setting, not a weight; the blocking fixes the summation order, so a resumed infill that
-        calls this again writes what an uninterrupted one would."""
+        calls this again writes what an uninterrupted one would.
+
+        Returns:
+            the model itself.
+        """
         from geonp.models.te_attention import PREDICT_BLOCK_ELEMS, set_block_elems
 
         return set_block_elems(self, PREDICT_BLOCK_ELEMS).eval()
 
     def for_training(self) -> NeuralProcess:
         """This model in training mode with its attention blocked for forwards with autograd
-        (:data:`geonp.models.te_attention.TRAIN_BLOCK_ELEMS`); returns it."""
+        (:data:`geonp.models.te_attention.TRAIN_BLOCK_ELEMS`).
+
+        Returns:
+            the model itself.
+        """
         from geonp.models.te_attention import TRAIN_BLOCK_ELEMS, set_block_elems
 
         return set_block_elems(self, TRAIN_BLOCK_ELEMS).train()

@@ -54,9 +54,11 @@ from geonp.models.layers import mlp
 
 #: Default cap on hidden activations alive at once (elements; 2**24 floats = 64 MiB).
 DEFAULT_BLOCK_ELEMS = 2**24
-#: Block caps for window-sized tasks, without and with autograd (see :func:`set_block_elems`): what
-#: :meth:`geonp.models.base.NeuralProcess.for_prediction` and ``for_training`` set.
-PREDICT_BLOCK_ELEMS, TRAIN_BLOCK_ELEMS = 2**22, 2**25
+#: Block cap for window-sized tasks without autograd (see :func:`set_block_elems`), what
+#: :meth:`geonp.models.base.NeuralProcess.for_prediction` sets.
+PREDICT_BLOCK_ELEMS = 2**22
+#: Block cap for window-sized tasks with autograd, what ``NeuralProcess.for_training`` sets.
+TRAIN_BLOCK_ELEMS = 2**25
 _KEY_BLOCK = 512
 _SAVED_PER_PAIR = 10  # kernel-MLP activations (in units of the hidden width) kept per pair for backward
 _NEG = -1e30  # finite "minus infinity" so fully padded key blocks never give inf - inf

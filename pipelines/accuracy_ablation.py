@@ -16,7 +16,7 @@ model without weights. Runs live in
 
 The split (stated in the README): *test* = the cells ``pipelines/satellite_cv.py`` hides (seed
 0 on its three crops; the whole crops are excluded from training); *validation* = other crops of
-the same products (``VALIDATION`` below, seed 1), also excluded from training; the MODIS LST
+the same products (``VALIDATION``, ``pipelines/scenes.yaml``, seed 1), also excluded from training; the MODIS LST
 scene is never trained on. Variants are compared on the validation columns; the test columns
 are reported once per variant, never used to choose.
 
@@ -44,32 +44,12 @@ from geonp.device import resolve_device
 from geonp.evaluate import evaluate
 from geonp.train import TrainConfig, train
 from pipelines.provenance import REPO, git_commit, header
-from pipelines.satellite_cv import SCENES as TEST
+from pipelines.scenes import TEST, VALIDATION
 
 CONFIGS = REPO / "pipelines" / "configs" / "accuracy"
 RESULTS = REPO / "pipelines" / "results" / "accuracy_ablation.md"
 #: name -> (file, variable, open_satellite keywords, crop): parts of the satellite_cv products
 #: that neither training nor the test crops touch.
-VALIDATION = {
-    "alboran": ("satellite/alboran_sst_avhrr_2017-05.nc", "SST", {"valid_mask": "mask"},
-                {"time": slice(6, 10), "lon": slice(0, 150)}),
-    "olci": ("satellite/olci_chl_north_sea_2017-01.zarr", "conc_chl", {},
-             {"lat": slice(600, 800), "lon": slice(1100, 1400)}),
-    "modis": ("satellite/modis_lst_brazil_2019-11-01.nc", "LST_Day_1km", {},
-              {"y": slice(600, 800), "x": slice(0, 300)}),
-}
-#: Rows, cols of a further validation crop: the size of satellite_cv's MODIS and OLCI crops.
-CROP_SIZE = (200, 300)
-#: Top-left cells of the further validation crops, where one crop per product left a choice open:
-#: MODIS LST (never trained on) and OLCI inside the box its training excludes; none touches a test
-#: crop (``pipelines.more_crops`` checks such boxes).
-MORE_CORNERS = {"modis": [(400, 0), (600, 300), (800, 300), (1000, 300)], "olci": [(600, 800), (400, 1100)]}
-#: Those crops as ``VALIDATION`` entries, named ``scene@row:col``.
-MORE_VALIDATION = {
-    f"{scene}@{r}:{c}": (*VALIDATION[scene][:3], {rows: slice(r, r + CROP_SIZE[0]), cols: slice(c, c + CROP_SIZE[1])})
-    for scene, (rows, cols) in (("modis", ("y", "x")), ("olci", ("lat", "lon")))
-    for r, c in MORE_CORNERS[scene]
-}
 SPLITS = {"val": (VALIDATION, 1), "test": (TEST, 0)}
 
 

@@ -37,8 +37,8 @@ from geonp.evaluate import evaluate, hide_cells, static_valid_area
 from geonp.fill.engine import plan
 from geonp.fill.finetune import finetune
 from geonp.models import save
-from pipelines.accuracy_ablation import MORE_VALIDATION, VALIDATION
 from pipelines.provenance import REPO, git_commit, header
+from pipelines.scenes import MORE_VALIDATION, VALIDATION
 
 SEED = 1  # the validation split's seed in the accuracy ablation
 CROPS = {**VALIDATION, **MORE_VALIDATION}

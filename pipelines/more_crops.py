@@ -22,10 +22,10 @@ import torch
 from geonp.data import open_satellite
 from geonp.data.window_source import data_folder
 from geonp.evaluate import evaluate
-from pipelines.accuracy_ablation import CROP_SIZE as SIZE
-from pipelines.accuracy_ablation import MORE_CORNERS
 from pipelines.provenance import REPO, header
-from pipelines.satellite_cv import SCENES
+from pipelines.scenes import CROP_SIZE as SIZE
+from pipelines.scenes import MORE_CORNERS
+from pipelines.scenes import TEST as SCENES
 
 SEED = 1  # the validation seed of the accuracy ablation
 DEFAULT_WEIGHTS = {"bundled": "geonp/weights/te-pt-tnp.safetensors",

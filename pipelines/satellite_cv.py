@@ -32,16 +32,9 @@ from geonp.device import resolve_device
 from geonp.evaluate import evaluate
 from geonp.skill_table import write_table
 from pipelines.provenance import REPO, git_commit, header
+from pipelines.scenes import TEST as SCENES
 
 #: name -> (file under the data folder, variable, open_satellite keywords, crop as isel keywords)
-SCENES = {
-    "alboran": ("satellite/alboran_sst_avhrr_2017-05.nc", "SST", {"valid_mask": "mask"},
-                {"time": slice(0, 6)}),
-    "olci": ("satellite/olci_chl_north_sea_2017-01.zarr", "conc_chl", {},
-             {"lat": slice(400, 600), "lon": slice(800, 1100)}),
-    "modis": ("satellite/modis_lst_brazil_2019-11-01.nc", "LST_Day_1km", {},
-              {"y": slice(800, 1000), "x": slice(0, 300)}),
-}
 MODELS = ["te-pt-tnp", "te-tnp", "convcnp", "tnp-kr", "tnp-kr-fast", "tnp", "pt-tnp", "cnp", "rcnp", "gp",
           "linear", "kriging"]
 

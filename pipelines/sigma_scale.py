@@ -31,7 +31,7 @@ from geonp.fill.engine import infill, plan
 from geonp.fill.finetune import FieldWindows
 from geonp.metrics import DISTANCE_BINS, binned_coverage
 from pipelines.provenance import REPO, header
-from pipelines.satellite_cv import SCENES
+from pipelines.scenes import TEST as SCENES
 
 RESULTS = REPO / "pipelines" / "results" / "sigma_scale.md"
 

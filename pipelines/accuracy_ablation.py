@@ -36,13 +36,13 @@ from typing import Any
 import torch
 import yaml
 
-from geonp.checkpoint import read_checkpoint, write_checkpoint
 from geonp.data import open_satellite
 from geonp.data.window_source import data_folder
 from geonp.data.windows import WindowSpec
 from geonp.device import resolve_device
 from geonp.evaluate import evaluate
 from geonp.train import TrainConfig, train
+from pipelines.checkpoint_variants import variant_checkpoint
 from pipelines.provenance import REPO, git_commit, header
 from pipelines.scenes import TEST, VALIDATION
 
@@ -81,33 +81,6 @@ def forced_mean(checkpoint: Path, mean: str, out: Path) -> Path:
     """A copy of a gated local-kriging checkpoint whose mean is the kriging mean alone (``mean:
     kriging``) or the decoder's alone (``decoder``): the gate's weights zeroed, its bias +-30."""
     return variant_checkpoint(checkpoint, out, mean=mean)
-
-
-def variant_checkpoint(checkpoint: Path, out: Path, mean: str | None = None,
-                       model_args: dict[str, Any] | None = None, covariates: list[str] | None = None) -> Path:
-    """A copy of ``checkpoint`` changed at inference only, same trained weights: ``mean`` pins a
-    gated local-kriging model's gate (see :func:`forced_mean`); ``model_args`` replaces
-    architecture arguments that hold no weights (e.g. ``kriging_neighbours``); ``covariates``
-    (te-pt-tnp with a local kriging head) adds history covariates to the kriging drift, which
-    holds no weight either: one more input each, recorded in the ``infill`` header so infill
-    computes them (:func:`geonp.data.history.history_covariates`)."""
-    tensors, meta = read_checkpoint(checkpoint)
-    if covariates:
-        meta = copy.deepcopy(meta)
-        had = len(meta["infill"].get("covariates", []))
-        meta["model"]["dim_x"] += len(covariates) - had
-        meta["model"]["kwargs"]["kriging_covariates"] = len(covariates)
-        meta["infill"]["covariates"] = list(covariates)
-    if mean is not None:
-        if "kriging_gate.bias" not in tensors:
-            raise SystemExit(f"{checkpoint}: no kriging gate to force (mean: {mean})")
-        tensors["kriging_gate.weight"] = torch.zeros_like(tensors["kriging_gate.weight"])
-        tensors["kriging_gate.bias"] = torch.full_like(tensors["kriging_gate.bias"],
-                                                       30.0 if mean == "kriging" else -30.0)
-    if model_args:
-        meta = copy.deepcopy(meta)
-        meta["model"]["kwargs"].update(model_args)
-    return write_checkpoint(out, tensors, meta)
 
 
 def checkpoint_of(name: str, v: dict) -> tuple[str | None, dict]:

@@ -37,7 +37,7 @@ from geonp.device import resolve_device
 from geonp.evaluate import evaluate
 from geonp.fill.predictor import bundled_checkpoint
 from geonp.skill_table import write_table
-from pipelines.accuracy_ablation import variant_checkpoint
+from pipelines.checkpoint_variants import variant_checkpoint
 from pipelines.provenance import REPO, git_commit, header
 from pipelines.satellite_cv import _earlier, keep_earlier
 

@@ -25,7 +25,7 @@ import yaml
 from geonp.checkpoint import read_checkpoint
 from geonp.device import resolve_device
 from geonp.train import TrainConfig, train
-from pipelines.accuracy_ablation import variant_checkpoint
+from pipelines.checkpoint_variants import variant_checkpoint
 from pipelines.provenance import REPO, git_commit, header
 
 CONFIGS = REPO / "pipelines" / "configs" / "bundled"

@@ -94,6 +94,7 @@ def test_with_history_folds_fine_tuning_hides_the_cells_the_covariates_were_comp
     p = plan(smooth_cube(t=6), "sst", "te-pt-tnp", checkpoint=tiny_checkpoint, device="cpu", seed=3)
     f = p.fields[0]
     f.folds = history_folds(f.whole(), f.valid, ["dineof"], 3)
+    assert len(f.folds) == 3
     for fold in f.folds:  # the covariate channel marks the hidden cells, so the inputs say which are which
         fold.covariates = fold.hidden[None].astype(np.float32)
     batch = FieldWindows(p.fields, p.spec, seed=5, dim_x=4, own_gaps=0.0).sample(8)

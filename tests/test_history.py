@@ -160,3 +160,37 @@ def test_analogs_beat_persistence_on_a_history_of_recurring_patterns():
     rmse = {name: np.sqrt(np.mean((p[gap] - truth[gap]) ** 2))
             for name, p in (("analogs", analog_prediction(given)), ("nearest", nearest_steps(given)))}
     assert rmse["analogs"] < 0.3 * rmse["nearest"], rmse
+
+
+def test_analogs_ignore_a_day_that_is_flat_where_they_meet():
+    """A step constant over the cells it shares with another (sea ice, a saturated product) has a
+    variance of rounding error: it predicts nothing, rather than noise over noise."""
+    from geonp.data.analogs import analog_prediction
+
+    for seed in range(30):
+        rng = np.random.default_rng(seed)
+        v = rng.normal(size=(3, 20, 20))
+        v[1, :10] = v[1, 10:].mean() + 1e-3  # flat where day 0 is observed
+        v[0, 10:] = np.nan
+        v[2] = np.nan
+        pred = analog_prediction(v, min_common=50)
+        assert not np.isfinite(pred[0, 10:]).any(), seed
+
+
+def test_analogs_do_not_depend_on_units():
+    from geonp.data.analogs import analog_prediction
+
+    truth, given = low_rank_stack(steps=12, rows=30, cols=34)
+    base = analog_prediction(given - 20)
+    small = analog_prediction((given - 20) * 1e-7) / 1e-7
+    np.testing.assert_allclose(small, base, rtol=1e-6, atol=1e-8)
+
+
+def test_a_stack_without_history_gets_one_fold_that_hides_nothing():
+    from geonp.data.history import history_folds
+
+    _, given = low_rank_stack(steps=2, rows=10, cols=12)
+    (fold,) = history_folds(given, None, ["dineof"], 3)
+    assert not fold.hidden.any() and fold.covariates.strides == (0, 0, 0, 0)
+    with pytest.raises(ValueError, match="at least 1"):
+        history_folds(given, None, ["dineof"], 0)

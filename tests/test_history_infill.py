@@ -187,3 +187,27 @@ def test_far_points_carry_the_covariates_mean_over_their_own_cells(kriging_check
 
     maps, _ = history_covariates(given, None, ["dineof"])
     assert all(maps.min() - 1e-4 <= s.min() and s.max() <= maps.max() + 1e-4 for s in seen)
+
+
+def test_fold_fine_tuning_when_asked_runs_and_leaves_no_folds_behind(kriging_checkpoints, monkeypatch):
+    """``geonp.fill.FIT_HISTORY_FOLDS`` (off by default) is read when fine-tuning starts; the
+    folds serve fine-tuning only and are dropped before the blocks are filled."""
+    import geonp.fill
+    import geonp.fill.finetune
+    from geonp.fill.engine import plan
+
+    _, drift = kriging_checkpoints
+    truth, given = low_rank_stack(steps=6, rows=20, cols=22)
+    ds = stack_dataset(truth, given)
+    seen = []
+    real = geonp.fill.finetune.finetune
+    monkeypatch.setattr(geonp.fill.finetune, "finetune",
+                        lambda model, fields, *a, **k: seen.append(len(fields[0].folds)) or real(model, fields, *a, **k))
+    monkeypatch.setattr(geonp.fill, "FIT_HISTORY_FOLDS", 3)
+    from geonp.fill.engine import _finetune
+
+    p = plan(ds, "v", "te-pt-tnp", checkpoint=drift, fit_steps=2, device="cpu")
+    _finetune(p, None, None)
+    assert seen == [3] and all(f.folds == [] for f in p.fields)
+    out = geonp.infill(ds, "v", model="te-pt-tnp", checkpoint=drift, fit_steps=2)
+    assert np.isfinite(out["v"].values).all()

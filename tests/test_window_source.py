@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 import xarray as xr
 from conftest import real_file
 
@@ -175,15 +176,16 @@ def test_a_history_fold_sets_the_targets_and_keeps_its_hidden_cells_out_of_the_c
     from geonp.data.history import history_folds
 
     values, valid = _history(t=9)
-    fold = history_folds(values, valid, ["dineof"], 3)[1]
+    folds = history_folds(values, valid, ["dineof"], 3)
     spec = WindowSpec(core=(1, 16, 16), overlap=(0, 4, 4), halo=(2, 6, 6))
-    # The covariate channel marks the hidden cells (1) and the rest (0), so the task's inputs say
-    # which cells became targets and context.
-    marks = fold.hidden[None].astype(np.float32)
+    # The covariate channel marks the fold's hidden cells (1) and the rest (0), so the task's
+    # inputs say which cells became targets and context.
+    for fold in folds:
+        fold.covariates = fold.hidden[None].astype(np.float32)
     rng = np.random.default_rng(0)
     made = 0
     for _ in range(60):
-        task = training_window(values, valid, spec, rng, 1.0, history=marks, hidden=fold.hidden)
+        task = training_window(values, valid, spec, rng, 1.0, folds=folds)
         if task is None:
             continue
         made += 1
@@ -191,7 +193,7 @@ def test_a_history_fold_sets_the_targets_and_keeps_its_hidden_cells_out_of_the_c
         assert np.ptp(task.xt[:, 3]) == 0 and np.ptp(task.xc[:, 3]) == 0  # every target hidden, no context
         assert task.xt[0, 3] > task.xc[0, 3]
         assert np.unique(task.xc[:, 0]).size > 1  # the other steps are context
-    assert made >= 5
+    assert made >= 20  # the fold of the window's own step: most placements give a task
 
 
 def test_history_folds_are_computed_only_for_fields_with_a_history(tmp_path):
@@ -207,7 +209,24 @@ def test_history_folds_are_computed_only_for_fields_with_a_history(tmp_path):
                        window={"core": [1, 16, 16], "overlap": [0, 4, 4], "halo": [2, 6, 6]})
     (stack_folds, scene_folds) = (f[4] for f in src.fields)
     assert len(stack_folds) == 2 and scene_folds == []
+    # Windows of a field with folds are retried on that field, so the stack keeps its share of
+    # the windows beside the single scene (a stack's window has context on several steps).
+    plain = WindowSource(files=[{"path": str(tmp_path / "stack.nc"), "variable": "v"},
+                                {"path": str(tmp_path / "scene.nc"), "variable": "v"}],
+                         synthetic=0.0, covariates=["dineof"],
+                         window={"core": [1, 16, 16], "overlap": [0, 4, 4], "halo": [2, 6, 6]})
+
+    def stack_share(source):
+        rng = np.random.default_rng(3)
+        return np.mean([np.unique(source._window(rng, source.fields, 0.0).xc[:, 0]).size > 1 for _ in range(60)])
+
+    assert abs(stack_share(src) - stack_share(plain)) < 0.2
     import torch
 
     batch = src.sample(4, torch.Generator().manual_seed(0))
     assert batch.xc.shape[-1] == 4  # time, row, col and the dineof covariate
+    for bad, why in ((2.5, "whole number"), (-1, "whole number"), ("3", "whole number")):
+        with pytest.raises(ValueError, match=f"data.history_folds must be a {why}"):
+            WindowSource(synthetic=1.0, covariates=["dineof"], history_folds=bad)
+    with pytest.raises(ValueError, match="needs data.covariates"):
+        WindowSource(synthetic=1.0, history_folds=3)

@@ -43,15 +43,19 @@ def analog_prediction(values: np.ndarray, analogs: int = ANALOGS, min_common: in
     mean = np.where(seen, flat, 0.0).sum(1) / np.maximum(o.sum(1), 1)  # [T]
     y = np.where(seen, flat - mean[:, None], 0.0)
     n = o @ o.T  # [t, s]: cells both observe
-    st, ss = y @ o.T, o @ y.T  # sums of y_t and of y_s over the common cells
-    stt, sss, sts = (y * y) @ o.T, o @ (y * y).T, y @ y.T
+    st = y @ o.T  # [t, s]: sum of y_t over the cells t shares with s (its transpose: the sums of y_s)
+    stt = (y * y) @ o.T  # sums of y_t^2 likewise
+    sts = y @ y.T
     with np.errstate(invalid="ignore", divide="ignore"):
-        mt, ms = st / n, ss / n
-        var_s = sss / n - ms**2
+        mt, ms = st / n, st.T / n
+        var_t, var_s = stt / n - mt**2, stt.T / n - ms**2
         cov = sts / n - mt * ms
         slope = cov / var_s
-        resid = np.maximum(stt / n - mt**2 - slope * cov, 0.0)  # residual variance of y_t given y_s
-    usable = (n >= min_common) & (var_s > 0) & np.isfinite(resid)
+        resid = np.maximum(var_t - slope * cov, 0.0)  # residual variance of y_t given y_s
+    # Relative tests: a step flat over the shared cells (sea ice, a saturated product) has a
+    # variance of rounding error, whose slope would be noise over noise.
+    scale = np.maximum(stt.T / n, 1e-300)
+    usable = (n >= min_common) & (var_s > 1e-10 * scale) & np.isfinite(resid)
     np.fill_diagonal(usable, False)
     resid = np.where(usable, resid, np.inf)
     out = np.full(flat.shape, np.nan)
@@ -60,6 +64,7 @@ def analog_prediction(values: np.ndarray, analogs: int = ANALOGS, min_common: in
         order = order[np.isfinite(resid[t, order])]
         if not order.size:
             continue
+        floor = 1e-12 * max(float(var_t[t, order].max()), 1e-300)  # relative to the day's own variance
         total = np.zeros(flat.shape[1])
         weight = np.zeros(flat.shape[1])
         taken = np.zeros(flat.shape[1], np.int64)
@@ -67,7 +72,7 @@ def analog_prediction(values: np.ndarray, analogs: int = ANALOGS, min_common: in
             use = seen[s] & (taken < analogs)
             if not use.any():
                 continue
-            w = 1.0 / max(resid[t, s], 1e-12)
+            w = 1.0 / max(resid[t, s], floor)
             pred = mt[t, s] + slope[t, s] * (y[s] - ms[t, s])
             total[use] += w * pred[use]
             weight[use] += w

@@ -238,8 +238,9 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
     """What a field's own history predicts at each of its cells, as model covariates.
 
     Each covariate predicts a cell at a step from the *other* steps (at an observed cell its own
-    value is left out, as it is unknown at a gap), so a model learns how far to trust the history
-    from comparisons that are fair:
+    value is left out, as it is unknown at a gap; ``analogs`` keeps it only among the hundreds of
+    cells its day-to-day fits use), so a model learns how far to trust the history from
+    comparisons that are fair:
 
     * ``dineof``: the :func:`dineof` prediction from the stack's EOFs
       (``Reconstruction.held_out``), the recurring patterns of a long history;
@@ -320,7 +321,8 @@ def history_folds(values: np.ndarray, valid: np.ndarray | None, names: list[str]
         low, high: share of a hidden step's observed cells to hide.
 
     Returns:
-        the folds, in order; a fold whose stack has too little history gets flat covariates.
+        the folds, in order (at most one per step); a stack without a history
+        (:func:`has_history`) gets one fold that hides nothing, with flat covariates.
     """
     if folds < 1:
         raise ValueError(f"history folds must be at least 1, got {folds}")
@@ -328,12 +330,15 @@ def history_folds(values: np.ndarray, valid: np.ndarray | None, names: list[str]
     values = np.asarray(values, np.float64)
     ok = np.broadcast_to(np.ones(values.shape[1:], bool) if valid is None else np.asarray(valid, bool), values.shape)
     observed = np.isfinite(values) & ok
+    if not has_history(values, valid):  # flat maps hide nothing: one view of the mean, no DINEOF
+        flat, _ = history_covariates(values, valid, names)
+        return [HistoryFold(np.zeros(values.shape, bool), flat)]
     out = []
-    for f in range(folds):
+    for f in range(min(folds, len(values))):
         steps = list(range(f, len(values), folds))
         hidden, _ = borrow_gaps(observed, ~np.isfinite(values) & ok, rng, low=low, high=high, steps=steps)
         covariates, _ = history_covariates(np.where(hidden, np.nan, values), valid, names, rng=rng)
-        out.append(HistoryFold(hidden, np.ascontiguousarray(covariates)))
+        out.append(HistoryFold(hidden, covariates))
     return out
 
 

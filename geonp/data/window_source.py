@@ -105,6 +105,10 @@ def _load(entry: dict[str, Any], folder: Path) -> tuple[np.ndarray, np.ndarray, 
     return values, valid, float(np.nanstd(values)) or 1.0
 
 
+#: Placements tried on a field with history folds before another field is drawn.
+FOLD_TRIES = 20
+
+
 class WindowSource:
     """Windows from synthetic fields (fraction ``synthetic``) and real ``files``.
 
@@ -118,12 +122,12 @@ class WindowSource:
             (see :func:`~geonp.data.windows.training_window`) rather than synthetic clouds.
         wide_clouds: probability that a window's clouds span its whole view, halo included.
         covariates: history covariates the model takes after its location inputs (``dineof``,
-            ``nearest_steps``; :func:`geonp.data.history.history_covariates`), computed once per real
+            ``nearest_steps``, ``analogs``; :func:`geonp.data.history.history_covariates`), computed once per real
             field over its whole stack (its EOFs then include the cells a window hides, a
             small leak the leave-one-out loadings do not remove), flat on synthetic fields; the
             checkpoint records them, so infill computes the same.
         history_folds: with covariates, compute each real field's covariates this many times
-            more, each time without some of its cells (:func:`geonp.data.history.history_folds`),
+            instead, each time without some of its cells (:func:`geonp.data.history.history_folds`),
             and let a window of a field with a history hide exactly those cells: its targets'
             covariates then know as little of them as infill's know of a real gap. 0: no folds.
     """
@@ -136,6 +140,10 @@ class WindowSource:
                  history_folds: int = 0) -> None:
         self.spec = WindowSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in (window or {}).items()})
         self.covariates = list(covariates or [])
+        if not isinstance(history_folds, int) or isinstance(history_folds, bool) or history_folds < 0:
+            raise ValueError(f"data.history_folds must be a whole number >= 0, got {history_folds!r}")
+        if history_folds and not self.covariates:
+            raise ValueError("data.history_folds needs data.covariates (folds of what?)")
         self.history_folds = history_folds
         self.dim_x = 3 + len(self.covariates)
         folder = data_folder()
@@ -166,19 +174,22 @@ class WindowSource:
             if rng.random() < synthetic or not fields:
                 values = synthetic_field(self.spec.view, rng)
                 valid, spread, history = np.ones(values.shape, bool), float(np.nanstd(values)) or 1.0, None
-                hidden = None
                 if self.covariates:
                     # Flat: a view of a few steps holds little history, and the EOFs of so short a stack
                     # would be fitted to the very cells the window then hides.
                     history = flat_covariates(len(self.covariates), values.shape, float(np.nanmean(values)))
             else:
                 values, valid, spread, history, folds = fields[int(rng.integers(len(fields)))]
-                hidden = None
                 if folds:
-                    fold = folds[int(rng.integers(len(folds)))]
-                    history, hidden = fold.covariates, fold.hidden
+                    # A fold hides cells in a third of the steps and only part of each: placements
+                    # are retried on the same field, so fields keep their share of the windows.
+                    for _ in range(FOLD_TRIES):
+                        task = training_window(values, valid, self.spec, rng, spread, folds=folds)
+                        if task is not None:
+                            return task
+                    continue
             task = training_window(values, valid, self.spec, rng, spread, real_clouds=self.real_clouds,
-                                   wide_clouds=self.wide_clouds, history=history, hidden=hidden)
+                                   wide_clouds=self.wide_clouds, history=history)
             if task is not None:
                 return task
 

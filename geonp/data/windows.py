@@ -270,7 +270,7 @@ def training_window(values: np.ndarray, valid: np.ndarray, spec: WindowSpec, rng
                     spread: float, elevation: np.ndarray | None = None, cover: tuple[float, float] = (0.1, 0.7),
                     real_clouds: float = 0.0, wide_clouds: float = 0.0,
                     gap_donor: np.ndarray | None = None, history: np.ndarray | None = None,
-                    hidden: np.ndarray | None = None) -> WindowTask | None:
+                    folds: list | None = None) -> WindowTask | None:
     """One self-supervised task from a ``[T, R, C]`` array (NaN = missing), or None if too sparse.
 
     The window is placed at random; at its central time step a part of the observed cells of the
@@ -289,9 +289,10 @@ def training_window(values: np.ndarray, valid: np.ndarray, spec: WindowSpec, rng
     cloud; otherwise a synthetic cloud over the whole view), so the hidden cells have the shapes and
     sizes of the gaps the scene really has.
     ``valid`` is ``[T, R, C]`` (True where data may exist); ``elevation`` ``[R, C]`` m;
-    ``history`` ``[P, T, R, C]`` (see :func:`window_task`) or None. ``hidden`` (``bool [T, R, C]``,
-    a :class:`~geonp.data.history.HistoryFold`'s) replaces the clouds: the targets are the region's
-    hidden cells and no hidden cell of any step is context, the cells ``history`` was computed without.
+    ``history`` ``[P, T, R, C]`` (see :func:`window_task`) or None. ``folds`` (a list of
+    :class:`~geonp.data.history.HistoryFold`, each hiding cells in its own steps) replaces the
+    clouds and ``history``: the fold that hides cells at the central step gives the targets (the
+    region's hidden cells) and the covariates, and none of its hidden cells, at any step, is context.
     """
     shape = values.shape
     size = [min(c + o, n) for c, o, n in zip(spec.core, spec.overlap, shape)]
@@ -305,8 +306,11 @@ def training_window(values: np.ndarray, valid: np.ndarray, spec: WindowSpec, rng
     region = (t_mid - lo[0], slice(start[1] - lo[1], start[1] - lo[1] + size[1]),
               slice(start[2] - lo[2], start[2] - lo[2] + size[2]))
     here = observed[region]
-    if hidden is not None:
-        held = hidden[view]
+    if folds:
+        fold = next((f for f in folds if f.hidden[t_mid].any()), None)
+        if fold is None:  # nothing hidden at this step
+            return None
+        history, held = fold.covariates, fold.hidden[view]
         target = np.zeros(v.shape, bool)
         target[region] = held[region] & here
         context = observed & ~held

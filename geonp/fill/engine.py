@@ -21,12 +21,13 @@ import numpy as np
 import torch
 import xarray as xr
 
+import geonp.fill as fill_defaults
 from geonp import __version__
 from geonp.data.cube import renamed_from
 from geonp.data.far_context import FAR_SHARE, MIN_FAR, OPENING
 from geonp.data.windows import WindowSpec, canonical, extra_indices
 from geonp.device import resolve_device
-from geonp.fill import FIT_HISTORY_FOLDS, FIT_STEPS
+from geonp.fill import FIT_STEPS
 from geonp.fill.blocks import BlockResult, fill_block
 from geonp.fill.field import Field, select_variables, summarise, valid_area
 from geonp.fill.layout import restore_layout
@@ -205,10 +206,13 @@ def _finetune(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None
         # another order, and a resumed run must write what an uninterrupted one would.
         p.choice.model = load(saved, device=p.device).for_prediction()
         return
-    if p.choice.covariates:
+    folds = fill_defaults.FIT_HISTORY_FOLDS  # read now, so setting geonp.fill.FIT_HISTORY_FOLDS takes effect
+    if p.choice.covariates and folds:
         for f in p.fields:
-            add_history_folds(f, p.choice.covariates, FIT_HISTORY_FOLDS, p.seed)
+            add_history_folds(f, p.choice.covariates, folds, p.seed)
     p.choice.model = finetune(p.choice.model, p.fields, p.spec, p.fit_steps, p.device, p.seed, p.elevation, say)
+    for f in p.fields:
+        f.folds = []  # only fine-tuning needs them: blocks (and dask workers) do not carry them
     if saved is not None:
         save(p.choice.model, saved, extra={"infill": {"fit_steps": p.fit_steps}})
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from geonp.data.batch import Batch
+from geonp.data.history import HistoryFold
 from geonp.data.windows import WindowSpec, WindowTask, collate_windows, training_window
 from geonp.fill import FIT_LR, FIT_OWN_GAPS, FIT_WIDE_CLOUDS
 from geonp.fill.field import Field
@@ -113,10 +114,9 @@ def _draw(f: Field, spec: WindowSpec, rng: np.random.Generator, elevation: np.nd
     elev = None if elevation is None else elevation[key[1], key[2]]
     with dask.config.set(scheduler="synchronous"):
         values = np.asarray(f.data[key].values, np.float64)
-        if f.folds:  # hide the cells one fold's covariates were computed without (drawn only with folds)
-            fold = f.folds[int(rng.integers(len(f.folds)))]
-            return training_window(values, f.valid_slab(key), spec, rng, f.spread, elev,
-                                   history=fold.covariates[(slice(None), *key)], hidden=fold.hidden[key])
+        if f.folds:  # hide the cells the covariates of the fold at the window's step were computed without
+            folds = [HistoryFold(fold.hidden[key], fold.covariates[(slice(None), *key)]) for fold in f.folds]
+            return training_window(values, f.valid_slab(key), spec, rng, f.spread, elev, folds=folds)
         donor = None
         if own_gaps > 0 and rng.random() < own_gaps:  # drawn only when asked: the stream stays as it was
             other = place()

@@ -201,8 +201,12 @@ def test_fold_fine_tuning_when_asked_runs_and_leaves_no_folds_behind(kriging_che
     ds = stack_dataset(truth, given)
     seen = []
     real = geonp.fill.finetune.finetune
-    monkeypatch.setattr(geonp.fill.finetune, "finetune",
-                        lambda model, fields, *a, **k: seen.append(len(fields[0].folds)) or real(model, fields, *a, **k))
+
+    def counting(model, fields, *args, **kwargs):
+        seen.append(len(fields[0].folds))
+        return real(model, fields, *args, **kwargs)
+
+    monkeypatch.setattr(geonp.fill.finetune, "finetune", counting)
     monkeypatch.setattr(geonp.fill, "FIT_HISTORY_FOLDS", 3)
     from geonp.fill.engine import _finetune
 

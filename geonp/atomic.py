@@ -12,6 +12,11 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+#: The process's umask, read once: ``mkstemp`` makes a file only its owner may read, and a
+#: finished file should get the permissions any other new file would (0666 less the umask).
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 
 def write_atomic(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     """Call ``write(temporary path)`` and rename the result to ``path``; returns ``path``."""
@@ -21,6 +26,7 @@ def write_atomic(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -68,3 +68,14 @@ def test_the_scan_finds_what_it_looks_for() -> None:
     assert len(unsafe_calls(risky)) == 7
     fine = "\n".join(["torch.load(f, weights_only=True)", "yaml.safe_load(t)", "np.load(f)", "model.eval()"])
     assert unsafe_calls(fine) == []
+
+
+
+def test_whole_file_writes_get_the_usual_permissions(tmp_path, monkeypatch):
+    """A file written whole-or-not-at-all is readable as any new file is (0666 less the umask),
+    not only by its owner as the temporary file it started from."""
+    import geonp.atomic
+
+    monkeypatch.setattr(geonp.atomic, "_UMASK", 0o022)
+    path = geonp.atomic.write_text_atomic(tmp_path / "table.md", "x")
+    assert path.stat().st_mode & 0o777 == 0o644

@@ -498,3 +498,15 @@ def test_a_full_disk(tmp_path) -> None:
     with _tmpfs(tmp_path / "small", "size=96k") as folder:
         _check(Case(["infill", path, "-o", folder / "o.zarr", *FAST], "No space left on device", [path],
                     folder / "o.zarr", code=1))
+
+
+def test_a_grib_file_without_its_reader_names_the_extra_to_install(tmp_path, monkeypatch):
+    import importlib.util
+
+    from geonp.data.readers import open_raw
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "cfgrib" else real(name, *a))
+    (tmp_path / "t2m.grib").write_bytes(b"GRIB")
+    with pytest.raises(ValueError, match=r"t2m.grib: cannot read it .*pip install 'geonp\[grib\]'"):
+        open_raw(str(tmp_path / "t2m.grib"))

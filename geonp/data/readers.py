@@ -45,9 +45,11 @@ def open_raw(name: str) -> xr.Dataset:
             local = fsspec.open_local(f"simplecache::{local}", simplecache={"same_names": True})
         suffix = Path(local).suffix.lower()
         if suffix in _GRIB_SUFFIXES:
+            _need("cfgrib", "grib")
             return xr.open_dataset(local, engine="cfgrib", chunks={}, decode_timedelta=False,
                                    backend_kwargs={"indexpath": ""})
         if suffix in _TIFF_SUFFIXES:
+            _need("rioxarray", "geotiff")
             return _open_geotiff(local)
         return xr.open_dataset(local, chunks={}, decode_timedelta=False)
     except (OSError, ValueError, KeyError) as err:
@@ -99,3 +101,11 @@ def _add_lat_lon(ds: xr.Dataset, crs) -> xr.Dataset:
     both = dsa.map_blocks(lambda x, y: np.stack(to_geo.transform(x, y)), xx, yy, dtype=float, new_axis=0,
                           chunks=((2,), *xx.chunks))
     return ds.assign_coords(lat=(("y", "x"), both[1]), lon=(("y", "x"), both[0]))
+
+
+def _need(module: str, extra: str) -> None:
+    """Refuse, naming the install, a file whose reader is an optional extra that is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise ValueError(f"its reader {module} is not installed: pip install 'geonp[{extra}]'")

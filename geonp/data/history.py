@@ -363,6 +363,11 @@ def flat_covariates(count: int, shape: tuple[int, ...], value: float) -> np.ndar
     return np.broadcast_to(np.float32(value), (count, *shape))
 
 
+def is_flat(maps: np.ndarray) -> bool:
+    """Whether ``maps`` is :func:`flat_covariates`' view of one number (no history in it)."""
+    return maps.strides == (0,) * maps.ndim
+
+
 def nearest_steps(values: np.ndarray) -> np.ndarray:
     """Each cell at each step interpolated in time from its nearest *other* observed steps.
 

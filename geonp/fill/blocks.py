@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from geonp.data.far_context import FAR_SHARE, Slab, far_points, finest_level, slab_margin
+from geonp.data.history import is_flat
 from geonp.data.windows import WindowSpec, WindowTask, axes, inputs, window_task
 from geonp.fill.field import Field
 from geonp.fill.output import FLAG_INFILLED, FLAG_OBSERVED, FLAG_OUTSIDE
@@ -138,7 +139,7 @@ def _far_history(field: Field, slab: Slab, history: np.ndarray, pred: list, seen
     its one value."""
     out = np.empty((len(history), len(cells)))
     for p, cov in enumerate(history):
-        if cov.strides == (0,) * cov.ndim:  # flat (a broadcast of one number)
+        if is_flat(cov):
             out[p] = cov.flat[0]
             continue
         cov_slab = Slab(np.where(slab.observed, cov, np.nan), slab.observed, slab.missing, slab.origin, slab.shape)

@@ -37,9 +37,9 @@ def add_history_folds(field: Field, covariates: list[str], folds: int, seed: int
     """Keep on ``field`` its :func:`geonp.data.history.history_folds` (for fine-tuning), when its
     covariates are more than flat maps; ``folds`` DINEOF runs more (0: none, fine-tuning hides
     cells under clouds as for a model without covariates)."""
-    from geonp.data.history import history_folds
+    from geonp.data.history import history_folds, is_flat
 
-    if folds == 0 or field.history is None or field.history.strides == (0,) * field.history.ndim:
+    if folds == 0 or field.history is None or is_flat(field.history):
         return  # no history (flat maps): nothing a window could learn to overtrust
     field.folds = history_folds(field.whole(), field.valid, covariates, folds, rng=np.random.default_rng([seed, 6151]))
 

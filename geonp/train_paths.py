@@ -1,10 +1,10 @@
 """The paths a training config names, resolved and checked before a run writes anything.
 
 A config names files in three places: ``out_dir`` (where the run lives), ``init_from`` (weights
-to start from) and its data (a cube's ``path``, ``elevation`` and ``valid_mask``; the ``files``
-and ``val_files`` of infill windows). Relative paths mean what the code that opens them makes of
+to start from) and its data (a cube's ``path``, ``elevation`` and ``valid_mask``; the ``files``,
+``val_files`` and ``elevation`` of infill windows). Relative paths mean what the code that opens them makes of
 them: the working directory for the first two and a cube, the shared data folder
-(:func:`geonp.data.window_source.data_folder`) for window files. A typo found after an hour of
+(:func:`geonp.data.window_source.data_folder`) for window files and their DEM. A typo found after an hour of
 loading, or a run that writes its state over its own input, costs a user the hour; so every path
 is checked at once and an error names the key, the path as written and where it was looked for.
 """
@@ -30,6 +30,8 @@ def config_paths(init_from: str | None, data: dict[str, Any]) -> Iterator[tuple[
         from geonp.data.window_source import data_folder
 
         folder = data_folder()
+        if isinstance(data.get("elevation"), str):
+            yield "data.elevation", _resolved(data["elevation"], folder)
         for group in ("files", "val_files"):
             for i, entry in enumerate(data.get(group) or []):
                 if not isinstance(entry, dict):

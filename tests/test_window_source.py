@@ -1,5 +1,6 @@
 """Training windows: real clouds from another day, and the training-field entries
-(satellite QC, parts of a field, excluded boxes, daily files joined along time)."""
+(satellite QC, parts of a field by index or region, excluded boxes, daily files joined along
+time, elevation from a DEM)."""
 
 from __future__ import annotations
 
@@ -119,8 +120,8 @@ def test_field_entries_select_exclude_and_join(tmp_path):
         ds.to_netcdf(tmp_path / f"d{day}.nc")
     entry = {"paths": [f"d{d}.nc" for d in range(3)], "variable": "sm", "isel": {"lon": [2, 12]},
              "exclude": [{"lat": [4, 6], "lon": [0, 3]}]}
-    values, valid, spread = _load(entry, tmp_path)
-    assert values.shape == (3, 10, 10)
+    values, valid, spread, elevation = _load(entry, tmp_path)
+    assert values.shape == (3, 10, 10) and elevation is None
     assert np.isnan(values[:, 4:6, :3]).all() and np.isfinite(values[:, 4:6, 3:]).all()
     assert np.isfinite(values[:, :2, :]).all()  # the gaps at lon 0-1 were cut away by isel
     assert valid.shape == values.shape and spread > 0
@@ -130,7 +131,7 @@ def test_satellite_entries_use_the_products_valid_area():
     path = real_file("satellite/alboran_sst_avhrr_2017-05.nc")
     entry = {"path": path, "variable": "SST", "satellite": {"valid_mask": "mask"},
              "isel": {"time": [6, 10], "lon": [150, 301]}}
-    values, valid, _ = _load(entry, None)
+    values, valid, _, _ = _load(entry, None)
     assert values.shape == (4, 201, 151)
     land = ~valid[0]
     assert land.any() and np.isnan(values[:, land]).all()
@@ -230,3 +231,59 @@ def test_history_folds_are_computed_only_for_fields_with_a_history(tmp_path):
             WindowSource(synthetic=1.0, covariates=["dineof"], history_folds=bad)
     with pytest.raises(ValueError, match="needs data.covariates"):
         WindowSource(synthetic=1.0, history_folds=3)
+
+
+def _era5_like(tmp_path) -> tuple[dict, np.ndarray]:
+    """A 4-step field on 0.25-degree cells (50-55 N, -5-0 E) and a DEM over it (``z`` in m2 s-2):
+    the field entry and the DEM's heights in metres on the field's grid."""
+    lat, lon = np.arange(50.0, 55.01, 0.25), np.arange(-5.0, 0.01, 0.25)
+    rr, cc = np.meshgrid(lat, lon, indexing="ij")
+    height = 100.0 * (rr - 50.0) + 20.0 * (cc + 5.0)  # m: a smooth slope, 0-600 m
+    rng = np.random.default_rng(0)
+    t2m = 280.0 - 0.0065 * height + rng.normal(0, 0.3, (4, *height.shape))
+    xr.Dataset({"t2m": (("time", "lat", "lon"), t2m)},
+               coords={"time": pd.date_range("2019-03-01", periods=4, freq="h"), "lat": lat, "lon": lon}
+               ).to_netcdf(tmp_path / "t2m.nc")
+    xr.Dataset({"z": (("lat", "lon"), height * 9.80665, {"units": "m**2 s**-2", "standard_name": "geopotential"})},
+               coords={"lat": lat, "lon": lon}).to_netcdf(tmp_path / "dem.nc")
+    return {"path": str(tmp_path / "t2m.nc"), "variable": "t2m"}, height
+
+
+def test_a_region_entry_cuts_the_field_in_degrees(tmp_path):
+    entry, _ = _era5_like(tmp_path)
+    values, _, _, _ = _load({**entry, "region": [52.0, 53.0, -5.0, -4.0]}, tmp_path)
+    assert values.shape == (4, 5, 5)  # 52-53 N and 5-4 W, both ends included, in 0.25-degree cells
+    with pytest.raises(ValueError, match="holds no grid cell"):
+        _load({**entry, "region": [10.0, 20.0, 0.0, 1.0]}, tmp_path)
+    with pytest.raises(ValueError, match=r"unknown key\(s\) regoin"):
+        _load({**entry, "regoin": [52.0, 53.0, -5.0, -4.0]}, tmp_path)
+
+
+def test_elevation_is_the_fourth_input_of_real_windows_and_zero_on_synthetic_ones(tmp_path):
+    import torch
+
+    entry, height = _era5_like(tmp_path)
+    src = WindowSource(files=[entry], synthetic=0.0, elevation=str(tmp_path / "dem.nc"),
+                       window={"core": [1, 8, 8], "overlap": [0, 2, 2], "halo": [1, 4, 4]})
+    assert src.dim_x == 4 and src.checkpoint_meta["infill"]["elevation"] is True
+    np.testing.assert_allclose(src.fields[0][5], height, atol=1e-3)
+    task = src._window(np.random.default_rng(0), src.fields, 0.0)
+    # Each cell's fourth input is its DEM height in km: rows and columns are offsets from the
+    # window's centre, so the heights of the offsets' cells must follow the DEM's slope.
+    dr, dc = task.xt[:, 1] * 8, task.xt[:, 2] * 8  # cells (8 cells per unit)
+    slope = np.linalg.lstsq(np.stack([dr, dc, np.ones_like(dr)], 1), task.xt[:, 3] * 1000, rcond=None)[0]
+    np.testing.assert_allclose(slope[:2], [25.0, 5.0], atol=1e-2)  # m per cell: 100 m/deg and 20 m/deg
+    synthetic = WindowSource(files=[entry], synthetic=1.0, elevation=str(tmp_path / "dem.nc"))
+    batch = synthetic.sample(2, torch.Generator().manual_seed(0))
+    assert batch.xc.shape[-1] == 4 and float(batch.xc[..., 3].abs().max()) == 0.0
+    with pytest.raises(ValueError, match="needs real training files"):
+        WindowSource(synthetic=1.0, elevation=str(tmp_path / "dem.nc"))
+
+
+def test_a_missing_dem_is_named_before_training(tmp_path):
+    from geonp.train_paths import check_paths
+
+    entry, _ = _era5_like(tmp_path)
+    data = {"name": "windows", "files": [entry], "elevation": str(tmp_path / "nope.nc")}
+    with pytest.raises(ValueError, match="data.elevation: .*nope.nc: no such file"):
+        check_paths(str(tmp_path / "run"), None, data)

@@ -65,17 +65,32 @@ def synthetic_field(shape: tuple[int, int, int], rng: np.random.Generator) -> np
     return field
 
 
-def _load(entry: dict[str, Any], folder: Path) -> tuple[np.ndarray, np.ndarray, float]:
-    """``(values [T, R, C], valid [T, R, C], spread)`` of one training-field entry.
+#: Entry keys of a training field (see :func:`_load`).
+ENTRY_KEYS = frozenset({"path", "paths", "variable", "satellite", "isel", "region", "exclude"})
+
+
+def _load(entry: dict[str, Any], folder: Path, dem: Path | None = None
+          ) -> tuple[np.ndarray, np.ndarray, float, np.ndarray | None]:
+    """``(values [T, R, C], valid [T, R, C], spread, elevation [R, C] m or None)`` of one training-field entry.
 
     Keys: ``path`` (or ``paths``: files concatenated along time, e.g. daily files), ``variable``;
     optional ``satellite`` (true, or ``open_satellite`` keywords such as ``{valid_mask: mask}``:
-    product QC applied and the valid area from the product), ``isel`` (``{dim: [start, stop]}``:
-    the part of the field to use) and ``exclude`` (a list of such boxes, in the dims of the
-    selected part, whose cells are never used: e.g. the cells an evaluation hides).
+    product QC applied and the valid area from the product), ``region`` (a named region or
+    ``[south, north, west, east]`` in degrees, :func:`geonp.data.regions.get_region`: the part of
+    the field to use, e.g. the training region of a region-transfer run), ``isel``
+    (``{dim: [start, stop]}``: the same by index) and ``exclude`` (a list of such boxes, in the
+    dims of the selected part, whose cells are never used: e.g. the cells an evaluation hides).
+    ``dem``: a DEM regridded onto the field (:func:`geonp.data.elevation.attach_elevation`).
     """
     from geonp.data.cube import open_cube
+    from geonp.data.elevation import attach_elevation
+    from geonp.data.regions import crop_to_region, get_region
     from geonp.data.satellite import open_satellite
+
+    unknown = sorted(set(entry) - ENTRY_KEYS)
+    if unknown:
+        raise ValueError(f"training field {entry.get('path', entry.get('paths'))}: unknown key(s) "
+                         f"{', '.join(unknown)}; known: {', '.join(sorted(ENTRY_KEYS))}")
 
     paths = [Path(p) for p in (entry["paths"] if "paths" in entry else [entry["path"]])]
     paths = [p if p.is_absolute() else folder / p for p in paths]
@@ -86,15 +101,21 @@ def _load(entry: dict[str, Any], folder: Path) -> tuple[np.ndarray, np.ndarray, 
             ds = open_satellite(path, variable, **(satellite if isinstance(satellite, dict) else {}))
         else:
             ds = open_cube(path, [variable])
+        if "region" in entry:
+            ds = crop_to_region(ds, get_region(entry["region"]))
         ds = ds.isel({d: slice(*v) for d, v in entry.get("isel", {}).items()})
+        if dem is not None:
+            ds = attach_elevation(ds, dem)
         da = canonical(ds, variable, str(path))
         da = da.isel({d: 0 for d in da.dims[:-3] if da.sizes[d] == 1})  # one level or member chosen
         if da.ndim > 3:
             raise ValueError(f"{path}: {variable!r} has extra dimensions {list(da.dims[:-3])}; choose one value "
                              f"of each for training with isel: {{{da.dims[0]}: [i, i + 1]}}")
         valid = np.ones(da.shape[1:], bool) if "valid" not in ds else np.asarray(ds["valid"].values, bool)
-        parts.append((np.asarray(da.values, np.float64), valid, da.dims))
-    values = np.concatenate([v for v, _, _ in parts])
+        height = None if dem is None else np.nan_to_num(np.asarray(ds["elevation"].transpose(*da.dims[1:]).values,
+                                                                    np.float64))
+        parts.append((np.asarray(da.values, np.float64), valid, da.dims, height))
+    values = np.concatenate([v for v, _, _, _ in parts])
     dims = parts[0][2]
     for box in entry.get("exclude", []):
         values[tuple(slice(*box[d]) if d in box else slice(None) for d in dims)] = np.nan
@@ -102,7 +123,7 @@ def _load(entry: dict[str, Any], folder: Path) -> tuple[np.ndarray, np.ndarray, 
         valid = np.broadcast_to(parts[0][1], values.shape)
     else:  # land of an SST field stays out
         valid = np.broadcast_to(np.isfinite(values).any(0), values.shape)
-    return values, valid, float(np.nanstd(values)) or 1.0
+    return values, valid, float(np.nanstd(values)) or 1.0, parts[0][3]
 
 
 #: Placements tried on a field with history folds before another field is drawn.
@@ -130,6 +151,10 @@ class WindowSource:
             instead, each time without some of its cells (:func:`geonp.data.history.history_folds`),
             and let a window of a field with a history hide exactly those cells: its targets'
             covariates then know as little of them as infill's know of a real gap. 0: no folds.
+        elevation: a DEM file (relative paths under the data folder) regridded onto every real
+            field: the model then takes elevation (km) as a fourth input, as in the TE-TNP paper's
+            ERA5 set-up, and infill asks for ``--elevation``. Synthetic fields lie at sea level
+            (elevation 0: their values owe nothing to height). None: three inputs.
     """
 
     dim_y = 1
@@ -137,7 +162,7 @@ class WindowSource:
     def __init__(self, files: list[dict] | None = None, val_files: list[dict] | None = None,
                  synthetic: float = 0.5, window: dict | None = None, seed: int = 0,
                  real_clouds: float = 0.0, wide_clouds: float = 0.0, covariates: list[str] | None = None,
-                 history_folds: int = 0) -> None:
+                 history_folds: int = 0, elevation: str | None = None) -> None:
         self.spec = WindowSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in (window or {}).items()})
         self.covariates = list(covariates or [])
         if not isinstance(history_folds, int) or isinstance(history_folds, bool) or history_folds < 0:
@@ -145,50 +170,62 @@ class WindowSource:
         if history_folds and not self.covariates:
             raise ValueError("data.history_folds needs data.covariates (folds of what?)")
         self.history_folds = history_folds
-        self.dim_x = 3 + len(self.covariates)
+        self.elevation = elevation is not None
+        self.dim_x = 3 + self.elevation + len(self.covariates)
         folder = data_folder()
-        self.fields = [self._with_history(*_load(e, folder)) for e in files or []]
-        self.val_fields = [self._with_history(*_load(e, folder)) for e in val_files or []]
+        dem = None
+        if elevation is not None:
+            dem = Path(elevation) if Path(elevation).is_absolute() else folder / elevation
+            if not files:
+                raise ValueError("data.elevation needs real training files (data.files): synthetic fields have none")
+        self.fields = [self._with_history(*_load(e, folder, dem)) for e in files or []]
+        self.val_fields = [self._with_history(*_load(e, folder, dem)) for e in val_files or []]
         self.synthetic = synthetic if self.fields else 1.0
         self.real_clouds, self.wide_clouds = real_clouds, wide_clouds
         infill = {"cells_per_unit": self.spec.cells_per_unit, "steps_per_unit": self.spec.steps_per_unit,
                   "window": self.spec.as_dict()}
         if self.covariates:
             infill["covariates"] = self.covariates
+        if self.elevation:
+            infill["elevation"] = True
         self.checkpoint_meta = {"inputs": {"kind": "windows"}, "infill": infill}
 
-    def _with_history(self, values: np.ndarray, valid: np.ndarray, spread: float) -> tuple:
-        """A field as ``(values, valid, spread, history [P, T, R, C] or None, folds)``: ``folds`` the
-        :class:`~geonp.data.history.HistoryFold` list, empty without folds or without a history."""
+    def _with_history(self, values: np.ndarray, valid: np.ndarray, spread: float,
+                      elevation: np.ndarray | None) -> tuple:
+        """A field as ``(values, valid, spread, history [P, T, R, C] or None, folds, elevation [R, C] or
+        None)``: ``folds`` the :class:`~geonp.data.history.HistoryFold` list, empty without folds or
+        without a history."""
         if not self.covariates:
-            return values, valid, spread, None, []
+            return values, valid, spread, None, [], elevation
         from geonp.data.history import has_history, history_covariates, history_folds
 
         if self.history_folds and has_history(values, valid):  # flat covariates leak nothing: no folds
-            return values, valid, spread, None, history_folds(values, valid, self.covariates, self.history_folds)
+            folds = history_folds(values, valid, self.covariates, self.history_folds)
+            return values, valid, spread, None, folds, elevation
         history, _ = history_covariates(values, valid, self.covariates)
-        return values, valid, spread, history, []
+        return values, valid, spread, history, [], elevation
 
     def _window(self, rng: np.random.Generator, fields: list, synthetic: float) -> WindowTask:
         while True:
             if rng.random() < synthetic or not fields:
                 values = synthetic_field(self.spec.view, rng)
                 valid, spread, history = np.ones(values.shape, bool), float(np.nanstd(values)) or 1.0, None
+                elevation = np.zeros(values.shape[1:]) if self.elevation else None
                 if self.covariates:
                     # Flat: a view of a few steps holds little history, and the EOFs of so short a stack
                     # would be fitted to the very cells the window then hides.
                     history = flat_covariates(len(self.covariates), values.shape, float(np.nanmean(values)))
             else:
-                values, valid, spread, history, folds = fields[int(rng.integers(len(fields)))]
+                values, valid, spread, history, folds, elevation = fields[int(rng.integers(len(fields)))]
                 if folds:
                     # A fold hides cells in a third of the steps and only part of each: placements
                     # are retried on the same field, so fields keep their share of the windows.
                     for _ in range(FOLD_TRIES):
-                        task = training_window(values, valid, self.spec, rng, spread, folds=folds)
+                        task = training_window(values, valid, self.spec, rng, spread, elevation, folds=folds)
                         if task is not None:
                             return task
                     continue
-            task = training_window(values, valid, self.spec, rng, spread, real_clouds=self.real_clouds,
+            task = training_window(values, valid, self.spec, rng, spread, elevation, real_clouds=self.real_clouds,
                                    wide_clouds=self.wide_clouds, history=history)
             if task is not None:
                 return task

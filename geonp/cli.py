@@ -97,6 +97,8 @@ def _parser() -> argparse.ArgumentParser:
                           help="weights for one model (repeatable)")
     evaluate.add_argument("--valid-mask", default=None, metavar="VAR|FILE", help="as for infill")
     evaluate.add_argument("--satellite", action="store_true", help="open INPUT as a satellite product")
+    evaluate.add_argument("--elevation", default=None, metavar="FILE",
+                          help="DEM for the models whose weights take elevation (the others fill without it)")
     evaluate.add_argument("--fit-steps", type=int, default=0, help="fine-tuning steps per model (default: 0)")
     evaluate.add_argument("--device", default="auto", help="auto, cpu or cuda (default: %(default)s)")
     evaluate.add_argument("--seed", type=int, default=0, help="random seed of the hidden cells (default: 0)")
@@ -178,7 +180,8 @@ def _run(args: argparse.Namespace) -> int:
         checkpoints = dict(_pair(c, "--checkpoint") for c in args.checkpoint)
         results = run_evaluate(args.input, args.var, args.model, args.out, valid_mask=args.valid_mask,
                                checkpoints=checkpoints, fit_steps=args.fit_steps, seed=args.seed,
-                               satellite=args.satellite, options={"device": args.device})
+                               satellite=args.satellite, options={"device": args.device},
+                               elevation=args.elevation)
         print(f"wrote {args.out} ({len(results)} variable(s), {len(args.model)} model(s))")
     elif args.command == "plot":
         from geonp.maps import plot_file

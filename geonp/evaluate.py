@@ -120,6 +120,7 @@ def evaluate(
     max_hidden: float = 0.5,
     cover: float = 0.3,
     hide_steps: Sequence[int] | None = None,
+    elevation: str | Path | None = None,
 ) -> dict[str, Any]:
     """Score ``models`` at the same artificially hidden cells of ``ds[variable]``.
 
@@ -139,6 +140,9 @@ def evaluate(
         max_hidden, cover: as in ``hide_cells``.
         hide_steps: hide cells in these steps only (``hide_cells``'s ``steps``): the others stay
             whole, as the history a day under a cloud is filled from.
+        elevation: a DEM file for the models that take elevation (a checkpoint trained with
+            ``data: {elevation: ...}``, :func:`geonp.fill.predictor.takes_elevation`); the others
+            fill without it.
 
     Returns:
         ``{"source", "variable", "units", "seed", "steps", "observed_cells", "hidden_cells",
@@ -180,14 +184,16 @@ def evaluate(
     distance = _distance_to_context(masked, valid)[hide]  # [n_hidden] grid cells; the same for every model
     masked_ds = ds.assign({variable: masked})
 
+    with_elevation = _elevation_takers(models, checkpoints or {}, elevation)
     rows = []
     for model in models:
         steps = fit_steps.get(model, 0) if isinstance(fit_steps, Mapping) else fit_steps
         checkpoint = (checkpoints or {}).get(model)
+        extra = {"elevation": elevation} if model in with_elevation else {}
         start = time.perf_counter()
         try:
             out = infill_fn(masked_ds, variable, model, checkpoint=checkpoint, valid_mask=valid,
-                            fit_steps=steps, seed=seed, **(options or {}))
+                            fit_steps=steps, seed=seed, **extra, **(options or {}))
             out = out[[variable, f"{variable}_std"]].compute()  # a lazy result's work is part of the time
             wall = time.perf_counter() - start
             mean, std = (_like(out[v], da).values[hide] for v in (variable, f"{variable}_std"))
@@ -227,6 +233,7 @@ def run_evaluate(
     satellite: bool = False,
     options: Mapping[str, Any] | None = None,
     infill_fn: Callable[..., xr.Dataset] | None = None,
+    elevation: str | Path | None = None,
 ) -> list[dict[str, Any]]:
     """``geonp evaluate``: score ``models`` on ``variables`` of a file; write the tables.
 
@@ -243,6 +250,7 @@ def run_evaluate(
             ``valid_mask`` or the product) instead of ``open_cube``.
         options: extra keyword arguments for every infill call (``device``, ...).
         infill_fn: replaces ``geonp.fill.engine.infill`` (same signature); for tests and wrappers.
+        elevation: a DEM file for the models that take elevation, as for :func:`evaluate`.
 
     Returns:
         The results of :func:`evaluate`, one dict per variable.
@@ -264,7 +272,7 @@ def run_evaluate(
             ds = open_satellite(input, variable, valid_mask=valid_mask) if satellite else cube
             results.append(evaluate(ds, variable, models, valid_mask=None if satellite else valid_mask,
                                     checkpoints=checkpoints, fit_steps=fit_steps, seed=seed, infill_fn=infill_fn,
-                                    options=options))
+                                    options=options, elevation=elevation))
         except ValueError as err:
             message = _one_line(err)
             raise ValueError(message if message.startswith(str(input)) else f"{input}: {message}") from err
@@ -273,7 +281,8 @@ def run_evaluate(
     header = "\n".join([
         "# Gap-filling skill on artificially hidden cells", "",
         f"- input: {input}", f"- variables: {', '.join(variables)}", f"- models: {', '.join(models)}",
-        f"- seed: {seed}, fit steps: {fit_steps}, options: {dict(options or {})}",
+        f"- seed: {seed}, fit steps: {fit_steps}, options: {dict(options or {})}"
+        + (f", elevation: {elevation}" if elevation is not None else ""),
         f"- date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
         f"- versions: geonp {geonp.__version__}, numpy {np.__version__}, xarray {xr.__version__}, "
         f"Python {platform.python_version()}",
@@ -283,6 +292,25 @@ def run_evaluate(
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+def _elevation_takers(models: Sequence[str], checkpoints: Mapping[str, str], elevation: str | Path | None) -> set[str]:
+    """The models that are given ``elevation``: those whose weights take it (none without a DEM)."""
+    if elevation is None:
+        return set()
+    from geonp.fill.predictor import takes_elevation
+
+    takers = set()
+    for model in models:
+        try:
+            if takes_elevation(model, checkpoints.get(model)):
+                takers.add(model)
+        except ValueError as err:
+            raise ValueError(f"model {model!r}: {_one_line(err)}") from err
+    if not takers:
+        raise ValueError(f"--elevation {elevation}: none of the models ({', '.join(models)}) takes elevation; "
+                         "drop --elevation")
+    return takers
+
 
 def _horizontal_dims(da: xr.DataArray, valid: xr.DataArray | None) -> tuple[str, str]:
     """``da``'s two horizontal dims, in ``da``'s order: ``valid``'s, else lat/lon, 2-D lat's, the last two."""

@@ -191,6 +191,21 @@ def test_evaluate_errors_name_the_problem():
         evaluate(empty, "sst", ["a"], infill_fn=fake)
 
 
+def test_evaluate_gives_elevation_only_to_models_whose_weights_take_it(tmp_path):
+    from geonp.models import build, save
+
+    ds = cube(steps=3)
+    takes = tmp_path / "elev.safetensors"
+    save(build("te-pt-tnp", 4, 1, preset="tiny"), takes, extra={"inputs": {"kind": "windows"}, "infill": {}})
+    plain = tmp_path / "plain.safetensors"
+    save(build("te-pt-tnp", 3, 1, preset="tiny"), plain, extra={"inputs": {"kind": "windows"}, "infill": {}})
+    fake = Oracle(ds["sst"], {"a": (0.5, 0.3), "linear": (1.0, 1.0)})
+    evaluate(ds, "sst", ["a", "linear"], infill_fn=fake, checkpoints={"a": str(takes)}, elevation="dem.nc")
+    assert fake.calls[0]["options"] == {"elevation": "dem.nc"} and fake.calls[1]["options"] == {}
+    with pytest.raises(ValueError, match="--elevation dem.nc: none of the models .* takes elevation"):
+        evaluate(ds, "sst", ["a", "linear"], infill_fn=fake, checkpoints={"a": str(plain)}, elevation="dem.nc")
+
+
 def brute_distance(masked: np.ndarray, valid: np.ndarray, hidden: np.ndarray) -> np.ndarray:
     """Distance of every hidden cell to the nearest finite, valid cell of its step, pair by pair."""
     out = []

@@ -72,6 +72,22 @@ def model_names() -> list[str]:
     return sorted([*available(), *STACK_METHODS])
 
 
+def takes_elevation(name: str, checkpoint: str | Path | None = None) -> bool:
+    """Whether ``--model name`` (with ``--checkpoint``, else its bundled weights) takes elevation as
+    an input, read from the checkpoint's header: a model trained with ``data: {elevation: ...}``.
+    Weightless models and the stack methods take none. Raises ValueError for an unreadable checkpoint."""
+    if name in STACK_METHODS:
+        return False
+    path = Path(checkpoint) if checkpoint is not None else bundled_checkpoint(name)
+    if path is None:
+        return False
+    from geonp.checkpoint import read_checkpoint
+
+    meta = read_checkpoint(path)[1]
+    covariates = meta.get("infill", {}).get("covariates", [])
+    return int(meta.get("model", {}).get("dim_x", 3)) - len(covariates) == 4
+
+
 def choose_model(name: str, checkpoint: str | Path | None = None, elevation: bool = False,
                  device: torch.device | str = "cpu") -> ModelChoice:
     """Resolve ``--model``/``--checkpoint`` to a loaded model on ``device``.

@@ -16,7 +16,8 @@ A row is ``MODEL[+COVARIATE...][@FIT_STEPS]``, or a label given weights with ``-
 LABEL=PATH``: ``te-pt-tnp+dineof@30`` is the bundled te-pt-tnp weights with the ``dineof``
 history covariate in its kriging head's drift
 (``geonp.data.history.history_covariates``), fine-tuned 30 steps on the scene. The covariate
-checkpoints are made here from the bundled weights (the drift adds no weight).
+checkpoints are made here from the bundled weights (the drift adds no weight). ``--calibrated
+LABEL`` runs that label's rows with sigma calibrated on the scene (``geonp.fill.calibrate``).
 Writes ``pipelines/results/history_cv_<split>.md`` and ``.json``.
 """
 
@@ -31,6 +32,7 @@ import numpy as np
 import torch
 import xarray as xr
 
+import geonp.fill as fill_defaults
 from geonp.data import open_satellite
 from geonp.data.window_source import data_folder
 from geonp.device import resolve_device
@@ -117,6 +119,8 @@ def main() -> None:
                         help="the te-pt-tnp row chosen on the validation split, which the goals table reports")
     parser.add_argument("--checkpoint", action="append", default=[], metavar="LABEL=PATH",
                         help="a row LABEL[@FIT] scores te-pt-tnp with these weights (e.g. a trained variant)")
+    parser.add_argument("--calibrated", nargs="*", default=[], metavar="LABEL",
+                        help="rows LABEL[@FIT] run with sigma calibrated on the scene (geonp.fill.CALIBRATE_SIGMA)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     out = Path(args.out or REPO / "pipelines" / "results" / f"history_cv_{args.split}.md")
@@ -136,6 +140,7 @@ def main() -> None:
                 checkpoints = {model: str(covariate_checkpoint(model, covariates, Path(tmp)))} if covariates else None
                 if row.partition("@")[0] in trained:
                     model, checkpoints = "te-pt-tnp", {"te-pt-tnp": trained[row.partition("@")[0]]}
+                fill_defaults.CALIBRATE_SIGMA = row.partition("@")[0] in args.calibrated
                 try:
                     part = evaluate(ds, variable, [model], checkpoints=checkpoints, fit_steps=fit, seed=args.seed,
                                     options={"device": "auto"}, hide_steps=steps)

@@ -29,3 +29,7 @@ FIT_OWN_GAPS = 0.5
 #: kriging and dineof was 0.8613 against 0.8466 without (Alaska NDVI's sigma too wide, 90%
 #: coverage 0.96), so fold fine-tuning stays an option.
 FIT_HISTORY_FOLDS = 0
+#: Scale sigma per distance to the nearest observation so that the input's own cells, hidden
+#: under its own gap patterns, get 90% coverage (:mod:`geonp.fill.calibrate`). Off until measured
+#: on history_cv's validation split.
+CALIBRATE_SIGMA = False

@@ -53,6 +53,7 @@ class Plan:
     command: str = "geonp.infill(...) (Python)"
     notes: list[str] = field(default_factory=list)
     history: str | None = None  # the history covariates each field got, when the model takes them
+    sigma_scales: str | None = None  # the calibration's sigma scale per distance bin, when calibrated
 
     def fill(self, f: Field, key: tuple[slice, slice, slice]) -> BlockResult:
         if self.choice.model is None:  # a stack method: the field was reconstructed when planned
@@ -188,6 +189,8 @@ def provenance(p: Plan, source: str) -> dict[str, Any]:
     }
     if p.history is not None:
         attrs["geonp_history"] = p.history
+    if p.sigma_scales is not None:
+        attrs["geonp_sigma_scales"] = p.sigma_scales
     if p.notes:
         attrs["geonp_notes"] = "; ".join(p.notes)
     return attrs
@@ -215,6 +218,21 @@ def _finetune(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None
         f.folds = []  # only fine-tuning needs them: blocks (and dask workers) do not carry them
     if saved is not None:
         save(p.choice.model, saved, extra={"infill": {"fit_steps": p.fit_steps}})
+
+
+def _calibrate(p: Plan, say: Callable[[str], None] | None) -> None:
+    """Sigma scaled per distance bin on the input's own hidden cells (:mod:`geonp.fill.calibrate`),
+    when ``geonp.fill.CALIBRATE_SIGMA`` asks for it and the model is a trained neural process."""
+    if not fill_defaults.CALIBRATE_SIGMA or p.choice.model is None or not p.choice.model.trainable \
+            or all(f.gaps == 0 for f in p.fields):
+        return
+    from geonp.fill.calibrate import calibrate, describe
+
+    p.choice.model, scales = calibrate(p.choice.model, p.fields, p.spec, p.device, p.seed, p.elevation,
+                                       p.choice.covariates)
+    p.sigma_scales = describe(scales)
+    if say:
+        say(f"sigma calibrated on the input's own cells, scale by distance to an observation: {p.sigma_scales}")
 
 
 def _request(p: Plan, source: str) -> dict[str, Any]:
@@ -272,6 +290,7 @@ def infill(ds: xr.Dataset, variables: str | list[str] | None = None, model: str 
     for note in p.notes:
         warnings.warn(note, stacklevel=2)
     _finetune(p, None, say)
+    _calibrate(p, say)
     template = output_template(xr.Dataset(p.cubes), p.names)
     arrays = {v: np.empty(template[v].shape, template[v].dtype) for v in template.data_vars}
     totals = dict.fromkeys(p.names, 0)
@@ -338,6 +357,7 @@ def infill_to_zarr(ds: xr.Dataset, out: str | Path, variables: str | list[str] |
     if store.resumed and say:
         say(f"resuming {out}: {int(store.done().sum())} of {store.done().size} blocks already written")
     _finetune(p, out, say)
+    _calibrate(p, say)
     todo = [(i, region) for (i, region), done in zip(store.blocks(), store.done()) if not done]
     if workers is not None:
         _on_local_cluster(p, store, todo, workers, say)
@@ -346,7 +366,8 @@ def infill_to_zarr(ds: xr.Dataset, out: str | Path, variables: str | list[str] |
     layout = ds if like is None else like
     # Summed over every block in the store, those of an earlier run included; the store is then
     # rewritten in the input's layout, without the resume bookkeeping.
-    totals = store.finish(restore=lambda work: restore_layout(work, layout, renamed_from(ds)))
+    totals = store.finish(attrs={"geonp_sigma_scales": p.sigma_scales} if p.sigma_scales else None,
+                          restore=lambda work: restore_layout(work, layout, renamed_from(ds)))
     message = f"gap cells filled with the global mean (no observation in reach): {_without_context_text(totals)}"
     if say:
         say(f"wrote {out}; {message}")

@@ -256,7 +256,8 @@ class InfillStore:
             raise RuntimeError(f"{self.path}: {missing} blocks are not written; the store stays incomplete")
         totals = self.without_context()
         counts = {f"{WITHOUT_CONTEXT}_{v}": n for v, n in totals.items()}
-        work = xr.open_zarr(str(self.path), consolidated=False).drop_vars([PROGRESS, WITHOUT_CONTEXT])
+        with zarr_store.quiet_zarr():
+            work = xr.open_zarr(str(self.path), consolidated=False).drop_vars([PROGRESS, WITHOUT_CONTEXT])
         done = restore(work) if restore is not None else work
         done.attrs = {**done.attrs, **dict(attrs or {}), **counts, STATUS: "complete"}
         final = self._sibling(FINAL)

@@ -155,3 +155,32 @@ def test_training_on_a_cube_resumes_exactly_and_writes_the_normalisation(tmp_pat
     assert record["kind"] == "cube" and record["channels"] == ["lat", "lon", "time"] and record["variables"] == ["t2m"]
     assert not list(straight.out_dir.glob("*.json.tmp"))
     assert np.isfinite(straight.val_nll)
+
+
+def test_the_readme_era5_config_writes_a_checkpoint_that_fills_another_regions_gaps(tmp_path):
+    """The README's training example (issue: one task world): its checkpoint goes straight into infill."""
+    from pathlib import Path
+
+    import numpy as np
+    from conftest import real_file
+
+    import geonp
+    from geonp.data import open_cube
+
+    path = Path(real_file("era5/era5_t2m_uk_2019-03_hourly.nc"))
+    dem = real_file("elevation/era5_orography_0p25.nc")
+    cfg = TrainConfig.from_yaml(Path(__file__).parents[1] / "pipelines/configs/te_pt_tnp_era5_uk.yaml")
+    cfg.out_dir, cfg.steps, cfg.val_tasks, cfg.val_every, cfg.batch_size = str(tmp_path / "run"), 2, 4, 2, 4
+    cfg.device = "cpu"
+    out = train(cfg, progress=False).out_dir
+    meta = read_checkpoint(out / "model.safetensors")[1]
+    assert meta["inputs"] == {"kind": "windows"} and meta["infill"]["elevation"] is True
+    south = open_cube(path, ["t2m"]).isel(time=slice(600, 603)).sel(lat=slice(50.0, 52.0)).compute()
+    gappy = south.copy()
+    gappy["t2m"] = south["t2m"].where(~((south["lat"] > 50.6) & (south["lon"] > -4) & (south["lon"] < -1)))
+    filled = geonp.infill(gappy, "t2m", model="te-pt-tnp", checkpoint=str(out / "model.safetensors"),
+                          elevation=dem, fit_steps=0)
+    hole = np.isnan(gappy["t2m"].values)
+    assert hole.sum() > 0 and np.isfinite(filled["t2m"].values[hole]).all()
+    with pytest.raises(ValueError, match="takes elevation as an input; pass --elevation"):
+        geonp.infill(gappy, "t2m", model="te-pt-tnp", checkpoint=str(out / "model.safetensors"), fit_steps=0)

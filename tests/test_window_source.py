@@ -249,10 +249,12 @@ def _era5_like(tmp_path) -> tuple[dict, np.ndarray]:
     return {"path": str(tmp_path / "t2m.nc"), "variable": "t2m"}, height
 
 
-def test_a_region_entry_cuts_the_field_in_degrees(tmp_path):
+def test_region_and_time_entries_cut_the_field_in_degrees_and_dates(tmp_path):
     entry, _ = _era5_like(tmp_path)
     values, _, _, _ = _load({**entry, "region": [52.0, 53.0, -5.0, -4.0]}, tmp_path)
     assert values.shape == (4, 5, 5)  # 52-53 N and 5-4 W, both ends included, in 0.25-degree cells
+    hours, _, _, _ = _load({**entry, "time": ["2019-03-01T01", "2019-03-01T02"]}, tmp_path)
+    assert hours.shape[0] == 2
     with pytest.raises(ValueError, match="holds no grid cell"):
         _load({**entry, "region": [10.0, 20.0, 0.0, 1.0]}, tmp_path)
     with pytest.raises(ValueError, match=r"unknown key\(s\) regoin"):

@@ -66,7 +66,7 @@ def synthetic_field(shape: tuple[int, int, int], rng: np.random.Generator) -> np
 
 
 #: Entry keys of a training field (see :func:`_load`).
-ENTRY_KEYS = frozenset({"path", "paths", "variable", "satellite", "isel", "region", "exclude"})
+ENTRY_KEYS = frozenset({"path", "paths", "variable", "satellite", "isel", "region", "time", "exclude"})
 
 
 def _load(entry: dict[str, Any], folder: Path, dem: Path | None = None
@@ -77,7 +77,8 @@ def _load(entry: dict[str, Any], folder: Path, dem: Path | None = None
     optional ``satellite`` (true, or ``open_satellite`` keywords such as ``{valid_mask: mask}``:
     product QC applied and the valid area from the product), ``region`` (a named region or
     ``[south, north, west, east]`` in degrees, :func:`geonp.data.regions.get_region`: the part of
-    the field to use, e.g. the training region of a region-transfer run), ``isel``
+    the field to use, e.g. the training region of a region-transfer run), ``time`` (``[first,
+    last]`` dates, both included: the steps to use, e.g. its training period), ``isel``
     (``{dim: [start, stop]}``: the same by index) and ``exclude`` (a list of such boxes, in the
     dims of the selected part, whose cells are never used: e.g. the cells an evaluation hides).
     ``dem``: a DEM regridded onto the field (:func:`geonp.data.elevation.attach_elevation`).
@@ -86,6 +87,7 @@ def _load(entry: dict[str, Any], folder: Path, dem: Path | None = None
     from geonp.data.elevation import attach_elevation
     from geonp.data.regions import crop_to_region, get_region
     from geonp.data.satellite import open_satellite
+    from geonp.data.sources import select_time
 
     unknown = sorted(set(entry) - ENTRY_KEYS)
     if unknown:
@@ -103,6 +105,8 @@ def _load(entry: dict[str, Any], folder: Path, dem: Path | None = None
             ds = open_cube(path, [variable])
         if "region" in entry:
             ds = crop_to_region(ds, get_region(entry["region"]))
+        if "time" in entry:
+            ds = select_time(ds, entry["time"], str(path))
         ds = ds.isel({d: slice(*v) for d, v in entry.get("isel", {}).items()})
         if dem is not None:
             ds = attach_elevation(ds, dem)

@@ -72,6 +72,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="open INPUT as a satellite product (QC flags to gaps, product valid area)")
     infill.add_argument("--fit-steps", type=int, default=FIT_STEPS,
                         help="fine-tune on INPUT's own observations for N steps first (default: %(default)s)")
+    infill.add_argument("--calibrate-sigma", action="store_true",
+                        help="scale sigma by distance to the nearest observation so that INPUT's own cells, "
+                             "hidden under its own gap patterns, get 90%% coverage (slower by 64 windows' "
+                             "predictions)")
     infill.add_argument("--device", default="auto", help="auto, cpu or cuda (default: %(default)s)")
     infill.add_argument("--batch-size", type=int, default=16, help="windows per model call (default: %(default)s)")
     infill.add_argument("--window", default=None, metavar="T,R,C",
@@ -171,8 +175,9 @@ def _run(args: argparse.Namespace) -> int:
 
         infill_file(args.input, args.out, args.var, args.model, satellite=args.satellite, checkpoint=args.checkpoint,
                     elevation=args.elevation, valid_mask=args.valid_mask, fit_steps=args.fit_steps,
-                    device=args.device, batch_size=args.batch_size, window=args.window, scheduler=args.scheduler,
-                    workers=args.workers, seed=args.seed, zarr_format=args.zarr_format, overwrite=args.overwrite,
+                    calibrate_sigma=args.calibrate_sigma or None, device=args.device, batch_size=args.batch_size,
+                    window=args.window, scheduler=args.scheduler, workers=args.workers, seed=args.seed,
+                    zarr_format=args.zarr_format, overwrite=args.overwrite,
                     progress=not args.quiet, command=args.command_line)
     elif args.command == "evaluate":
         from geonp.evaluate import run_evaluate

@@ -32,7 +32,6 @@ import numpy as np
 import torch
 import xarray as xr
 
-import geonp.fill as fill_defaults
 from geonp.data import open_satellite
 from geonp.data.window_source import data_folder
 from geonp.device import resolve_device
@@ -120,7 +119,7 @@ def main() -> None:
     parser.add_argument("--checkpoint", action="append", default=[], metavar="LABEL=PATH",
                         help="a row LABEL[@FIT] scores te-pt-tnp with these weights (e.g. a trained variant)")
     parser.add_argument("--calibrated", nargs="*", default=[], metavar="LABEL",
-                        help="rows LABEL[@FIT] run with sigma calibrated on the scene (geonp.fill.CALIBRATE_SIGMA)")
+                        help="rows LABEL[@FIT] run with sigma calibrated on the scene (infill's calibrate_sigma)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     out = Path(args.out or REPO / "pipelines" / "results" / f"history_cv_{args.split}.md")
@@ -140,10 +139,10 @@ def main() -> None:
                 checkpoints = {model: str(covariate_checkpoint(model, covariates, Path(tmp)))} if covariates else None
                 if row.partition("@")[0] in trained:
                     model, checkpoints = "te-pt-tnp", {"te-pt-tnp": trained[row.partition("@")[0]]}
-                fill_defaults.CALIBRATE_SIGMA = row.partition("@")[0] in args.calibrated
+                calibrate = row.partition("@")[0] in args.calibrated
                 try:
                     part = evaluate(ds, variable, [model], checkpoints=checkpoints, fit_steps=fit, seed=args.seed,
-                                    options={"device": "auto"}, hide_steps=steps)
+                                    options={"device": "auto", "calibrate_sigma": calibrate}, hide_steps=steps)
                 except ValueError as err:  # e.g. dineof on a stack with too short a history: say so, go on
                     print(f"{name} {row}: not scored: {err}", flush=True)
                     skipped.append(f"{name} {row}: {err}")

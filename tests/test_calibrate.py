@@ -11,7 +11,6 @@ from conftest import smooth_cube
 from torch.distributions import Normal
 
 import geonp
-import geonp.fill as fill_defaults
 from geonp.fill.calibrate import SHRINK_CELLS, Z90, SigmaCalibrated, fit_scales, target_distance
 from geonp.metrics import DISTANCE_BINS
 from geonp.models.base import NeuralProcess
@@ -72,9 +71,8 @@ def test_the_wrapper_scales_sigma_by_distance_bin_and_keeps_the_mean():
 def test_infill_with_calibration_keeps_the_mean_and_records_the_scales(monkeypatch):
     ds = smooth_cube(t=2, r=24, c=30)
     plain = geonp.infill(ds, "sst", model="te-pt-tnp", fit_steps=0)
-    monkeypatch.setattr(fill_defaults, "CALIBRATE_SIGMA", True)
     monkeypatch.setattr("geonp.fill.calibrate.CALIBRATION_WINDOWS", 16)  # a test's budget
-    calibrated = geonp.infill(ds, "sst", model="te-pt-tnp", fit_steps=0)
+    calibrated = geonp.infill(ds, "sst", model="te-pt-tnp", fit_steps=0, calibrate_sigma=True)
     np.testing.assert_array_equal(plain["sst"].values, calibrated["sst"].values)
     gap = np.isnan(ds["sst"].values) & ds["valid"].values
     ratio = calibrated["sst_std"].values[gap] / plain["sst_std"].values[gap]
@@ -86,3 +84,18 @@ def test_infill_with_calibration_keeps_the_mean_and_records_the_scales(monkeypat
     assert exact.mean() > 0.6
     assert ratio.min() >= min(scales) * 0.99 and ratio.max() <= max(scales) * 1.01
     assert "geonp_sigma_scales" not in plain.attrs
+
+
+def test_the_cli_flag_calibrates_and_records_the_scales_in_the_store(tmp_path, monkeypatch, tiny_checkpoint):
+    import xarray as xr
+
+    from geonp.cli import main
+
+    path = tmp_path / "in.nc"
+    smooth_cube(t=2, r=24, c=30).to_netcdf(path)
+    monkeypatch.setattr("geonp.fill.calibrate.CALIBRATION_WINDOWS", 8)
+    assert main(["infill", str(path), "--var", "sst", "--model", "te-pt-tnp", "--checkpoint", tiny_checkpoint,
+                 "--fit-steps", "0", "--calibrate-sigma", "-o", str(tmp_path / "out.zarr"), "-q"]) == 0
+    attrs = xr.open_zarr(tmp_path / "out.zarr").attrs
+    assert len(attrs["geonp_sigma_scales"].split(", ")) == len(DISTANCE_BINS)
+    assert '"calibrate_sigma": true' in attrs["geonp_request"]  # a store is resumed only under the same request

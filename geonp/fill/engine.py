@@ -50,6 +50,7 @@ class Plan:
     batch_size: int
     seed: int
     fit_steps: int
+    calibrate_sigma: bool = False  # scale sigma on the input's own cells (geonp.fill.calibrate)
     command: str = "geonp.infill(...) (Python)"
     notes: list[str] = field(default_factory=list)
     history: str | None = None  # the history covariates each field got, when the model takes them
@@ -119,7 +120,7 @@ def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = 
          checkpoint: str | Path | None = None, valid_mask: str | Path | xr.DataArray | None = None,
          elevation: str | Path | None = None, window: WindowSpec | tuple | str | None = None,
          device: str = "auto", batch_size: int = 16, seed: int = 0, fit_steps: int = FIT_STEPS,
-         source: str = "the input", command: str | None = None) -> Plan:
+         calibrate_sigma: bool | None = None, source: str = "the input", command: str | None = None) -> Plan:
     """Check the request against the cube and load the model; raises ValueError with one line."""
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
@@ -147,7 +148,8 @@ def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = 
             raise ValueError(f"--model {model}: the model takes elevation but {source} has none; pass --elevation")
         elev = np.nan_to_num(ds["elevation"].transpose(*fields[0].data.dims[1:]).values.astype(np.float64))
     spec = _window_spec(window, largest, choice.scaling, getattr(choice.model, "supports_gridded", False))
-    result = Plan(fields, choice, spec, cubes, largest, elev, dev, batch_size, seed, fit_steps)
+    result = Plan(fields, choice, spec, cubes, largest, elev, dev, batch_size, seed, fit_steps,
+                  fill_defaults.CALIBRATE_SIGMA if calibrate_sigma is None else bool(calibrate_sigma))
     if choice.covariates:
         result.history = "; ".join(add_history(f, choice.covariates, seed) for f in fields if f.observed)
     if choice.model is None:
@@ -222,8 +224,8 @@ def _finetune(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None
 
 def _calibrate(p: Plan, say: Callable[[str], None] | None) -> None:
     """Sigma scaled per distance bin on the input's own hidden cells (:mod:`geonp.fill.calibrate`),
-    when ``geonp.fill.CALIBRATE_SIGMA`` asks for it and the model is a trained neural process."""
-    if not fill_defaults.CALIBRATE_SIGMA or p.choice.model is None or not p.choice.model.trainable \
+    when the plan asks for it and the model is a trained neural process."""
+    if not p.calibrate_sigma or p.choice.model is None or not p.choice.model.trainable \
             or all(f.gaps == 0 for f in p.fields):
         return
     from geonp.fill.calibrate import calibrate, describe
@@ -238,7 +240,7 @@ def _calibrate(p: Plan, say: Callable[[str], None] | None) -> None:
 def _request(p: Plan, source: str) -> dict[str, Any]:
     return {"source": str(source), "variables": p.names, "model": p.choice.name,
             "checkpoint_sha256": p.choice.sha256, "fit_steps": p.fit_steps, "window": p.spec.as_dict(),
-            "seed": p.seed, "elevation": p.elevation is not None,
+            "seed": p.seed, "elevation": p.elevation is not None, "calibrate_sigma": p.calibrate_sigma,
             "valid_cells": [int(f.valid.sum()) for f in p.fields],
             # How windows reach beyond their halo: a store filled under another rule is not resumed.
             "far_context": {"min_far": MIN_FAR, "opening": OPENING, "share": FAR_SHARE}}

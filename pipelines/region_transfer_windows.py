@@ -12,8 +12,8 @@ cube (``data``: path, variable, units, elevation), the ``train`` split and the `
 steps, batch, learning rate and the window source's ``synthetic``, ``wide_clouds``, ``window``)
 and the ``models`` (preset, ``args``; ``weights:`` a committed checkpoint trained by this
 protocol elsewhere, scored instead of trained). Trainable models train on windows of the
-training split (:class:`geonp.data.window_source.WindowSource`, runs in
-``runs/region_transfer/<name>/<model>``, resumed), validated on the first test split.
+training split (:class:`geonp.data.window_source.WindowSource`, runs in ``runs`` (default
+``runs/region_transfer/<name>``) ``/<model>``, resumed), validated on the first test split.
 
 Every split is then scored as a user would score it, with :func:`geonp.evaluate.evaluate`
 (``geonp evaluate``): 30% of each step's cells hidden under random clouds (ERA5 has no gaps to
@@ -43,7 +43,7 @@ from geonp.models import build
 from geonp.train import TrainConfig, train
 from pipelines.provenance import REPO, git_commit, header
 
-KEYS = {"name", "description", "data", "train", "test", "training", "models", "evaluation", "out"}
+KEYS = {"name", "description", "data", "train", "test", "training", "models", "evaluation", "out", "runs"}
 #: Window-source settings a config's ``training`` may give (the rest are TrainConfig's).
 SOURCE_KEYS = ("synthetic", "wide_clouds", "window")
 
@@ -76,7 +76,8 @@ def train_config(cfg: dict[str, Any], name: str, steps: int | None) -> TrainConf
     source = {"name": "windows", "elevation": cfg["data"].get("elevation"),
               "files": [field_entry(cfg, cfg["train"])], "val_files": [field_entry(cfg, cfg["test"][0])],
               **{k: tr[k] for k in SOURCE_KEYS if k in tr}}
-    return TrainConfig(model=name, out_dir=str(REPO / "runs" / "region_transfer" / cfg["name"] / name),
+    runs = Path(cfg.get("runs", REPO / "runs" / "region_transfer" / cfg["name"]))
+    return TrainConfig(model=name, out_dir=str(runs / name),
                        preset=spec.get("preset", "tiny"), model_args=spec.get("args", {}), data=source,
                        steps=steps or tr["steps"], batch_size=tr.get("batch_size", 16), lr=tr.get("lr", 5e-4),
                        checkpoint_every=tr.get("checkpoint_every", 100), val_every=tr.get("val_every", 500),

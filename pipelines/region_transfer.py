@@ -34,8 +34,7 @@ import yaml
 
 from geonp.data import attach_elevation, open_cube
 from geonp.data.normalise import Normaliser
-from geonp.data.regions import get_region
-from geonp.data.sources import select_time
+from geonp.data.regions import get_region, select_time
 from geonp.data.tasks import TaskSampler, sample_tasks
 from geonp.data.window_source import data_folder
 from geonp.metrics import gaussian_skill, mean_and_stderr, task_log_likelihood

@@ -34,8 +34,7 @@ import torch
 import yaml
 
 from geonp.data.cube import open_cube
-from geonp.data.regions import crop_to_region, get_region
-from geonp.data.sources import select_time
+from geonp.data.regions import crop_to_region, get_region, select_time
 from geonp.data.window_source import data_folder
 from geonp.evaluate import evaluate
 from geonp.fill.predictor import STACK_METHODS, takes_elevation

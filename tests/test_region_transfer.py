@@ -10,7 +10,7 @@ import pytest
 import xarray as xr
 import yaml
 
-from geonp.data.sources import select_time
+from geonp.data.regions import select_time
 from pipelines import region_transfer
 
 

@@ -1,4 +1,4 @@
-"""Named geographic regions and cropping a cube to one.
+"""Named geographic regions, cropping a cube to one, and selecting a period of its steps.
 
 The three European regions are those of the TE-TNP paper's ERA5 experiment (Ashman et
 al., ICML 2024, section 5.3): train in one, test in the others.
@@ -107,4 +107,16 @@ def crop_to_region(ds: xr.Dataset, region: Region) -> xr.Dataset:
     if empty:
         source = ds.attrs.get("geonp_source", "the cube")
         raise ValueError(f"region {region.name!r} (lat {region.lat}, lon {region.lon}) holds no grid cell of {source}")
+    return out
+
+
+def select_time(cube: xr.Dataset, time: Sequence[str] | None, source: str = "the cube") -> xr.Dataset:
+    """The steps of ``cube`` from ``time[0]`` to ``time[1]`` (inclusive dates); all when None."""
+    if time is None:
+        return cube
+    if "time" not in cube.dims or len(time) != 2:
+        raise ValueError(f"{source}: time: [first, last] needs a cube with a time axis and two dates, got {time!r}")
+    out = cube.sel(time=slice(str(time[0]), str(time[1])))
+    if out.sizes["time"] == 0:
+        raise ValueError(f"{source}: no time step between {time[0]} and {time[1]}")
     return out

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from geonp.data.batch import Batch
+from geonp.data.regions import select_time
 from geonp.data.synthetic import fixed_tasks, make_generator
 
 
@@ -90,18 +91,6 @@ class CubeSource:
 
     def load_state_dict(self, state: dict) -> None:
         self._stream.load_state_dict(state)
-
-
-def select_time(cube: Any, time: Sequence[str] | None, source: str = "the cube") -> Any:
-    """The steps of ``cube`` from ``time[0]`` to ``time[1]`` (inclusive dates); all when None."""
-    if time is None:
-        return cube
-    if "time" not in cube.dims or len(time) != 2:
-        raise ValueError(f"{source}: time: [first, last] needs a cube with a time axis and two dates, got {time!r}")
-    out = cube.sel(time=slice(str(time[0]), str(time[1])))
-    if out.sizes["time"] == 0:
-        raise ValueError(f"{source}: no time step between {time[0]} and {time[1]}")
-    return out
 
 
 def make_task_source(name: str, batch_size: int = 16, seed: int = 0, **kwargs: Any) -> Any:

@@ -85,9 +85,8 @@ def _load(entry: dict[str, Any], folder: Path, dem: Path | None = None
     """
     from geonp.data.cube import open_cube
     from geonp.data.elevation import attach_elevation
-    from geonp.data.regions import crop_to_region, get_region
+    from geonp.data.regions import crop_to_region, get_region, select_time
     from geonp.data.satellite import open_satellite
-    from geonp.data.sources import select_time
 
     unknown = sorted(set(entry) - ENTRY_KEYS)
     if unknown:

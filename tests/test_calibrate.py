@@ -99,3 +99,12 @@ def test_the_cli_flag_calibrates_and_records_the_scales_in_the_store(tmp_path, m
     attrs = xr.open_zarr(tmp_path / "out.zarr").attrs
     assert len(attrs["geonp_sigma_scales"].split(", ")) == len(DISTANCE_BINS)
     assert '"calibrate_sigma": true' in attrs["geonp_request"]  # a store is resumed only under the same request
+
+
+def test_too_few_observed_cells_to_calibrate_is_one_line():
+    ds = smooth_cube(t=1, r=24, c=30)
+    keep = np.zeros(ds["sst"].shape, bool)
+    keep[0, 10, 3:9] = True  # six observed cells: a window cannot hide eight of them
+    ds["sst"] = ds["sst"].where(keep)
+    with pytest.raises(ValueError, match="^--calibrate-sigma: the input has too few observed cells"):
+        geonp.infill(ds, "sst", model="te-pt-tnp", fit_steps=0, calibrate_sigma=True)

@@ -107,6 +107,9 @@ def calibrate(model: NeuralProcess, fields: list, spec, device: torch.device | s
     try:
         source = FieldWindows(fields, spec, seed + 104729, model.dim_x, elevation)
         z, bins = measure(model, source, device, spec.cells_per_unit, windows or CALIBRATION_WINDOWS)
+    except ValueError:  # FieldWindows found too few observed cells to hide any
+        raise ValueError("--calibrate-sigma: the input has too few observed cells to draw calibration "
+                         "windows; fill without it") from None
     finally:
         for f in fields:
             f.folds = []

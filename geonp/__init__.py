@@ -5,7 +5,7 @@ using translation-equivariant transformer neural processes and baselines that
 all share one calling convention (see :mod:`geonp.models`).
 """
 
-__version__ = "0.1.0"
+from geonp.version import __version__
 
 __all__ = ["__version__", "infill"]
 

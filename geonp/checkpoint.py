@@ -18,8 +18,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from geonp import __version__
 from geonp.atomic import write_atomic
+from geonp.version import __version__
 
 _META_KEY = "geonp"
 _PICKLE_MAGIC = b"\x80"  # pickle protocol >= 2 starts with PROTO

@@ -14,8 +14,8 @@ import sys
 import warnings
 from typing import NoReturn
 
-from geonp import __version__
 from geonp.fill import FIT_STEPS
+from geonp.version import __version__
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
 

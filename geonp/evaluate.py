@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-import geonp
 from geonp.data.clouds import DONOR_CLOUDS, DONOR_NONE, borrow_gaps  # noqa: F401 - the donor codes are part of this API
 from geonp.data.cube import horizontal_dims, open_cube
 from geonp.data.satellite import open_satellite
@@ -37,6 +36,7 @@ from geonp.metrics import (
     pit_histogram,
 )
 from geonp.skill_table import write_table
+from geonp.version import __version__
 
 MIN_OBSERVED = 50  # a step with fewer observed cells is too small to hide from and still fill
 MIN_HIDDEN = 0.10  # a donor should hide at least this fraction of a step's observed cells
@@ -284,7 +284,7 @@ def run_evaluate(
         f"- seed: {seed}, fit steps: {fit_steps}, options: {dict(options or {})}"
         + (f", elevation: {elevation}" if elevation is not None else ""),
         f"- date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
-        f"- versions: geonp {geonp.__version__}, numpy {np.__version__}, xarray {xr.__version__}, "
+        f"- versions: geonp {__version__}, numpy {np.__version__}, xarray {xr.__version__}, "
         f"Python {platform.python_version()}",
     ])
     write_table(results, md_path, md_path.with_suffix(".json"), header=header)

@@ -22,7 +22,6 @@ import torch
 import xarray as xr
 
 import geonp.fill as fill_defaults
-from geonp import __version__
 from geonp.data.cube import renamed_from
 from geonp.data.far_context import FAR_SHARE, MIN_FAR, OPENING
 from geonp.data.windows import WindowSpec, canonical, extra_indices
@@ -34,6 +33,7 @@ from geonp.fill.layout import restore_layout
 from geonp.fill.output import WITHOUT_CONTEXT, InfillStore, block_list, output_template
 from geonp.fill.predictor import ModelChoice, choose_model
 from geonp.fill.stack import add_history, add_history_folds, reconstruct, stack_block
+from geonp.version import __version__
 
 
 @dataclass

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from geonp.data.clouds import random_clouds
 from geonp.fill import FIT_STEPS
 from geonp.metrics import gaussian_skill
+from geonp.tasks.clouds import random_clouds
 
 DEMO_MODELS = ("te-pt-tnp", "linear", "kriging")
 CLOUD_COVER = 0.3

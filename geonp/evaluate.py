@@ -3,7 +3,7 @@
 The hidden cells copy *real* gap patterns: time step ``t`` is masked with the cloud pattern of
 another step of the same cube, so the test gaps have the sizes, shapes and coastal bias of the
 product's own clouds. Only a cube with a single scene (or no usable donor step) falls back to
-synthetic clouds (``geonp.data.clouds.random_clouds``). Every model sees the same masked cube,
+synthetic clouds (``geonp.tasks.clouds.random_clouds``). Every model sees the same masked cube,
 so the scores compare like with like; only the hidden cells are scored, with
 ``geonp.metrics.gaussian_skill`` (RMSE, MAE, NLL, CRPS, 50/90/95% coverage, 90% interval score),
 plus two diagnostics: RMSE by distance to the nearest cell the models could see, and the PIT
@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from geonp.data.clouds import DONOR_CLOUDS, DONOR_NONE, borrow_gaps  # noqa: F401 - the donor codes are part of this API
 from geonp.data.cube import horizontal_dims, open_cube
 from geonp.data.satellite import open_satellite
 from geonp.data.valid import MaskSpec, valid_area
@@ -36,6 +35,7 @@ from geonp.metrics import (
     pit_histogram,
 )
 from geonp.skill_table import write_table
+from geonp.tasks.clouds import DONOR_CLOUDS, DONOR_NONE, borrow_gaps  # noqa: F401 - the donor codes are part of this API
 from geonp.version import __version__
 
 MIN_OBSERVED = 50  # a step with fewer observed cells is too small to hide from and still fill

@@ -53,7 +53,7 @@ def task_scores(model, batches: list, device: torch.device | str = "cpu", shift:
 
     Args:
         model: a model in the calling convention (``model(xc, yc, xt, mask_c, mask_t)``).
-        batches: ``geonp.data.Batch`` objects (e.g. from :func:`geonp.data.tasks.sample_tasks`).
+        batches: ``geonp.data.Batch`` objects (e.g. a task source's ``validation``).
         device: where to run the model.
         shift: added to every input location first (the TE-TNP paper's test-time Δ).
 

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from geonp.atomic import write_text_atomic
-from geonp.data.clouds import DONOR_CLOUDS  # a result's donor code for synthetic clouds
 from geonp.metrics import DISTANCE_BINS
+from geonp.tasks.clouds import DONOR_CLOUDS  # a result's donor code for synthetic clouds
 
 COLUMNS = [("model", "model"), ("fit steps", "fit_steps"), ("RMSE", "rmse"), ("MAE", "mae"), ("NLL", "nll"),
            ("CRPS", "crps"), ("cov50", "coverage_50"), ("cov90", "coverage_90"), ("cov95", "coverage_95"),

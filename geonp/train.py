@@ -1,15 +1,15 @@
 """Training: AdamW, gradient clipping, bf16 autocast on CUDA, safe checkpoints, resume.
 
 ``train(config)`` (or ``geonp train CONFIG.yaml``) trains one registry model on
-tasks from a synthetic generator or from a cube (``data: {name: cube, path: ...,
-variables: [...], window: ..., region: ...}``, see ``geonp.data.sources``). A run lives
-in ``out_dir``:
+tasks from a synthetic generator or on infill windows of real and synthetic fields
+(``data: {name: windows, files: [{path, variable, region, time}, ...], ...}``, see
+``geonp.tasks.sources``), the task encoding ``geonp infill`` uses. A run lives in ``out_dir``:
 
 * ``state.safetensors`` - weights, optimizer state, step, RNG states (written
   atomically every ``checkpoint_every`` steps and at the end),
 * ``model.safetensors`` - the final model, loadable with ``geonp.models.load``; its header
-  records how the inputs were made (``inputs``: synthetic tasks, infill windows in grid units,
-  or a cube's channels with the normalisation fitted on the training region),
+  records how the inputs were made (``inputs``: synthetic tasks, or infill windows in grid units
+  with what ``geonp infill`` must feed them),
 * ``log.csv`` - step, training loss, validation NLL, tasks/s, elapsed seconds,
 * ``config.yaml`` - the configuration that produced it.
 
@@ -42,12 +42,12 @@ import torch
 import yaml
 
 from geonp.atomic import write_text_atomic
-from geonp.data.sources import make_task_source
 from geonp.device import resolve_device
 from geonp.metrics import task_log_likelihood, task_scores
 from geonp.models import build, save
 from geonp.models.base import NeuralProcess
 from geonp.parallel import Group, setup, shutdown
+from geonp.tasks.sources import make_task_source
 from geonp.train_paths import check_paths
 from geonp.train_state import initialise_from, load_state, rank_state, restore_rank, save_state
 
@@ -63,10 +63,9 @@ class TrainConfig:
         preset: the architecture preset (``"paper"``, ``"small"``, ``"tiny"``).
         model_args: constructor arguments over the preset's (e.g. ``num_neighbours: 16``).
         data: the task source, a mapping with a ``name``: a synthetic generator (``gp``,
-            ``sawtooth``, with its options), ``cube`` (windows of a cube: ``path``,
-            ``variables``, ``window``, ``region``, ``val_region``, ``inputs``, ...) or
-            ``windows`` (infill-shaped windows of synthetic and real fields: ``files``,
-            ``synthetic``, ``real_clouds``, ``wide_clouds``, ``window``, ``covariates``, ...).
+            ``sawtooth``, with its options) or ``windows`` (infill-shaped windows of synthetic
+            and real fields: ``files``, ``synthetic``, ``real_clouds``, ``wide_clouds``, ``window``,
+            ``covariates``, ``elevation``, ...).
         steps: optimizer steps in all (a resumed run continues up to this number).
         batch_size: tasks per step and per process.
         lr: AdamW learning rate, whatever the number of processes.
@@ -115,7 +114,7 @@ class TrainConfig:
         if self.val_seed == self.seed:
             raise ValueError("config: val_seed must differ from seed (validation never reuses the training stream)")
         if "name" not in self.data:
-            raise ValueError("config: data needs a 'name' (a synthetic generator, e.g. gp or sawtooth, or cube)")
+            raise ValueError("config: data needs a 'name' (windows, or a synthetic generator such as gp or sawtooth)")
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> TrainConfig:
@@ -201,9 +200,7 @@ class _Run:
         self.state_path = self.out / "state.safetensors" if self.out is not None else None
         torch.manual_seed(cfg.seed)  # before building: the initial weights follow the seed
         if source is None:
-            data_args = {k: v for k, v in cfg.data.items() if k != "name"}
-            data_args.setdefault("seed", cfg.seed)
-            source = make_task_source(cfg.data["name"], batch_size=cfg.batch_size, **data_args)
+            source = make_task_source(**cfg.data)
         self.generator = source
         if model is None:
             model = build(cfg.model, source.dim_x, source.dim_y, preset=cfg.preset, **cfg.model_args)
@@ -226,7 +223,7 @@ class _Run:
 
     def save_state(self) -> None:
         """Every rank hands its random state to rank 0, which writes the file."""
-        ranks = self.group.gather(rank_state(self.rng, self.generator, self.device))
+        ranks = self.group.gather(rank_state(self.rng, self.device))
         if self.group.is_main and self.state_path is not None:
             save_state(self.state_path, self.model, self.opt, self.step, self.elapsed,
                        dataclasses.asdict(self.cfg), ranks)
@@ -235,7 +232,7 @@ class _Run:
     def load_state(self) -> None:
         self.step, self.elapsed, mine = load_state(self.state_path, self.model, self.opt, self.group.rank,
                                                    self.group.world)
-        restore_rank(mine, self.rng, self.generator, self.device)
+        restore_rank(mine, self.rng, self.device)
 
 
 def _loss(model: NeuralProcess, batch, device: torch.device) -> torch.Tensor:

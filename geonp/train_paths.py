@@ -1,10 +1,10 @@
 """The paths a training config names, resolved and checked before a run writes anything.
 
 A config names files in three places: ``out_dir`` (where the run lives), ``init_from`` (weights
-to start from) and its data (a cube's ``path``, ``elevation`` and ``valid_mask``; the ``files``,
-``val_files`` and ``elevation`` of infill windows). Relative paths mean what the code that opens them makes of
-them: the working directory for the first two and a cube, the shared data folder
-(:func:`geonp.data.window_source.data_folder`) for window files and their DEM. A typo found after an hour of
+to start from) and its data (the ``files``, ``val_files`` and ``elevation`` of infill windows).
+Relative paths mean what the code that opens them makes of them: the working directory for the
+first two, the shared data folder
+(:func:`geonp.data.readers.data_folder`) for window files and their DEM. A typo found after an hour of
 loading, or a run that writes its state over its own input, costs a user the hour; so every path
 is checked at once and an error names the key, the path as written and where it was looked for.
 """
@@ -15,19 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from geonp.data.readers import is_url
-
 
 def config_paths(init_from: str | None, data: dict[str, Any]) -> Iterator[tuple[str, Path]]:
     """``(config key, resolved path)`` of every input file the config names (URLs left out)."""
     if init_from is not None:
         yield "init_from", _resolved(init_from, None)
-    if data.get("name") == "cube":
-        for key in ("path", "elevation", "valid_mask"):
-            if isinstance(data.get(key), str) and not is_url(data[key]):
-                yield f"data.{key}", _resolved(data[key], None)
-    elif data.get("name") == "windows":
-        from geonp.data.window_source import data_folder
+    if data.get("name") == "windows":
+        from geonp.data.readers import data_folder
 
         folder = data_folder()
         if isinstance(data.get("elevation"), str):

@@ -18,24 +18,21 @@ from geonp.models.base import NeuralProcess
 from geonp.models.registry import same_model
 
 
-def rank_state(rng: torch.Generator, source: Any, device: torch.device) -> dict[str, Any]:
-    """One rank's random state and task-stream position (gathered to rank 0 before saving)."""
+def rank_state(rng: torch.Generator, device: torch.device) -> dict[str, Any]:
+    """One rank's random states (gathered to rank 0 before saving): task sources draw from ``rng``,
+    so these are all an exact resume needs of the data."""
     out: dict[str, Any] = {"rng.data": rng.get_state(), "rng.torch": torch.get_rng_state()}
     if device.type == "cuda":
         out["rng.cuda"] = torch.cuda.get_rng_state(device)
-    if hasattr(source, "state_dict"):  # a cube stream: where it is, to continue it exactly
-        out["data_state"] = source.state_dict()
     return out
 
 
-def restore_rank(state: dict[str, Any], rng: torch.Generator, source: Any, device: torch.device) -> None:
+def restore_rank(state: dict[str, Any], rng: torch.Generator, device: torch.device) -> None:
     """Put back what :func:`rank_state` recorded."""
     rng.set_state(state["rng.data"])
     torch.set_rng_state(state["rng.torch"])
     if "rng.cuda" in state and device.type == "cuda":
         torch.cuda.set_rng_state(state["rng.cuda"], device)
-    if "data_state" in state and hasattr(source, "load_state_dict"):
-        source.load_state_dict(state["data_state"])
 
 
 def save_state(path: Path, model: NeuralProcess, opt: torch.optim.Optimizer, step: int, elapsed: float,

@@ -37,10 +37,10 @@ import torch
 import yaml
 
 from geonp.data import open_satellite
-from geonp.data.window_source import data_folder
-from geonp.data.windows import WindowSpec
+from geonp.data.readers import data_folder
 from geonp.device import resolve_device
 from geonp.evaluate import evaluate
+from geonp.tasks.windows import WindowSpec
 from geonp.train import TrainConfig, train
 from pipelines.checkpoint_variants import variant_checkpoint
 from pipelines.provenance import REPO, git_commit, header

@@ -20,7 +20,7 @@ def variant_checkpoint(checkpoint: Path, out: Path, mean: str | None = None,
     architecture arguments that hold no weights (e.g. ``kriging_neighbours``); ``covariates``
     (te-pt-tnp with a local kriging head) adds history covariates to the kriging drift, which
     holds no weight either: one more input each, recorded in the ``infill`` header so infill
-    computes them (:func:`geonp.data.history.history_covariates`)."""
+    computes them (:func:`geonp.tasks.history.history_covariates`)."""
     tensors, meta = read_checkpoint(checkpoint)
     if covariates:
         meta = copy.deepcopy(meta)

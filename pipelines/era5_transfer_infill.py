@@ -31,8 +31,8 @@ from typing import Any
 import torch
 
 from geonp.data.cube import open_cube
+from geonp.data.readers import data_folder
 from geonp.data.regions import crop_to_region, get_region, select_time
-from geonp.data.window_source import data_folder
 from geonp.evaluate import evaluate
 from geonp.skill_table import write_table
 from pipelines.provenance import REPO, header

@@ -32,7 +32,7 @@ import torch
 
 from geonp.checkpoint import read_checkpoint
 from geonp.data import open_satellite
-from geonp.data.window_source import data_folder
+from geonp.data.readers import data_folder
 from geonp.evaluate import evaluate, hide_cells, static_valid_area
 from geonp.fill.engine import plan
 from geonp.fill.finetune import finetune

@@ -15,7 +15,7 @@ its cells) and the split is by place, a validation crop north of the test crop.
 A row is ``MODEL[+COVARIATE...][@FIT_STEPS]``, or a label given weights with ``--checkpoint
 LABEL=PATH``: ``te-pt-tnp+dineof@30`` is the bundled te-pt-tnp weights with the ``dineof``
 history covariate in its kriging head's drift
-(``geonp.data.history.history_covariates``), fine-tuned 30 steps on the scene. The covariate
+(``geonp.tasks.history.history_covariates``), fine-tuned 30 steps on the scene. The covariate
 checkpoints are made here from the bundled weights (the drift adds no weight). ``--calibrated
 LABEL`` runs that label's rows with sigma calibrated on the scene (``geonp.fill.calibrate``).
 Writes ``pipelines/results/history_cv_<split>.md`` and ``.json``.
@@ -33,7 +33,7 @@ import torch
 import xarray as xr
 
 from geonp.data import open_satellite
-from geonp.data.window_source import data_folder
+from geonp.data.readers import data_folder
 from geonp.device import resolve_device
 from geonp.evaluate import evaluate
 from geonp.fill.predictor import bundled_checkpoint

@@ -48,9 +48,9 @@ import zarr
 
 import geonp
 from geonp.data import zarr_store
-from geonp.data.clouds import random_clouds
 from geonp.fill.output import FLAG_INFILLED, is_complete
 from geonp.fill.predictor import bundled_checkpoint
+from geonp.tasks.clouds import random_clouds
 from pipelines.memory import high_water
 from pipelines.provenance import header
 

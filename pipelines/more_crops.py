@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from geonp.data import open_satellite
-from geonp.data.window_source import data_folder
+from geonp.data.readers import data_folder
 from geonp.evaluate import evaluate
 from pipelines.provenance import REPO, header
 from pipelines.scenes import CROP_SIZE as SIZE

@@ -4,7 +4,7 @@
     python -m pipelines.region_transfer_windows CONFIG --models te-pt-tnp linear kriging   # some rows
 
 The TE-TNP paper's environmental experiment (train on one region, test on others, elevation as
-an input) in the one task encoding infill uses (:mod:`geonp.data.windows`: grid-unit offsets,
+an input) in the one task encoding infill uses (:mod:`geonp.tasks.windows`: grid-unit offsets,
 per-window standardisation), so every model trained here is a checkpoint ``geonp infill
 --checkpoint`` takes. A config (``pipelines/configs/region_transfer/*_windows.yaml``) names the
 cube (``data``: path, variable, units, elevation), the ``train`` split and the ``test`` splits
@@ -12,14 +12,16 @@ cube (``data``: path, variable, units, elevation), the ``train`` split and the `
 steps, batch, learning rate and the window source's ``synthetic``, ``wide_clouds``, ``window``)
 and the ``models`` (preset, ``args``; ``weights:`` a committed checkpoint trained by this
 protocol elsewhere, scored instead of trained). Trainable models train on windows of the
-training split (:class:`geonp.data.window_source.WindowSource`, runs in ``runs`` (default
+training split (:class:`geonp.tasks.window_source.WindowSource`, runs in ``runs`` (default
 ``runs/region_transfer/<name>``) ``/<model>``, resumed), validated on the first test split.
 
 Every split is then scored as a user would score it, with :func:`geonp.evaluate.evaluate`
 (``geonp evaluate``): 30% of each step's cells hidden under random clouds (ERA5 has no gaps to
 borrow), the same cells for every model (one seed), filled without fine-tuning, RMSE / CRPS /
 90% coverage and NLL per cell in the variable's units. Models without weights (``linear``,
-``kriging``, ``gp``) are fitted per scene or window.
+``kriging``, ``gp``) are fitted per scene or window. When the ``figures`` model (default
+``te-pt-tnp``) is scored, its fill of each split's middle step is drawn beside the table
+(``<out>_<region>.png``: observed, truth, mean, sigma, flags and the error at the hidden cells).
 """
 
 from __future__ import annotations
@@ -30,19 +32,24 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+import xarray as xr
 import yaml
 
 from geonp.data.cube import open_cube
+from geonp.data.readers import data_folder
 from geonp.data.regions import crop_to_region, get_region, select_time
-from geonp.data.window_source import data_folder
 from geonp.evaluate import evaluate
+from geonp.fill.engine import infill
 from geonp.fill.predictor import STACK_METHODS, takes_elevation
+from geonp.maps import plot_infill
 from geonp.models import build
 from geonp.train import TrainConfig, train
 from pipelines.provenance import REPO, git_commit, header
 
-KEYS = {"name", "description", "data", "train", "test", "training", "models", "evaluation", "out", "runs"}
+KEYS = {"name", "description", "data", "train", "test", "training", "models", "evaluation", "out", "runs",
+        "figures"}
 #: Window-source settings a config's ``training`` may give (the rest are TrainConfig's).
 SOURCE_KEYS = ("synthetic", "wide_clouds", "window")
 
@@ -62,7 +69,7 @@ def _box(split: dict[str, Any]) -> list[float]:
 
 
 def field_entry(cfg: dict[str, Any], split: dict[str, Any]) -> dict[str, Any]:
-    """A :class:`~geonp.data.window_source.WindowSource` field entry for one split."""
+    """A :class:`~geonp.tasks.window_source.WindowSource` field entry for one split."""
     entry = {"path": cfg["data"]["path"], "variable": cfg["data"]["variable"], "region": _box(split)}
     if split.get("time"):
         entry["time"] = list(split["time"])
@@ -111,21 +118,48 @@ def split_cube(cfg: dict[str, Any], split: dict[str, Any]):
     return select_time(ds, split.get("time"), data["path"]).compute()
 
 
-def score(cfg: dict[str, Any], name: str, checkpoint: str | None, seed: int) -> dict[str, dict]:
-    """``{region name: evaluate row}`` of one model on every split."""
+def score(cfg: dict[str, Any], name: str, checkpoint: str | None, seed: int,
+          figures: Path | None = None) -> dict[str, dict]:
+    """``{region name: evaluate row}`` of one model on every split; with ``figures`` (the table's
+    path), its fill of each split is also drawn to ``<figures stem>_<region>.png``."""
     data, out = cfg["data"], {}
     dem = str(data_folder() / data["elevation"]) if data.get("elevation") else None
     for split in [cfg["train"], *cfg["test"]]:
         elevation = dem if dem and takes_elevation(name, checkpoint) else None
-        res = evaluate(split_cube(cfg, split), data["variable"], [name],
-                       checkpoints={name: checkpoint} if checkpoint else None, seed=seed,
-                       options={"device": "cpu"}, elevation=elevation)
+        cube, kept = split_cube(cfg, split), {}
+        res = evaluate(cube, data["variable"], [name], checkpoints={name: checkpoint} if checkpoint else None,
+                       seed=seed, options={"device": "cpu"}, elevation=elevation, infill_fn=_keeping(kept))
+        if figures is not None:
+            draw(cfg, split, name, cube[data["variable"]], kept["masked"], kept["out"], figures)
         row = res["rows"][0]
         out[get_region(split["region"]).name] = {k: row[k] for k in ("rmse", "crps", "coverage_90", "nll", "wall_s")} \
             | {"hidden_cells": res["hidden_cells"]}
         print(f"{name} {get_region(split['region']).name}: RMSE {row['rmse']:.4g} CRPS {row['crps']:.4g} "
               f"cov90 {row['coverage_90']:.3f} NLL {row['nll']:.3f} ({row['wall_s']:.0f} s)", flush=True)
     return out
+
+
+def _keeping(kept: dict[str, Any]):
+    """``geonp infill``, keeping the masked input and the output it was given and gave in ``kept``."""
+
+    def fill(masked: xr.Dataset, variable: str, model: str, **options: Any) -> xr.Dataset:
+        kept["masked"], kept["out"] = masked[variable], infill(masked, variable, model, **options)
+        return kept["out"]
+
+    return fill
+
+
+def draw(cfg: dict[str, Any], split: dict[str, Any], model: str, truth: xr.DataArray, masked: xr.DataArray,
+         filled: xr.Dataset, table: Path) -> Path:
+    """Map panels of ``model``'s fill of one split at its middle step, beside the table."""
+    region = get_region(split["region"]).name
+    step = truth.sizes.get("time", 1) // 2
+    hidden = np.isfinite(truth) & ~np.isfinite(masked)
+    when = f", {str(truth['time'].values[step])[:16]}" if "time" in truth.dims else ""
+    title = (f"{model} trained on {get_region(cfg['train']['region']).name}, filling {region}{when}: "
+             "30% hidden under random clouds")
+    path = table.with_name(f"{table.stem}_{region}.png")
+    return plot_infill(filled, cfg["data"]["variable"], path, time=step, truth=truth, hidden=hidden, title=title)
 
 
 def write_table(cfg: dict[str, Any], rows: dict[str, dict], text: str, path: Path) -> None:
@@ -176,9 +210,10 @@ def main() -> None:
     earlier = json.loads(out.with_suffix(".json").read_text())["rows"] if out.with_suffix(".json").exists() else {}
     rows = {m: earlier[m] for m in cfg["models"] if m in earlier}
     seed, commit = cfg.get("evaluation", {}).get("seed", 7), git_commit()
+    drawn = cfg.get("figures", "te-pt-tnp")
     for name in names:
-        rows[name] = {region: {**r, "commit": commit}
-                      for region, r in score(cfg, name, checkpoints[name], seed).items()}
+        rows[name] = {region: {**r, "commit": commit} for region, r in
+                      score(cfg, name, checkpoints[name], seed, out if name == drawn else None).items()}
     rows = {m: rows[m] for m in cfg["models"] if m in rows}
     tr = cfg["training"]
     trained = ", ".join(f"{m}: {cfg['models'][m]['weights']}" for m in rows if (cfg["models"][m] or {}).get("weights"))

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from geonp.data import open_satellite
-from geonp.data.window_source import data_folder
+from geonp.data.readers import data_folder
 from geonp.device import resolve_device
 from geonp.evaluate import evaluate
 from geonp.skill_table import write_table

@@ -24,12 +24,12 @@ import torch
 import xarray as xr
 
 from geonp.data import open_satellite
-from geonp.data.batch import Batch
-from geonp.data.window_source import data_folder
+from geonp.data.readers import data_folder
 from geonp.evaluate import evaluate
 from geonp.fill.engine import infill, plan
 from geonp.fill.finetune import FieldWindows
 from geonp.metrics import DISTANCE_BINS, binned_coverage
+from geonp.tasks.batch import Batch
 from pipelines.provenance import REPO, header
 from pipelines.scenes import TEST as SCENES
 

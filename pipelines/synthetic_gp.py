@@ -27,10 +27,10 @@ from pathlib import Path
 
 import torch
 
-from geonp.data.synthetic import fixed_tasks, make_generator
 from geonp.device import resolve_device
 from geonp.metrics import mean_and_stderr, task_scores
 from geonp.models import build
+from geonp.tasks.synthetic import fixed_tasks, make_generator
 from geonp.train import TrainConfig, train
 from pipelines.provenance import git_commit, header
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from geonp.data.window_source import WindowSource
 from geonp.models import build
 from geonp.models.te_attention import PREDICT_BLOCK_ELEMS, TRAIN_BLOCK_ELEMS, TEAttention, set_block_elems
+from geonp.tasks.window_source import WindowSource
 from pipelines.provenance import REPO, header
 
 #: (label, model name, build keywords): the bundled te-pt-tnp and its local-attention variant.

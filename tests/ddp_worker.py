@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from geonp.data.sources import make_task_source
+from geonp.tasks.sources import make_task_source
 from geonp.train import TrainConfig, train
 
 
@@ -39,8 +39,7 @@ def main() -> None:
         record["losses"].append(loss)
 
     cfg = TrainConfig.from_yaml(config)
-    data = {k: v for k, v in cfg.data.items() if k != "name"}
-    source = make_task_source(cfg.data["name"], batch_size=cfg.batch_size, seed=cfg.seed, **data)
+    source = make_task_source(**cfg.data)
     draw = source.sample
 
     def sample(batch_size: int, rng: torch.Generator):

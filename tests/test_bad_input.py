@@ -264,10 +264,18 @@ def config_that_is_not_yaml(tmp):
 
 
 @case
-def config_naming_a_missing_cube(tmp):
+def config_naming_missing_starting_weights(tmp):
     # A relative path is looked for from the working directory, and the error says where.
-    return _config(tmp, f"model: te-pt-tnp\nout_dir: {tmp / 'run'}\ndata: {{name: cube, path: nowhere.zarr, "
-                   "variables: [t2m]}\n", f"config data.path: {Path.cwd().resolve() / 'nowhere.zarr'}: no such file")
+    return _config(tmp, f"model: te-pt-tnp\nout_dir: {tmp / 'run'}\ninit_from: nowhere.safetensors\n",
+                   f"config init_from: {Path.cwd().resolve() / 'nowhere.safetensors'}: no such file")
+
+
+@case
+def config_asking_for_cube_tasks(tmp):
+    # The task encoding geonp no longer trains: the error says what to write instead.
+    return _config(tmp, f"model: te-pt-tnp\nout_dir: {tmp / 'run'}\ndata: {{name: cube, variables: [t2m]}}\n",
+                   "data: name: cube (tasks in a cube's normalised lat/lon/time) is no longer a task source; "
+                   "train on windows of the cube")
 
 
 @case
@@ -291,7 +299,8 @@ def config_whose_out_dir_holds_its_input(tmp):
     (tmp / "run").mkdir()
     path = _cube(tmp / "run", "cube.nc")
     case = _config(tmp, f"model: te-pt-tnp\nout_dir: {tmp / 'run'}\n"
-                   f"data: {{name: cube, path: {path}, variables: [t2m]}}\n", "holds the input data.path")
+                   f"data: {{name: windows, files: [{{path: {path}, variable: t2m}}]}}\n",
+                   "holds the input data.files[0].path")
     case.inputs.append(path)
     return case
 

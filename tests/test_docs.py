@@ -38,7 +38,7 @@ def test_site_builds_strict_offline(tmp_path):
     assert "geonp" in home
     # a results page generated from pipelines/results with its figures and provenance
     results = ROOT / "pipelines" / "results"
-    page = (site / "results" / "region_transfer_era5_europe_0p25" / "index.html").read_text()
+    page = (site / "results" / "region_transfer_era5_europe_0p25_windows" / "index.html").read_text()
     assert "<img" in page and "commit" in page and "command" in page
     for png in results.glob("*.png"):
         assert (site / "results" / png.name).is_file(), f"pipelines/results/{png.name} is on no page"

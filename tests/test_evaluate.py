@@ -13,9 +13,9 @@ from conftest import real_file
 from scipy import ndimage
 from scipy.stats import norm
 
-from geonp.data.clouds import random_clouds
 from geonp.evaluate import DONOR_CLOUDS, DONOR_NONE, evaluate, hide_cells, run_evaluate, write_table
 from geonp.metrics import DISTANCE_BINS
+from geonp.tasks.clouds import random_clouds
 
 ALBORAN = "satellite/alboran_sst_avhrr_2017-05.nc"
 

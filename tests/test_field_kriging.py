@@ -128,7 +128,7 @@ def test_grid_semivariance_counts_every_pair_along_rows_columns_and_diagonals():
 def test_sigma_is_calibrated_on_cloud_shaped_gaps():
     """A smooth field kriged with the rough exponential family: kriging's own sigma is far too
     wide; after the check against cells hidden under clouds the 90% interval covers about 90%."""
-    from geonp.data.clouds import random_clouds
+    from geonp.tasks.clouds import random_clouds
 
     rng = np.random.default_rng(5)
     yy, xx = np.mgrid[0:80, 0:90]

@@ -88,8 +88,8 @@ def test_with_history_folds_fine_tuning_hides_the_cells_the_covariates_were_comp
     fine-tuning window's targets are one fold's hidden cells, and none of them is context."""
     import numpy as np
 
-    from geonp.data.history import history_folds
     from geonp.fill.finetune import FieldWindows
+    from geonp.tasks.history import history_folds
 
     p = plan(smooth_cube(t=6), "sst", "te-pt-tnp", checkpoint=tiny_checkpoint, device="cpu", seed=3)
     f = p.fields[0]

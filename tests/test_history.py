@@ -1,12 +1,12 @@
-"""DINEOF (``geonp.data.history``): a stack's gaps from the EOFs of its own history."""
+"""DINEOF (``geonp.tasks.history``): a stack's gaps from the EOFs of its own history."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from geonp.data.clouds import random_clouds
-from geonp.data.history import dineof
+from geonp.tasks.clouds import random_clouds
+from geonp.tasks.history import dineof
 
 
 def low_rank_stack(steps: int = 20, rows: int = 60, cols: int = 70, noise: float = 0.1, seed: int = 1):
@@ -105,7 +105,7 @@ def test_a_cell_seen_once_is_predicted_without_its_own_value():
 def test_a_folds_covariates_know_nothing_of_its_hidden_cells():
     """Changing the values under a fold's hidden cells leaves that fold's covariates as they were:
     the covariates a training window's targets carry are as blind to them as infill's to a gap."""
-    from geonp.data.history import history_folds
+    from geonp.tasks.history import history_folds
 
     truth, given = low_rank_stack(steps=9, rows=30, cols=34)
     folds = history_folds(given, None, ["dineof", "nearest_steps"], 3)
@@ -121,7 +121,7 @@ def test_a_folds_covariates_know_nothing_of_its_hidden_cells():
     assert (again.hidden == first.hidden).all()
     np.testing.assert_allclose(again.covariates, first.covariates, rtol=1e-6)
     # Whereas the whole-stack covariates move with them.
-    from geonp.data.history import history_covariates
+    from geonp.tasks.history import history_covariates
 
     whole, _ = history_covariates(given, None, ["dineof"])
     moved, _ = history_covariates(changed, None, ["dineof"])
@@ -129,7 +129,7 @@ def test_a_folds_covariates_know_nothing_of_its_hidden_cells():
 
 
 def test_a_stack_without_history_has_none():
-    from geonp.data.history import MIN_STEPS, has_history
+    from geonp.tasks.history import MIN_STEPS, has_history
 
     _, given = low_rank_stack(steps=MIN_STEPS, rows=10, cols=12)
     assert has_history(given, None)
@@ -138,7 +138,7 @@ def test_a_stack_without_history_has_none():
 
 
 def test_analogs_learn_each_days_offset_and_scale_from_the_best_matching_days():
-    from geonp.data.analogs import analog_prediction
+    from geonp.tasks.analogs import analog_prediction
 
     rng = np.random.default_rng(0)
     v = rng.normal(size=(5, 30, 30))
@@ -152,8 +152,8 @@ def test_analogs_learn_each_days_offset_and_scale_from_the_best_matching_days():
 
 
 def test_analogs_beat_persistence_on_a_history_of_recurring_patterns():
-    from geonp.data.analogs import analog_prediction
-    from geonp.data.history import nearest_steps
+    from geonp.tasks.analogs import analog_prediction
+    from geonp.tasks.history import nearest_steps
 
     truth, given = low_rank_stack(steps=20)
     gap = np.isnan(given)
@@ -165,7 +165,7 @@ def test_analogs_beat_persistence_on_a_history_of_recurring_patterns():
 def test_analogs_ignore_a_day_that_is_flat_where_they_meet():
     """A step constant over the cells it shares with another (sea ice, a saturated product) has a
     variance of rounding error: it predicts nothing, rather than noise over noise."""
-    from geonp.data.analogs import analog_prediction
+    from geonp.tasks.analogs import analog_prediction
 
     for seed in range(30):
         rng = np.random.default_rng(seed)
@@ -178,7 +178,7 @@ def test_analogs_ignore_a_day_that_is_flat_where_they_meet():
 
 
 def test_analogs_do_not_depend_on_units():
-    from geonp.data.analogs import analog_prediction
+    from geonp.tasks.analogs import analog_prediction
 
     truth, given = low_rank_stack(steps=12, rows=30, cols=34)
     base = analog_prediction(given - 20)
@@ -187,7 +187,7 @@ def test_analogs_do_not_depend_on_units():
 
 
 def test_a_stack_without_history_gets_one_fold_that_hides_nothing():
-    from geonp.data.history import history_folds
+    from geonp.tasks.history import history_folds
 
     _, given = low_rank_stack(steps=2, rows=10, cols=12)
     (fold,) = history_folds(given, None, ["dineof"], 3)

@@ -10,9 +10,9 @@ import xarray as xr
 from test_history import low_rank_stack
 
 import geonp
-from geonp.data.history import history_covariates, nearest_steps
-from geonp.data.windows import WindowSpec, window_task
 from geonp.models import build, save
+from geonp.tasks.history import history_covariates, nearest_steps
+from geonp.tasks.windows import WindowSpec, window_task
 
 
 def test_window_task_appends_the_history_standardised_like_the_values():
@@ -130,12 +130,12 @@ def test_training_with_history_covariates_gives_weights_infill_feeds_the_same(tm
 
 
 def test_a_field_too_large_for_its_history_is_filled_as_without_it(kriging_checkpoints, monkeypatch):
-    import geonp.data.history
+    import geonp.tasks.history
 
     plain, drift = kriging_checkpoints
     truth, given = low_rank_stack(steps=5, rows=20, cols=22)
     ds = stack_dataset(truth, given)
-    monkeypatch.setattr(geonp.data.history, "MAX_HISTORY_CELLS", 100)
+    monkeypatch.setattr(geonp.tasks.history, "MAX_HISTORY_CELLS", 100)
     out = geonp.infill(ds, "v", model="te-pt-tnp", checkpoint=drift, fit_steps=0)
     assert "exceed" in out.attrs["geonp_history"]
     ref = geonp.infill(ds, "v", model="te-pt-tnp", checkpoint=plain, fit_steps=0)
@@ -183,7 +183,7 @@ def test_far_points_carry_the_covariates_mean_over_their_own_cells(kriging_check
     assert seen and all(np.isfinite(s).all() for s in seen)
     assert np.isfinite(out["v"].values).all()
     # The covariate's far values are block means: within the range of the covariate itself.
-    from geonp.data.history import history_covariates
+    from geonp.tasks.history import history_covariates
 
     maps, _ = history_covariates(given, None, ["dineof"])
     assert all(maps.min() - 1e-4 <= s.min() and s.max() <= maps.max() + 1e-4 for s in seen)

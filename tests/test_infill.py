@@ -7,8 +7,8 @@ import pytest
 from conftest import smooth_cube
 
 import geonp
-from geonp.data.windows import Axis, WindowSpec
 from geonp.fill.output import FLAG_INFILLED, FLAG_OBSERVED, FLAG_OUTSIDE
+from geonp.tasks.windows import Axis, WindowSpec
 
 
 @pytest.mark.parametrize("n, core, overlap", [(50, 16, 6), (16, 16, 0), (37, 8, 7), (5, 3, 2)])

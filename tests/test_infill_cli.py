@@ -153,7 +153,7 @@ def test_resume_after_kill_matches_an_uninterrupted_run(tmp_path: Path, tiny_che
 
 @pytest.mark.parametrize("record, why", [
     ({"inputs": {"kind": "cube", "channels": ["lat", "lon", "time"], "normalisation": {}}},
-     "inputs (lat, lon, time) were normalised over its training region"),
+     "an encoding geonp no longer trains: inputs lat, lon, time normalised over its training region"),
     ({"inputs": {"kind": "synthetic", "generator": "gp-se"}}, "synthetic gp-se tasks"),
     ({}, "does not record what inputs"),
 ])

@@ -8,9 +8,10 @@ import torch
 from conftest import smooth_cube
 
 import geonp
-from geonp.data.windows import WindowSpec, training_window
 from geonp.fill import predictor
 from geonp.models import build, save
+from geonp.tasks.training import training_window
+from geonp.tasks.windows import WindowSpec
 
 # The grid matches the window scaling: 1 step per unit in time, 8 cells per unit in space.
 WINDOW_CONVCNP = {"points_per_unit": [1, 8, 8], "downsample": [False, True, True], "kernel_size": [3, 5, 5]}

@@ -12,9 +12,9 @@ import xarray as xr
 import geonp
 import geonp.fill.blocks as blocks
 from geonp.cli import main
-from geonp.data.far_context import FAR_SHARE, Slab, _items, build_pyramid, far_points, slab_margin
-from geonp.data.windows import WindowSpec
 from geonp.fill.output import FLAG_INFILLED, WITHOUT_CONTEXT, InfillStore, output_template
+from geonp.tasks.far_context import FAR_SHARE, Slab, _items, build_pyramid, far_points, slab_margin
+from geonp.tasks.windows import WindowSpec
 
 
 def _cube(t: int = 1, r: int = 120, c: int = 120, gap=(slice(25, 95), slice(25, 95)),
@@ -111,7 +111,7 @@ def test_quadtree_counts_every_cell_outside_the_view_once() -> None:
 def test_pyramid_matches_brute_force_and_reading_in_bands(monkeypatch) -> None:
     """Block counts and means are exact at every level, each representative cell is an observed
     cell of its block, and reading the cube in bands of rows changes nothing."""
-    import geonp.data.far_context as far_context
+    import geonp.tasks.far_context as far_context
 
     rng = np.random.default_rng(1)
     values = rng.normal(size=(2, 37, 29))

@@ -175,7 +175,7 @@ def test_sigma_scale_rescales_only_sigma_and_fills_once(monkeypatch):
 def test_sigma_scale_window_distances_count_cells_on_the_target_step_only():
     import torch
 
-    from geonp.data.batch import Batch
+    from geonp.tasks.batch import Batch
     from pipelines.sigma_scale import _nearest_on_step
 
     # Inputs (time, row, col) in units of 8 cells: context on step 0 at (0, 0) and (0, 3 cells), on

@@ -23,10 +23,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import geonp
-from geonp.data.normalise import Normaliser
-from geonp.data.windows import Axis, WindowSpec, training_window
 from geonp.fill.output import FLAG_INFILLED
 from geonp.models import build
+from geonp.tasks.training import training_window
+from geonp.tasks.windows import Axis, WindowSpec
 
 MODELS = {name: {} for name in ["tnp", "pt-tnp", "te-tnp", "te-pt-tnp", "cnp", "rcnp", "tnp-kr", "tnp-kr-fast",
                                 "convcnp"]}
@@ -158,17 +158,3 @@ def test_sampled_windows_keep_context_and_targets_apart(t, r, c, seed, real_clou
     reach = [((v + 1) / 2 + h) / u for v, h, u in zip((1, 12, 12), spec.halo, (spec.steps_per_unit, 8.0, 8.0))]
     for points in (task.xc, task.xt):
         assert (np.abs(points) <= np.array(reach)).all()
-
-
-@settings(max_examples=50, deadline=None)
-@given(mean=st.floats(-1e4, 1e4), std=st.floats(1e-3, 1e4), values=st.lists(st.floats(-1e5, 1e5), min_size=1,
-       max_size=20), hours=st.lists(st.integers(-10**6, 10**6), min_size=1, max_size=10))
-def test_normalisation_round_trips(mean, std, values, hours) -> None:
-    n = Normaliser(values={"v": [mean, std]}, inputs={"lat": [45.0, 10.0], "time": [4.0e5, 24.0]})
-    y = np.array(values)
-    np.testing.assert_allclose(n.denormalise_values("v", n.normalise_values("v", y)), y, rtol=1e-9, atol=1e-6)
-    lat = np.linspace(-90, 90, 7)
-    np.testing.assert_allclose(n.denormalise_input("lat", n.normalise_input("lat", lat)), lat, atol=1e-9)
-    times = np.datetime64("2000-01-01T00:00:00") + np.array(hours, dtype="timedelta64[h]")
-    back = n.denormalise_input("time", n.normalise_input("time", times))
-    np.testing.assert_array_equal(back, times.astype("datetime64[s]"))

@@ -7,11 +7,12 @@ import sys
 
 import numpy as np
 import pandas as pd
+import pytest
 import xarray as xr
 import yaml
 
 from geonp.checkpoint import read_checkpoint
-from geonp.fill.predictor import takes_elevation
+from geonp.fill.predictor import STACK_METHODS, takes_elevation
 from pipelines import region_transfer_windows
 
 
@@ -39,13 +40,15 @@ def test_the_windows_protocol_trains_scores_every_split_and_keeps_earlier_rows(t
            "training": {"steps": 2, "batch_size": 2, "val_tasks": 2, "checkpoint_every": 2, "val_every": 2,
                         "synthetic": 0.0, "window": {"max_context": 128}},
            "models": {"cnp": {"preset": "tiny"}, "linear": {}},
-           "evaluation": {"seed": 1}, "out": str(tmp_path / "out" / "rt.md")}
+           "evaluation": {"seed": 1}, "out": str(tmp_path / "out" / "rt.md"), "figures": "cnp"}
     config = tmp_path / "rt.yaml"
     config.write_text(yaml.safe_dump(cfg))
     monkeypatch.setattr(sys, "argv", ["region_transfer_windows", str(config)])
     region_transfer_windows.main()
     text = (tmp_path / "out" / "rt.md").read_text()
     assert "| model | west (train) | east | commit |" in text and "| cnp |" in text and "| linear |" in text
+    # The figures model's fill of every split, drawn beside the table.
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.png")) == ["rt_east.png", "rt_west.png"]
     # The trained model is an infill checkpoint that takes elevation, trained on the west's first hours.
     model = tmp_path / "runs" / "cnp" / "model.safetensors"
     assert takes_elevation("cnp", model) and read_checkpoint(model)[1]["inputs"] == {"kind": "windows"}
@@ -58,3 +61,30 @@ def test_the_windows_protocol_trains_scores_every_split_and_keeps_earlier_rows(t
     monkeypatch.setattr(sys, "argv", ["region_transfer_windows", str(config), "--models", "linear"])
     region_transfer_windows.main()
     assert "| cnp |" in (tmp_path / "out" / "rt.md").read_text()
+
+
+PROTOCOLS = sorted((region_transfer_windows.REPO / "pipelines/configs/region_transfer").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", PROTOCOLS, ids=lambda p: p.stem)
+def test_every_committed_protocol_builds_its_models_and_training_runs(path):
+    """A config that would fail an hour into a run (a model argument misspelt, a split's region
+    unknown) fails here: every model builds with the protocol's inputs and every trained one gets
+    a valid training config."""
+    from geonp.data.regions import get_region
+    from geonp.models import build
+
+    cfg = region_transfer_windows.load_config(path)
+    for split in [cfg["train"], *cfg["test"]]:
+        get_region(split["region"])
+    dim_x = 4 if cfg["data"].get("elevation") else 3
+    for name, spec in cfg["models"].items():
+        spec = spec or {}
+        if name in STACK_METHODS:  # kriging, dineof: fitted on the field itself
+            continue
+        model = build(name, dim_x, 1, preset=spec.get("preset", "tiny"), **spec.get("args", {}))
+        if model.trainable and not spec.get("weights"):
+            config = region_transfer_windows.train_config(cfg, name, None)
+            assert config.data["name"] == "windows" and config.data["val_files"]
+        elif spec.get("weights"):
+            assert (region_transfer_windows.REPO / spec["weights"]).is_file(), spec["weights"]

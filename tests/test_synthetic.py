@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from geonp.data.batch import Batch
-from geonp.data.synthetic import (
+from geonp.tasks.batch import Batch
+from geonp.tasks.synthetic import (
     KERNELS,
     GPTaskGenerator,
     SawtoothTaskGenerator,

@@ -9,10 +9,9 @@ import torch
 import yaml
 
 from geonp.checkpoint import read_checkpoint
-from geonp.data.normalise import Normaliser
-from geonp.data.synthetic import fixed_tasks, make_generator
 from geonp.device import resolve_device
 from geonp.models import load
+from geonp.tasks.synthetic import fixed_tasks, make_generator
 from geonp.train import TrainConfig, evaluate_nll, train
 
 
@@ -91,8 +90,6 @@ def test_a_crash_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, mon
 def test_the_checkpoint_records_what_inputs_it_was_trained_on(tmp_path):
     out = train(config(tmp_path, steps=2), progress=False).out_dir
     assert read_checkpoint(out / "model.safetensors")[1]["inputs"] == {"kind": "synthetic", "generator": "gp-se"}
-    with pytest.raises(ValueError, match="no normalisation"):
-        Normaliser.load(out / "model.safetensors")
 
 
 def test_validation_set_is_not_the_training_stream(tmp_path):
@@ -124,7 +121,9 @@ def test_device_resolution():
         resolve_device("tpu")
 
 
-def test_training_on_a_cube_resumes_exactly_and_writes_the_normalisation(tmp_path):
+def test_training_on_windows_of_a_cube_resumes_exactly_and_records_the_infill_inputs(tmp_path):
+    """A run on a real file's windows stopped at step 5 and resumed ends with the weights of an
+    uninterrupted run: the window source draws only from the trainer's saved random state."""
     import numpy as np
     import pandas as pd
     import xarray as xr
@@ -135,24 +134,22 @@ def test_training_on_a_cube_resumes_exactly_and_writes_the_normalisation(tmp_pat
     t2m[rng.random(t2m.shape) < 0.2] = np.nan
     xr.Dataset({"t2m": (("time", "lat", "lon"), t2m)},
                coords={"time": pd.date_range("2020", periods=12, freq="6h"), "lat": lat, "lon": lon}
-               ).chunk({"time": 4}).to_zarr(tmp_path / "cube.zarr")
-    # windows_per_tile=8 with 4 tasks a batch: the stream moves between tiles every 2 steps.
-    data = {"name": "cube", "path": str(tmp_path / "cube.zarr"), "variables": ["t2m"], "window": [2, 6, 6],
-            "inputs": ["lat", "lon", "time"], "gap_fill": 0.5, "windows_per_tile": 8, "tile_cells": 1500}
+               ).to_zarr(tmp_path / "cube.zarr")
+    files = [{"path": str(tmp_path / "cube.zarr"), "variable": "t2m", "region": [40, 45, 0, 12]}]
+    data = {"name": "windows", "files": files, "synthetic": 0.3, "real_clouds": 0.5,
+            "val_files": [{**files[0], "region": [45.5, 50, 0, 12]}], "window": {"max_context": 128}}
 
-    def cube_config(out, steps):
+    def windows_config(out, steps):
         return config(out, model="te-pt-tnp", data=data, steps=steps, batch_size=4, checkpoint_every=5,
                       val_every=5, val_tasks=8)
 
-    straight = train(cube_config(tmp_path / "a", 10), progress=False)
-    train(cube_config(tmp_path / "b", 5), progress=False)
-    resumed = train(cube_config(tmp_path / "b", 10), resume=True, progress=False)
+    straight = train(windows_config(tmp_path / "a", 10), progress=False)
+    train(windows_config(tmp_path / "b", 5), progress=False)
+    resumed = train(windows_config(tmp_path / "b", 10), resume=True, progress=False)
     for (k, a), (_, b) in zip(straight.model.state_dict().items(), resumed.model.state_dict().items()):
         assert torch.equal(a, b), k
-    norm = Normaliser.load(straight.out_dir / "model.safetensors")  # from the checkpoint's own header
-    assert set(norm.inputs) == {"lat", "lon", "time"} and abs(norm.values["t2m"][0] - 280) < 0.1
-    record = read_checkpoint(straight.out_dir / "model.safetensors")[1]["inputs"]
-    assert record["kind"] == "cube" and record["channels"] == ["lat", "lon", "time"] and record["variables"] == ["t2m"]
+    meta = read_checkpoint(straight.out_dir / "model.safetensors")[1]
+    assert meta["inputs"] == {"kind": "windows"} and meta["infill"]["window"]["max_context"] == 128
     assert not list(straight.out_dir.glob("*.json.tmp"))
     assert np.isfinite(straight.val_nll)
 

@@ -9,9 +9,9 @@ import xarray as xr
 
 from geonp.data.satellite import quality_screen
 from geonp.data.valid import valid_area
-from geonp.data.windows import canonical
 from geonp.evaluate import static_valid_area
 from geonp.fill.field import valid_area as infill_valid_area
+from geonp.tasks.windows import canonical
 
 
 @pytest.fixture

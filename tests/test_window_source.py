@@ -10,8 +10,9 @@ import pytest
 import xarray as xr
 from conftest import real_file
 
-from geonp.data.window_source import WindowSource, _load
-from geonp.data.windows import WindowSpec, training_window
+from geonp.tasks.training import training_window
+from geonp.tasks.window_source import WindowSource, _load
+from geonp.tasks.windows import WindowSpec
 
 
 def _history(t: int = 6, r: int = 40, c: int = 40) -> tuple[np.ndarray, np.ndarray]:
@@ -142,7 +143,7 @@ def test_satellite_entries_use_the_products_valid_area():
 
 
 def test_thinning_keeps_the_target_day_first_when_asked():
-    from geonp.data.windows import window_task
+    from geonp.tasks.windows import window_task
 
     values = np.random.default_rng(0).random((7, 20, 20))
     context = np.ones(values.shape, bool)
@@ -174,7 +175,7 @@ def test_infill_reads_the_history_the_model_was_trained_with(tmp_path):
 
 
 def test_a_history_fold_sets_the_targets_and_keeps_its_hidden_cells_out_of_the_context():
-    from geonp.data.history import history_folds
+    from geonp.tasks.history import history_folds
 
     values, valid = _history(t=9)
     folds = history_folds(values, valid, ["dineof"], 3)

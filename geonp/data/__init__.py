@@ -1,4 +1,6 @@
-"""Data: cubes (open, validate), ERA5, satellite products, elevation, normalisation and task sampling."""
+"""Data, input and output only: cubes (open, validate, CF, calendars), ERA5 (cdsapi), satellite
+products, elevation, the one valid-area rule and named regions. What becomes of a cube as
+context/target tasks lives one floor up, in :mod:`geonp.tasks`."""
 
 import importlib.util
 
@@ -8,15 +10,12 @@ import importlib.util
 if importlib.util.find_spec("pyproj") is not None:
     import pyproj  # noqa: F401
 
-from geonp.data.batch import Batch  # noqa: E402
 from geonp.data.cube import open_cube  # noqa: E402
 from geonp.data.elevation import attach_elevation  # noqa: E402
-from geonp.data.normalise import Normaliser, fit_normaliser  # noqa: E402
+from geonp.data.readers import data_folder  # noqa: E402
 from geonp.data.regions import REGIONS, Region, get_region  # noqa: E402
 from geonp.data.satellite import open_satellite  # noqa: E402
-from geonp.data.tasks import TaskSampler, sample_tasks  # noqa: E402
 
 __all__ = [
-    "Batch", "open_cube", "attach_elevation", "Normaliser", "fit_normaliser", "REGIONS", "Region", "get_region",
-    "open_satellite", "TaskSampler", "sample_tasks",
+    "open_cube", "attach_elevation", "data_folder", "REGIONS", "Region", "get_region", "open_satellite",
 ]

@@ -2,8 +2,8 @@
 
 ``attach_elevation`` adds ``elevation`` (m above sea level) as a coordinate on the cube's
 horizontal dims, ``(lat, lon)`` or a projected grid's ``(y, x)``. A coordinate, not a data
-variable, so that ``field_variables`` does not take it for a field to fill; the normaliser reads
-it like ``lat``/``lon`` as an input.
+variable, so that ``field_variables`` does not take it for a field to fill; windows read it as
+the fourth input (km) of models trained with elevation.
 
 Regridding, per axis: where the DEM is as coarse as the cube or coarser, it is interpolated
 (linear along each axis, i.e. bilinear); where it is finer, the DEM cells whose centres fall in a

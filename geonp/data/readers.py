@@ -109,3 +109,14 @@ def _need(module: str, extra: str) -> None:
 
     if importlib.util.find_spec(module) is None:
         raise ValueError(f"its reader {module} is not installed: pip install 'geonp[{extra}]'")
+
+
+def data_folder() -> Path:
+    """The shared real-data folder, where relative paths of training files and DEMs are looked for.
+
+    Returns:
+        ``$GEONP_DATA`` when set, else ``../shared/data`` beside the working directory (which
+        need not exist: callers say so when a file is missing).
+    """
+    env = os.environ.get("GEONP_DATA")
+    return Path(env) if env else Path.cwd().parent / "shared" / "data"

@@ -23,7 +23,7 @@ FIT_WIDE_CLOUDS = 0.0
 #: average, 90% coverage nearer 0.90 (mean distance 0.011 against 0.015).
 FIT_OWN_GAPS = 0.5
 #: For a model with history covariates: how many folds of each field's stack fine-tuning hides
-#: (:func:`geonp.data.history.history_folds`: the windows' targets are cells the covariates were
+#: (:func:`geonp.tasks.history.history_folds`: the windows' targets are cells the covariates were
 #: computed without, as the bundled weights were trained). 0: fine-tuning hides cells as for any
 #: model. Chosen on history_cv's validation split: with 3 folds the mean CRPS ratio to the best of
 #: kriging and dineof was 0.8613 against 0.8466 without (Alaska NDVI's sigma too wide, 90%

@@ -1,10 +1,10 @@
 """Fill one output block: the windows that touch it, batched through the model, blended.
 
 A block is a ``[time, rows, cols]`` box of the output (one input chunk). Its windows (see
-:mod:`geonp.data.windows`) read a slab reaching ``overlap + halo`` cells beyond the block, so
+:mod:`geonp.tasks.windows`) read a slab reaching ``overlap + halo`` cells beyond the block, so
 every target sees context on all sides, and each window predicts only the block's own cells.
 Where the halo does not surround a window's targets (gaps wider than the halo), the window also
-gets far points, coarsened block means from the field's pyramid (:mod:`geonp.data.far_context`);
+gets far points, coarsened block means from the field's pyramid (:mod:`geonp.tasks.far_context`);
 they depend on the cube and the window only, so blocks stay independent.
 Where windows overlap their Gaussian predictions are combined as a mixture with the tapered
 weights: mean ``sum w mu``, variance ``sum w (sigma^2 + mu^2) - mean^2``, which keeps the
@@ -20,13 +20,13 @@ import dask
 import numpy as np
 import torch
 
-from geonp.data.far_context import FAR_SHARE, Slab, far_points, finest_level, slab_margin
-from geonp.data.history import is_flat
-from geonp.data.windows import WindowSpec, WindowTask, axes, inputs, window_task
 from geonp.fill.field import Field
 from geonp.fill.output import FLAG_INFILLED, FLAG_OBSERVED, FLAG_OUTSIDE
 from geonp.fill.predictor import predict_windows
 from geonp.models.base import NeuralProcess
+from geonp.tasks.far_context import FAR_SHARE, Slab, far_points, finest_level, slab_margin
+from geonp.tasks.history import is_flat
+from geonp.tasks.windows import WindowSpec, WindowTask, axes, inputs, window_task
 
 #: Windows encoded at a time, in units of the batch size: bounds the memory of pending tasks.
 PENDING_BATCHES = 4

@@ -11,7 +11,7 @@ the central 90% interval: ``scale_b = q90(|z| in bin b) / 1.645``, leaning on th
 bins together where a bin holds few cells. The mean is unchanged.
 
 For a model with history covariates the windows hide the cells of history folds
-(:func:`geonp.data.history.history_folds`): covariates computed with the hidden cells would make the
+(:func:`geonp.tasks.history.history_folds`): covariates computed with the hidden cells would make the
 truths look closer than a real gap's are.
 """
 
@@ -43,7 +43,7 @@ def target_distance(xc: torch.Tensor, xt: torch.Tensor, mask_c: torch.Tensor, ce
     """Distance ``[B, Nt]`` in grid cells from each target to the nearest context point of its own
     time step (inf where that step has none).
 
-    ``xc [B, Nc, Dx]``, ``xt [B, Nt, Dx]``: window inputs (:func:`geonp.data.windows.inputs`; time
+    ``xc [B, Nc, Dx]``, ``xt [B, Nt, Dx]``: window inputs (:func:`geonp.tasks.windows.inputs`; time
     first, then rows and cols in units of ``cells_per_unit`` cells); ``mask_c [B, Nc]``.
     """
     same_step = (xt[:, :, None, 0] - xc[:, None, :, 0]).abs() < 1e-6  # [B, Nt, Nc]
@@ -94,7 +94,7 @@ def calibrate(model: NeuralProcess, fields: list, spec, device: torch.device | s
               elevation: np.ndarray | None = None, covariates: list[str] | None = None,
               windows: int | None = None) -> tuple[SigmaCalibrated, np.ndarray]:
     """``model`` with sigma calibrated on self-supervised windows of ``fields`` (the input's
-    :class:`~geonp.fill.field.Field` list, ``spec`` their :class:`~geonp.data.windows.WindowSpec`),
+    :class:`~geonp.fill.field.Field` list, ``spec`` their :class:`~geonp.tasks.windows.WindowSpec`),
     and the scales per distance bin, from ``windows`` windows (None: :data:`CALIBRATION_WINDOWS`).
     Windows come from their own random stream (not fine-tuning's); a model with history
     ``covariates`` gets each field's history folds for the duration."""

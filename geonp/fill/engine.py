@@ -23,8 +23,6 @@ import xarray as xr
 
 import geonp.fill as fill_defaults
 from geonp.data.cube import renamed_from
-from geonp.data.far_context import FAR_SHARE, MIN_FAR, OPENING
-from geonp.data.windows import WindowSpec, canonical, extra_indices
 from geonp.device import resolve_device
 from geonp.fill import FIT_STEPS
 from geonp.fill.blocks import BlockResult, fill_block
@@ -33,6 +31,8 @@ from geonp.fill.layout import restore_layout
 from geonp.fill.output import WITHOUT_CONTEXT, InfillStore, block_list, output_template
 from geonp.fill.predictor import ModelChoice, choose_model
 from geonp.fill.stack import add_history, add_history_folds, reconstruct, stack_block
+from geonp.tasks.far_context import FAR_SHARE, MIN_FAR, OPENING
+from geonp.tasks.windows import WindowSpec, canonical, extra_indices
 from geonp.version import __version__
 
 

@@ -16,9 +16,9 @@ import numpy as np
 import xarray as xr
 
 from geonp.data.cube import field_variables, horizontal_dims
-from geonp.data.far_context import Pyramid, build_pyramid
 from geonp.data.valid import MaskSpec
 from geonp.data.valid import valid_area as valid_area_of
+from geonp.tasks.far_context import Pyramid, build_pyramid
 
 #: Magnitude from which a value is taken for an undeclared fill value (1e20, 9.96e36, 1e30 ...):
 #: far beyond any geophysical quantity in any unit geonp fills.
@@ -47,10 +47,10 @@ class Field:
     gaps: int = 0
     infinite: int = 0  # cells holding +-inf, filled as gaps
     #: What the field's history predicts at every cell, ``[P, time, rows, cols]`` float32 in the
-    #: field's units, one map per covariate the model takes (:func:`geonp.data.history.history_covariates`).
+    #: field's units, one map per covariate the model takes (:func:`geonp.tasks.history.history_covariates`).
     history: np.ndarray | None = dataclass_field(default=None, repr=False, compare=False)
     #: The same covariates computed without some observed cells, for fine-tuning: a list of
-    #: :class:`geonp.data.history.HistoryFold` (empty without a history).
+    #: :class:`geonp.tasks.history.HistoryFold` (empty without a history).
     folds: list = dataclass_field(default_factory=list, repr=False, compare=False)
     #: A stack method's fill (:mod:`geonp.fill.stack`): mean and 1-sigma, each ``[time, rows, cols]``.
     stack: tuple[np.ndarray, np.ndarray] | None = dataclass_field(default=None, repr=False, compare=False)
@@ -68,7 +68,7 @@ class Field:
         return f"{self.name}[{where}]" if where else self.name
 
     def pyramid(self, finest: int) -> Pyramid:
-        """Block summaries of the observed cells for far context (:mod:`geonp.data.far_context`),
+        """Block summaries of the observed cells for far context (:mod:`geonp.tasks.far_context`),
         from blocks of ``2**finest`` cells up; one pass over the cube on first use, then kept."""
         if finest not in self._pyramids:
             self._pyramids[finest] = build_pyramid(self.data, self.valid, finest)

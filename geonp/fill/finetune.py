@@ -17,12 +17,13 @@ import dask
 import numpy as np
 import torch
 
-from geonp.data.batch import Batch
-from geonp.data.history import HistoryFold
-from geonp.data.windows import WindowSpec, WindowTask, collate_windows, training_window
 from geonp.fill import FIT_LR, FIT_OWN_GAPS, FIT_WIDE_CLOUDS
 from geonp.fill.field import Field
 from geonp.models.base import NeuralProcess
+from geonp.tasks.batch import Batch
+from geonp.tasks.history import HistoryFold
+from geonp.tasks.training import training_window
+from geonp.tasks.windows import WindowSpec, WindowTask, collate_windows
 
 
 class FieldWindows:
@@ -74,7 +75,7 @@ def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, steps:
 
     Runs geonp's training loop (:func:`geonp.train.train`) in memory: AdamW without weight
     decay (i.e. Adam), gradients clipped at norm 1. ``wide_clouds``: share of windows whose clouds
-    span the whole view (see :func:`~geonp.data.windows.training_window`); ``own_gaps``: share of
+    span the whole view (see :func:`~geonp.tasks.training.training_window`); ``own_gaps``: share of
     windows hidden under the input's own gaps from elsewhere (see :class:`FieldWindows`). Each
     window reads only its own slab of the cube, so memory does not grow with the cube.
     Deterministic for a given seed: the first ``n`` steps of a longer run are an ``n``-step run,

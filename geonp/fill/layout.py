@@ -27,8 +27,8 @@ import pandas as pd
 import xarray as xr
 
 from geonp.data.cube import cf_references
-from geonp.data.windows import STATIC_STEP
 from geonp.fill.output import coordinate_encoding
+from geonp.tasks.windows import STATIC_STEP
 
 #: Suffixes of the layers beside each filled variable.
 _LAYERS = ("", "_std", "_flag")

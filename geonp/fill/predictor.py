@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from geonp.data.history import HISTORY_COVARIATES
-from geonp.data.windows import WindowTask, collate_windows
 from geonp.models import build
 from geonp.models.base import NeuralProcess
 from geonp.models.registry import available, load_with_meta
+from geonp.tasks.history import HISTORY_COVARIATES
+from geonp.tasks.windows import WindowTask, collate_windows
 
 #: ``--model`` names filled from a field's whole stack rather than window by window (:mod:`geonp.fill.stack`).
 STACK_METHODS = ("dineof", "kriging")
@@ -41,7 +41,7 @@ class ModelChoice:
     (``cells_per_unit``, ``steps_per_unit``) or empty; ``elevation`` whether it takes elevation;
     ``covariates`` the per-cell covariates it takes after the location inputs, from the header
     (``["dineof", "nearest_steps"]``: what the field's history predicts at each cell, see
-    :func:`geonp.data.history.history_covariates`).
+    :func:`geonp.tasks.history.history_covariates`).
     """
 
     name: str
@@ -145,14 +145,14 @@ def choose_model(name: str, checkpoint: str | Path | None = None, elevation: boo
 
 def _check_inputs_record(path: Path, meta: dict[str, Any]) -> None:
     """Infill feeds a model window offsets in grid units and per-window standardised values
-    (:mod:`geonp.data.windows`): accept only weights trained on exactly that, say why otherwise."""
+    (:mod:`geonp.tasks.windows`): accept only weights trained on exactly that, say why otherwise."""
     kind = meta.get("inputs", {}).get("kind", "windows" if "infill" in meta else None)
     if kind == "windows":
         return
     if kind == "cube":
         channels = ", ".join(meta["inputs"].get("channels", []))
-        why = (f"trained on cube tasks whose inputs ({channels}) were normalised over its training region, "
-               "not on infill windows in grid units")
+        why = (f"trained on cube tasks (an encoding geonp no longer trains: inputs {channels} "
+               "normalised over its training region), not on infill windows in grid units")
     elif kind == "synthetic":
         why = f"trained on synthetic {meta['inputs'].get('generator', '')} tasks, not on infill windows"
     else:

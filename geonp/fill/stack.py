@@ -3,10 +3,10 @@ model that takes them, and the fill of a stack method (``dineof``, ``kriging``).
 
 Every model of :mod:`geonp.models` fills a window from the cells around it, so a cube streams
 through infill block by block. What the field's other steps say about a cell is different: it
-comes from the whole stack (:mod:`geonp.data.history`). It is computed once per field when the plan is
+comes from the whole stack (:mod:`geonp.tasks.history`). It is computed once per field when the plan is
 made and kept on the :class:`~geonp.fill.field.Field`; blocks then read their part, through the
 same output, resume and layout machinery. The stack must fit in memory
-(:data:`geonp.data.history.MAX_HISTORY_CELLS` for DINEOF: beyond it a model's covariates are flat and
+(:data:`geonp.tasks.history.MAX_HISTORY_CELLS` for DINEOF: beyond it a model's covariates are flat and
 ``dineof`` is refused with one line, as is a field with fewer than three observed steps).
 ``kriging`` works scene by scene, a step in memory at a time.
 """
@@ -21,9 +21,9 @@ from geonp.fill.predictor import STACK_METHODS
 
 
 def add_history(field: Field, covariates: list[str], seed: int = 0) -> str:
-    """Keep on ``field`` the history covariates a model takes (:func:`geonp.data.history.history_covariates`);
+    """Keep on ``field`` the history covariates a model takes (:func:`geonp.tasks.history.history_covariates`);
     returns a few words on what they are (for provenance)."""
-    from geonp.data.history import MAX_HISTORY_CELLS, flat_covariates, history_covariates
+    from geonp.tasks.history import MAX_HISTORY_CELLS, flat_covariates, history_covariates
 
     cells = int(np.prod(field.shape))
     if cells > MAX_HISTORY_CELLS:  # decided before reading: the field is never loaded whole
@@ -34,10 +34,10 @@ def add_history(field: Field, covariates: list[str], seed: int = 0) -> str:
 
 
 def add_history_folds(field: Field, covariates: list[str], folds: int, seed: int = 0) -> None:
-    """Keep on ``field`` its :func:`geonp.data.history.history_folds` (for fine-tuning), when its
+    """Keep on ``field`` its :func:`geonp.tasks.history.history_folds` (for fine-tuning), when its
     covariates are more than flat maps; ``folds`` DINEOF runs more (0: none, fine-tuning hides
     cells under clouds as for a model without covariates)."""
-    from geonp.data.history import history_folds, is_flat
+    from geonp.tasks.history import history_folds, is_flat
 
     if folds == 0 or field.history is None or is_flat(field.history):
         return  # no history (flat maps): nothing a window could learn to overtrust
@@ -48,14 +48,14 @@ def reconstruct(field: Field, name: str, seed: int = 0) -> str:
     """Run stack method ``name`` on ``field`` and keep its mean and 1-sigma on the field; returns
     a few words on what it did (for provenance).
 
-    ``dineof``: :func:`geonp.data.history.dineof` over the field's steps; ``kriging``:
+    ``dineof``: :func:`geonp.tasks.history.dineof` over the field's steps; ``kriging``:
     :func:`geonp.models.field_kriging.krige_stack`, each step a scene of its own.
 
     Raises:
         ValueError: one line naming the field: too large for memory, or (dineof) too short a history.
     """
-    from geonp.data.history import MAX_HISTORY_CELLS, dineof
     from geonp.models.field_kriging import krige_stack
+    from geonp.tasks.history import MAX_HISTORY_CELLS, dineof
 
     if name not in STACK_METHODS:
         raise ValueError(f"--model {name}: not a stack method ({', '.join(STACK_METHODS)})")

@@ -30,8 +30,8 @@ import warnings
 import numpy as np
 from scipy.spatial import cKDTree
 
-from geonp.data.clouds import random_clouds
 from geonp.models.kriging import fit_binned, fit_variogram
+from geonp.tasks.clouds import random_clouds
 
 #: Variogram families with a sill (the covariance form needs one).
 BOUNDED_MODELS = ("exponential", "spherical", "gaussian")

@@ -5,7 +5,7 @@ hyper-parameters of a GP (constant mean, ARD squared-exponential kernel with an
 output scale, Gaussian noise) by maximising the exact marginal likelihood of the
 task's context set plus weak log-normal priors (MAP), then predicts the targets.
 The lengthscale prior (median 1) assumes inputs in normalised units, as geonp's
-synthetic tasks and normalised cubes are. It is the reference the TE-TNP
+synthetic tasks and grid-unit windows are. It is the reference the TE-TNP
 paper compares its models against on GP-generated data.
 """
 

@@ -179,7 +179,7 @@ class TEPTTNP(_TETransformerNP):
                  kriging_trend_dims: list[int] | None = None) -> None:
         super().__init__(dim_x, dim_y, dim_model, min_scale)
         # kriging_covariates: the last inputs are covariates, not locations (e.g. what the scene's
-        # history predicts at each cell, geonp.data.history); they enter only the local kriging head's
+        # history predicts at each cell, geonp.tasks.history); they enter only the local kriging head's
         # external drift, so the transformer, its weights and its equivariance are those of the
         # first dim_x - kriging_covariates inputs.
         if kriging_covariates and not (local_kriging and num_neighbours > 0):

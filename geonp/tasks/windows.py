@@ -30,9 +30,8 @@ import numpy as np
 import torch
 import xarray as xr
 
-from geonp.data.batch import Batch
-from geonp.data.clouds import random_clouds
 from geonp.data.cube import horizontal_dims
+from geonp.tasks.batch import Batch
 
 #: Cells per block at most: larger input chunks are split (aligned) so memory follows the block.
 MAX_BLOCK_CELLS = 1 << 21
@@ -91,10 +90,22 @@ class WindowSpec:
         return tuple(c + o + 2 * h for c, o, h in zip(self.core, self.overlap, self.halo))  # type: ignore[return-value]
 
     def as_dict(self) -> dict:
+        """The spec as plain lists and numbers, as checkpoint headers record it.
+
+        Returns:
+            ``{field: value}`` with tuples as lists, so ``WindowSpec(**d)`` (lists made tuples) rebuilds it.
+        """
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
 
     def fitted_to(self, shape: tuple[int, int, int]) -> WindowSpec:
-        """The same spec with core, overlap and halo clipped to a cube of ``shape`` (default windows)."""
+        """The same spec with core, overlap and halo clipped to a cube of ``shape`` (default windows).
+
+        Args:
+            shape: the cube's ``(time, rows, cols)`` in cells.
+
+        Returns:
+            A spec whose windows fit inside the cube along every axis.
+        """
         core = tuple(min(c, n) for c, n in zip(self.core, shape))
         overlap = tuple(min(o, c - 1 if c > 1 else 0) for o, c in zip(self.overlap, core))
         halo = tuple(min(h, n) for h, n in zip(self.halo, shape))
@@ -202,9 +213,9 @@ def window_task(values: np.ndarray, context: np.ndarray, target: np.ndarray, cen
             different output blocks.
         far: ``(xf [Nf, Dx], yf [Nf])`` context points beyond the view, appended after the
             near cells: model inputs (as :func:`inputs` makes them) and values in user units
-            (see :mod:`geonp.data.far_context`). They take ``Nf`` of ``spec.max_context``.
+            (see :mod:`geonp.tasks.far_context`). They take ``Nf`` of ``spec.max_context``.
         history: ``[P, T, R, C]`` what the field's history predicts at each cell, one map per
-            covariate (user units, :func:`geonp.data.history.history_covariates`), or None when the
+            covariate (user units, :func:`geonp.tasks.history.history_covariates`), or None when the
             model takes none. They become the last ``P`` inputs, standardised like the values, so a
             model sees how each cell departs from them; ``far_history [P, Nf]``: at the far points.
     """
@@ -266,91 +277,16 @@ def _thin(ci: np.ndarray, shape: tuple[int, int, int], focus: tuple[slice, slice
     return np.sort(ci[np.argsort(np.maximum(dist, 0) + jitter, kind="stable")[:keep]])
 
 
-def training_window(values: np.ndarray, valid: np.ndarray, spec: WindowSpec, rng: np.random.Generator,
-                    spread: float, elevation: np.ndarray | None = None, cover: tuple[float, float] = (0.1, 0.7),
-                    real_clouds: float = 0.0, wide_clouds: float = 0.0,
-                    gap_donor: np.ndarray | None = None, history: np.ndarray | None = None,
-                    folds: list | None = None) -> WindowTask | None:
-    """One self-supervised task from a ``[T, R, C]`` array (NaN = missing), or None if too sparse.
-
-    The window is placed at random; at its central time step a part of the observed cells of the
-    prediction region is hidden and becomes the targets (``yt`` holds their standardised truths);
-    the other observed cells in view, the other time steps' included, are the context. With
-    probability ``real_clouds`` (and when ``values`` has another time step whose gaps hide between
-    5% and 95% of those cells) the hidden cells are another step's real gaps laid over this one,
-    so the model learns to fill a day under another day's clouds from its history; otherwise a
-    smooth synthetic cloud mask covers a fraction ``U(cover)`` of the region. With probability
-    ``wide_clouds`` the clouds (synthetic or real) are drawn over the whole view, halo included, and
-    the halo cells under them leave the context: infill meets gaps wider than a window, whose
-    targets see observations on one side only, and windows whose halo is always clear never show
-    the model that. ``gap_donor`` (``bool [R, C]``, True = a real gap) is a gap pattern the caller
-    copied from elsewhere in the scene (another place, another day): when given, and when it hides
-    5% to 95% of the region's observed cells, it is the cloud mask over the whole view (as a wide
-    cloud; otherwise a synthetic cloud over the whole view), so the hidden cells have the shapes and
-    sizes of the gaps the scene really has.
-    ``valid`` is ``[T, R, C]`` (True where data may exist); ``elevation`` ``[R, C]`` m;
-    ``history`` ``[P, T, R, C]`` (see :func:`window_task`) or None. ``folds`` (a list of
-    :class:`~geonp.data.history.HistoryFold`, each hiding cells in its own steps) replaces the
-    clouds and ``history``: the fold that hides cells at the central step gives the targets (the
-    region's hidden cells) and the covariates, and none of its hidden cells, at any step, is context.
-    """
-    shape = values.shape
-    size = [min(c + o, n) for c, o, n in zip(spec.core, spec.overlap, shape)]
-    start = [int(rng.integers(0, n - s + 1)) for n, s in zip(shape, size)]
-    t_mid = start[0] + size[0] // 2
-    lo = [max(s - h, 0) for s, h in zip(start, spec.halo)]
-    hi = [min(s + z + h, n) for s, z, h, n in zip(start, size, spec.halo, shape)]
-    view = tuple(slice(a, b) for a, b in zip(lo, hi))
-    v = values[view]
-    observed = np.isfinite(v) & valid[view]
-    region = (t_mid - lo[0], slice(start[1] - lo[1], start[1] - lo[1] + size[1]),
-              slice(start[2] - lo[2], start[2] - lo[2] + size[2]))
-    here = observed[region]
-    if folds:
-        fold = next((f for f in folds if f.hidden[t_mid].any()), None)
-        if fold is None:  # nothing hidden at this step
-            return None
-        history, held = fold.covariates, fold.hidden[view]
-        target = np.zeros(v.shape, bool)
-        target[region] = held[region] & here
-        context = observed & ~held
-    else:
-        # Drawn only when asked: without wide clouds the random stream stays as it was.
-        wide = gap_donor is not None or (wide_clouds > 0 and rng.random() < wide_clouds)
-        # The cloud mask covers the region, or with ``wide`` the whole view; ``inner`` cuts the region out of it.
-        area = (slice(lo[1], hi[1]), slice(lo[2], hi[2])) if wide else \
-            (slice(start[1], start[1] + size[1]), slice(start[2], start[2] + size[2]))
-        inner = region[1:] if wide else (slice(None), slice(None))
-        clouds = gaps = None
-        if gap_donor is not None:
-            gaps = gap_donor[area]
-        elif real_clouds > 0 and shape[0] > 1 and rng.random() < real_clouds:
-            donor = int(rng.integers(shape[0] - 1))
-            donor += donor >= t_mid  # any step but this one
-            gaps = ~np.isfinite(values[(donor, *area)]) & valid[(donor, *area)]
-        if gaps is not None:  # real gaps are the cloud only if they hide some, but not all, of the region
-            share = (gaps[inner] & here).sum() / max(here.sum(), 1)
-            clouds = gaps if 0.05 <= share <= 0.95 else None
-        if clouds is None:
-            shape_c = (area[0].stop - area[0].start, area[1].stop - area[1].start)
-            clouds = random_clouds(shape_c, float(rng.uniform(*cover)), rng, float(rng.uniform(2.0, 8.0)))
-        target = np.zeros(v.shape, bool)
-        target[region] = clouds[inner] & here
-        context = observed & ~target
-        if wide:
-            context[region[0]] &= ~clouds  # the halo under the cloud is hidden too, but not scored
-    if target.sum() < MIN_POINTS or context.sum() < MIN_POINTS:
-        return None
-    centre = (t_mid - lo[0], start[1] - lo[1] + (size[1] - 1) / 2, start[2] - lo[2] + (size[2] - 1) / 2)
-    elev = None if elevation is None else elevation[view[1], view[2]]
-    return window_task(v, context, target, centre, spec, spread, elev, rng, truth=v, focus=region[1:],
-                       history=None if history is None else history[(slice(None), *view)])
-
-
 def collate_windows(tasks: list[WindowTask], device: torch.device | str = "cpu") -> Batch:
     """Pad windows into one :class:`Batch` (``yt`` zero when the truths are unknown).
 
-    Shapes: ``xc [B, Nc, Dx]``, ``yc [B, Nc, 1]``, ``xt [B, Nt, Dx]``, ``yt [B, Nt, 1]``, masks ``[B, N]``.
+    Args:
+        tasks: ``B`` encoded windows (:func:`window_task`), of any context and target sizes.
+        device: where the batch's tensors go.
+
+    Returns:
+        The padded batch: ``xc [B, Nc, Dx]``, ``yc [B, Nc, 1]``, ``xt [B, Nt, Dx]``, ``yt [B, Nt, 1]``,
+        masks ``[B, N]`` (True = a real point, False = padding), ``Nc``/``Nt`` the largest window's.
     """
     b = len(tasks)
     nc = max(t.yc.size for t in tasks)

@@ -21,7 +21,7 @@ from typing import Self
 
 import torch
 
-from geonp.data.batch import Batch
+from geonp.tasks.batch import Batch
 
 KERNELS: tuple[str, ...] = ("se", "matern52", "periodic")
 

@@ -6,7 +6,7 @@ The stack is a matrix ``X [cells, steps]`` of anomalies from the mean; a gap sta
 is replaced by its rank-``k`` reconstruction (the projection of ``X`` on its ``k`` leading
 right singular vectors, the temporal EOFs) until the gaps stop changing. ``k`` is chosen by the
 error at a cross-validation set: observed cells hidden under other steps' real gaps
-(:func:`geonp.data.clouds.borrow_gaps`), so the set has the shapes and widths of the product's
+(:func:`geonp.tasks.clouds.borrow_gaps`), so the set has the shapes and widths of the product's
 own clouds. The result serves twice: as the ``dineof`` baseline, and as the background a model
 compares its cells with (:func:`history_covariates`), which is how a window gets every other day of its
 place, whatever the time between them.
@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from geonp.data.analogs import analog_prediction
-from geonp.data.clouds import borrow_gaps
 from geonp.metrics import distance_to_observed
+from geonp.tasks.analogs import analog_prediction
+from geonp.tasks.clouds import borrow_gaps
 
 #: Upper edges (grid cells) of the distance bins the 1-sigma is estimated in.
 SIGMA_BINS = (1.0, 2.0, 3.0, 5.0, 8.0, 12.0, 18.0, 25.0, 40.0, np.inf)
@@ -247,7 +247,7 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
     * ``nearest_steps``: the cell's value interpolated linearly in time between its nearest
       observed steps before and after (the one there is, at an end), persistence;
     * ``analogs``: the cell from the steps most like this one, whenever they were, each mapped by
-      the offset and scale fitted between the two days (:func:`geonp.data.analogs.analog_prediction`).
+      the offset and scale fitted between the two days (:func:`geonp.tasks.analogs.analog_prediction`).
 
     A field with fewer than :data:`MIN_STEPS` steps holding observations (one scene), or above
     :data:`MAX_HISTORY_CELLS`, gets flat maps, which make a model's external drift the
@@ -309,7 +309,7 @@ def history_folds(values: np.ndarray, valid: np.ndarray | None, names: list[str]
     """``folds`` :class:`HistoryFold` of a stack; fold ``f`` hides cells in steps ``f, f + folds, ...``.
 
     Each hidden step loses ``low`` to ``high`` of its observed cells under another step's real gaps
-    (:func:`geonp.data.clouds.borrow_gaps`), the history cross-validation's protocol; the other
+    (:func:`geonp.tasks.clouds.borrow_gaps`), the history cross-validation's protocol; the other
     steps stay whole, the history. Costs one :func:`history_covariates` per fold.
 
     Args:

@@ -2,7 +2,7 @@
 surrounds the targets of gaps wider than the halo.
 
 A window sees every observed cell within ``halo`` cells of its prediction region (its *view*,
-see :mod:`geonp.data.windows`). Inside a cloud wider than twice the halo that leaves a window
+see :mod:`geonp.tasks.windows`). Inside a cloud wider than twice the halo that leaves a window
 with context on one side only, or none at all (its gaps then got the variable's global mean).
 The far ring reaches further, only where the view does not surround the targets:
 

@@ -1,7 +1,7 @@
 """Training windows for the infill models: synthetic random fields and real gridded files.
 
 ``geonp train`` with ``data: {name: windows, ...}`` draws tasks shaped exactly like the windows
-``geonp infill`` predicts (see :mod:`geonp.data.windows`): a ``[time, rows, cols]`` view with
+``geonp infill`` predicts (see :mod:`geonp.tasks.windows`): a ``[time, rows, cols]`` view with
 cloud-shaped holes, inputs in grid units. Two kinds of field feed it:
 
 * synthetic: stationary Gaussian random fields drawn with random Fourier features, squared
@@ -16,26 +16,21 @@ Validation uses fields the training never draws from: its own synthetic seed and
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from geonp.data.batch import Batch
-from geonp.data.clouds import random_clouds
-from geonp.data.history import flat_covariates
-from geonp.data.windows import WindowSpec, WindowTask, canonical, collate_windows, training_window
+from geonp.data.readers import data_folder
+from geonp.tasks.batch import Batch
+from geonp.tasks.clouds import random_clouds
+from geonp.tasks.history import flat_covariates
+from geonp.tasks.training import training_window
+from geonp.tasks.windows import WindowSpec, WindowTask, canonical, collate_windows
 
 #: Random Fourier features per synthetic field.
 NUM_FEATURES = 256
-
-
-def data_folder() -> Path:
-    """The shared real-data folder: ``$GEONP_DATA`` or ``../shared/data`` beside the working directory."""
-    env = os.environ.get("GEONP_DATA")
-    return Path(env) if env else Path.cwd().parent / "shared" / "data"
 
 
 def synthetic_field(shape: tuple[int, int, int], rng: np.random.Generator) -> np.ndarray:
@@ -143,15 +138,15 @@ class WindowSource:
         window: :class:`WindowSpec` keywords (core, overlap, halo, max_context, cells_per_unit).
         seed: the synthetic validation seed offset (training randomness comes from ``sample``'s rng).
         real_clouds: probability that a window's hidden cells are another time step's real gaps
-            (see :func:`~geonp.data.windows.training_window`) rather than synthetic clouds.
+            (see :func:`~geonp.tasks.training.training_window`) rather than synthetic clouds.
         wide_clouds: probability that a window's clouds span its whole view, halo included.
         covariates: history covariates the model takes after its location inputs (``dineof``,
-            ``nearest_steps``, ``analogs``; :func:`geonp.data.history.history_covariates`), computed once per real
+            ``nearest_steps``, ``analogs``; :func:`geonp.tasks.history.history_covariates`), computed once per real
             field over its whole stack (its EOFs then include the cells a window hides, a
             small leak the leave-one-out loadings do not remove), flat on synthetic fields; the
             checkpoint records them, so infill computes the same.
         history_folds: with covariates, compute each real field's covariates this many times
-            instead, each time without some of its cells (:func:`geonp.data.history.history_folds`),
+            instead, each time without some of its cells (:func:`geonp.tasks.history.history_folds`),
             and let a window of a field with a history hide exactly those cells: its targets'
             covariates then know as little of them as infill's know of a real gap. 0: no folds.
         elevation: a DEM file (relative paths under the data folder) regridded onto every real
@@ -196,11 +191,11 @@ class WindowSource:
     def _with_history(self, values: np.ndarray, valid: np.ndarray, spread: float,
                       elevation: np.ndarray | None) -> tuple:
         """A field as ``(values, valid, spread, history [P, T, R, C] or None, folds, elevation [R, C] or
-        None)``: ``folds`` the :class:`~geonp.data.history.HistoryFold` list, empty without folds or
+        None)``: ``folds`` the :class:`~geonp.tasks.history.HistoryFold` list, empty without folds or
         without a history."""
         if not self.covariates:
             return values, valid, spread, None, [], elevation
-        from geonp.data.history import has_history, history_covariates, history_folds
+        from geonp.tasks.history import has_history, history_covariates, history_folds
 
         if self.history_folds and has_history(values, valid):  # flat covariates leak nothing: no folds
             folds = history_folds(values, valid, self.covariates, self.history_folds)
@@ -234,10 +229,29 @@ class WindowSource:
                 return task
 
     def sample(self, batch_size: int, rng: torch.Generator) -> Batch:
+        """A training batch of windows from the training fields and synthetic ones.
+
+        Args:
+            batch_size: windows in the batch.
+            rng: the trainer's generator, the batch's only source of randomness (exact resume).
+
+        Returns:
+            The windows collated (:func:`~geonp.tasks.windows.collate_windows`), ``Dx = dim_x``.
+        """
         np_rng = np.random.default_rng(int(torch.randint(2**62, (1,), generator=rng)))
         return collate_windows([self._window(np_rng, self.fields, self.synthetic) for _ in range(batch_size)])
 
     def validation(self, num_tasks: int, batch_size: int, seed: int) -> list[Batch]:
+        """A fixed validation set: half ``val_files`` windows and half synthetic (all synthetic without them).
+
+        Args:
+            num_tasks: windows in all (at least one batch).
+            batch_size: windows per batch.
+            seed: the validation seed, never the training stream's.
+
+        Returns:
+            ``num_tasks // batch_size`` batches, the same for the same seed.
+        """
         rng = np.random.default_rng([seed, 1])
         share = 0.5 if self.val_fields else 1.0
         return [collate_windows([self._window(rng, self.val_fields, share) for _ in range(batch_size)])

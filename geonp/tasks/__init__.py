@@ -1,0 +1,16 @@
+"""Tasks: the one task encoding, between the data floor (I/O) and the models.
+
+A cube becomes neural-process tasks in one way, for training, fine-tuning and infill alike:
+grid-unit windows with per-window standardisation whose scaling the checkpoint records
+(:mod:`~geonp.tasks.windows`), far context beyond a window's halo (:mod:`~geonp.tasks.far_context`),
+cloud-shaped gaps and the one function that borrows them from other steps
+(:mod:`~geonp.tasks.clouds`), history covariates of a stack (:mod:`~geonp.tasks.history`),
+synthetic fields and generators (:mod:`~geonp.tasks.synthetic`), the ``Batch`` every model
+takes (:mod:`~geonp.tasks.batch`) and the task sources ``geonp train`` draws from
+(:mod:`~geonp.tasks.sources`, :mod:`~geonp.tasks.window_source`).
+"""
+
+from geonp.tasks.batch import Batch
+from geonp.tasks.windows import WindowSpec
+
+__all__ = ["Batch", "WindowSpec"]

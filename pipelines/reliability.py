@@ -47,7 +47,7 @@ GEONP = [sys.executable, "-m", "geonp"]
 WRITERS = [
     ("infill output (geonp/fill/output.py)", "Zarr blocks, each block's data before its done byte; the finished "
      "store is written as OUT.geonp-final and swapped in by two renames (a cut swap is put back on the next run)"),
-    ("fine-tuned weights inside an unfinished output (geonp/fill/engine.py)", "geonp/atomic.py (temporary file "
+    ("fine-tuned weights inside an unfinished output (geonp/fill/prepare.py)", "geonp/atomic.py (temporary file "
      "beside it, then rename); the resumed run reuses them"),
     ("training state.safetensors and model.safetensors (geonp/train_state.py, geonp/checkpoint.py)",
      "geonp/atomic.py; on resume the log is cut back to the checkpoint's step"),

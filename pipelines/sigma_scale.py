@@ -26,8 +26,9 @@ import xarray as xr
 from geonp.data import open_satellite
 from geonp.data.readers import data_folder
 from geonp.evaluate import evaluate
-from geonp.fill.engine import infill, plan
+from geonp.fill.engine import infill
 from geonp.fill.finetune import FieldWindows
+from geonp.fill.plan import plan
 from geonp.metrics import DISTANCE_BINS, binned_coverage
 from geonp.tasks.batch import Batch
 from pipelines.provenance import REPO, header

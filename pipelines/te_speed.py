@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from geonp.models import build
-from geonp.models.te_attention import PREDICT_BLOCK_ELEMS, TRAIN_BLOCK_ELEMS, TEAttention, set_block_elems
+from geonp.models.te_attention import PREDICT_BLOCK_ELEMS, TRAIN_BLOCK_ELEMS, attention_backend, set_block_elems
 from geonp.tasks.window_source import WindowSource
 from pipelines.provenance import REPO, header
 
@@ -72,7 +72,7 @@ def time_infill(model: torch.nn.Module, data: list) -> float:
 
 #: (label, fast path, fused kernel): the direct form, the Python fast path (split first layer of
 #: rho, row blocks recomputed in backward), and the fused kernel.
-FORMS = [("reference", False, False), ("fast", True, False), ("fused", True, True)]
+FORMS = [("reference", "direct"), ("fast", "fast"), ("fused", "fused")]  # (label, TE attention backend)
 
 #: (label, model name, build keywords): models with standard attention on the same tasks.
 PEERS = [("tnp (TNP-D) tiny", "tnp", {"preset": "tiny"}), ("pt-tnp tiny", "pt-tnp", {"preset": "tiny"})]
@@ -82,16 +82,15 @@ def measure(name: str, kwargs: dict, train_data: list, infill_data: list, repeat
     """``{form label: {"steps_s", "targets_s", "runs"}}``: medians over ``repeats`` rounds."""
     torch.manual_seed(0)
     model = build(name, 3, 1, **kwargs)
-    figures: dict[str, dict[str, list[float]]] = {f: {"train": [], "infill": []} for f, _, _ in FORMS}
+    figures: dict[str, dict[str, list[float]]] = {f: {"train": [], "infill": []} for f, _ in FORMS}
     for i in range(repeats + 1):  # the first round warms up
-        for label, fast, fused in FORMS:
-            TEAttention.fast, TEAttention.fused = fast, fused
-            step = time_training(set_block_elems(model.train(), TRAIN_BLOCK_ELEMS), train_data)
-            rate = time_infill(set_block_elems(model.eval(), PREDICT_BLOCK_ELEMS), infill_data)
+        for label, backend in FORMS:
+            with attention_backend(backend):
+                step = time_training(set_block_elems(model.train(), TRAIN_BLOCK_ELEMS), train_data)
+                rate = time_infill(set_block_elems(model.eval(), PREDICT_BLOCK_ELEMS), infill_data)
             if i:
                 figures[label]["train"].append(step)
                 figures[label]["infill"].append(rate)
-    TEAttention.fast, TEAttention.fused = True, True
     return {label: {"steps_s": 1 / statistics.median(d["train"]), "targets_s": statistics.median(d["infill"]),
                     "runs": len(d["train"])} for label, d in figures.items()}
 

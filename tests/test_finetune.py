@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from conftest import smooth_cube
 
-from geonp.fill.engine import plan
 from geonp.fill.finetune import finetune
+from geonp.fill.plan import plan
 
 
 def _plan(checkpoint):

@@ -194,7 +194,7 @@ def test_fold_fine_tuning_when_asked_runs_and_leaves_no_folds_behind(kriging_che
     folds serve fine-tuning only and are dropped before the blocks are filled."""
     import geonp.fill
     import geonp.fill.finetune
-    from geonp.fill.engine import plan
+    from geonp.fill.plan import plan
 
     _, drift = kriging_checkpoints
     truth, given = low_rank_stack(steps=6, rows=20, cols=22)
@@ -208,7 +208,7 @@ def test_fold_fine_tuning_when_asked_runs_and_leaves_no_folds_behind(kriging_che
 
     monkeypatch.setattr(geonp.fill.finetune, "finetune", counting)
     monkeypatch.setattr(geonp.fill, "FIT_HISTORY_FOLDS", 3)
-    from geonp.fill.engine import _finetune
+    from geonp.fill.prepare import _finetune
 
     p = plan(ds, "v", "te-pt-tnp", checkpoint=drift, fit_steps=2, device="cpu")
     _finetune(p, None, None)

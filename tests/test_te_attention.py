@@ -108,7 +108,7 @@ def test_distance_prior_makes_far_keys_negligible_and_can_be_switched_off():
 def test_fast_path_matches_the_reference_in_values_and_gradients(name, offset, monkeypatch):
     """The split/folded kernel MLPs compute the reference form's function (1e-5 in fp32), far from
     the origin too (the fast path centres locations first)."""
-    from geonp.models.te_attention import TEAttention
+    from geonp.models.te_attention import TEAttention, attention_backend
 
     xc, yc, xt, mask_c = random_tasks(b=2, nc=23, nt=17, dx=3)
     xc, xt = xc + offset, xt + offset
@@ -119,11 +119,11 @@ def test_fast_path_matches_the_reference_in_values_and_gradients(name, offset, m
             if isinstance(module, TEAttention) and module.loc_mlp is not None:
                 torch.nn.init.normal_(module.loc_mlp[-1].weight, std=0.3)  # switch Eq. 10 on
     results = []
-    for fast in (False, True):
-        monkeypatch.setattr(TEAttention, "fast", fast)
+    for backend in ("direct", "fast"):
         model.zero_grad()
-        dist = model(xc, yc, xt, mask_c)
-        (-dist.log_prob(torch.ones_like(dist.loc)).mean()).backward()
+        with attention_backend(backend):  # the backward pass recomputes with the same implementation
+            dist = model(xc, yc, xt, mask_c)
+            (-dist.log_prob(torch.ones_like(dist.loc)).mean()).backward()
         grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
         results.append((dist.loc.detach(), dist.scale.detach(), grads))
     (loc1, scale1, g1), (loc2, scale2, g2) = results
@@ -131,3 +131,20 @@ def test_fast_path_matches_the_reference_in_values_and_gradients(name, offset, m
     torch.testing.assert_close(scale2, scale1, atol=1e-5, rtol=1e-5)
     for a, b in zip(g1, g2):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+
+
+def test_the_backend_is_chosen_in_one_place_and_put_back():
+    from geonp.models.te_attention import BACKENDS, attention_backend, current_backend
+
+    start = current_backend()
+    assert start in BACKENDS
+    with attention_backend("direct"):
+        assert current_backend() == "direct"
+        with attention_backend("fast"):
+            assert current_backend() == "fast"
+        assert current_backend() == "direct"
+    assert current_backend() == start
+    with pytest.raises(ValueError, match="unknown TE attention backend 'cuda'"):
+        with attention_backend("cuda"):
+            pass
+    assert current_backend() == start

@@ -10,7 +10,7 @@ import torch
 from conftest import random_tasks
 
 from geonp.models import build, te_fused
-from geonp.models.te_attention import TEAttention
+from geonp.models.te_attention import TEAttention, attention_backend
 
 BUILDABLE = shutil.which("c++") is not None and importlib.util.find_spec("ninja") is not None
 needs_kernel = pytest.mark.skipif(not BUILDABLE, reason="no C++ compiler or ninja to build the fused kernel")
@@ -44,10 +44,10 @@ def test_fused_layer_matches_the_python_fast_path(nk, dx, update_locations, dist
             torch.nn.init.normal_(layer.loc_mlp[-1].weight, std=0.3)  # switch Eq. 10 on
     inputs = layer_inputs(9, nk, dx)
     with torch.no_grad():
-        monkeypatch.setattr(TEAttention, "fused", False)
-        out_py, x_py = layer(*inputs)
-        monkeypatch.setattr(TEAttention, "fused", True)
-        out_fused, x_fused = layer(*inputs)
+        with attention_backend("fast"):
+            out_py, x_py = layer(*inputs)
+        with attention_backend("fused"):
+            out_fused, x_fused = layer(*inputs)
     torch.testing.assert_close(out_fused, out_py, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(x_fused, x_py, atol=1e-5, rtol=1e-5)
     if update_locations:
@@ -62,10 +62,10 @@ def test_fused_models_predict_as_the_python_path_far_from_the_origin(name, monke
     torch.manual_seed(0)
     model = build(name, 3, 1, preset="tiny").eval()
     with torch.no_grad():
-        monkeypatch.setattr(TEAttention, "fused", False)
-        slow = model(xc, yc, xt, mask_c)
-        monkeypatch.setattr(TEAttention, "fused", True)
-        fast = model(xc, yc, xt, mask_c)
+        with attention_backend("fast"):
+            slow = model(xc, yc, xt, mask_c)
+        with attention_backend("fused"):
+            fast = model(xc, yc, xt, mask_c)
     torch.testing.assert_close(fast.loc, slow.loc, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(fast.scale, slow.scale, atol=1e-5, rtol=1e-5)
 
@@ -83,13 +83,14 @@ def test_fused_gradients_match_the_python_fast_path(update_locations, distance_p
     apply = te_fused._Kernel.apply
     monkeypatch.setattr(te_fused._Kernel, "apply", lambda *a: calls.append(1) or apply(*a))
     results = []
-    for fused in (False, True):
-        monkeypatch.setattr(TEAttention, "fused", fused)
+    for backend in ("fast", "fused"):
         zq, xq, zk, xk, mask = (t.clone().requires_grad_(t.is_floating_point()) for t in layer_inputs(9, 37, 3))
         layer.zero_grad()
-        out, x = layer(zq, xq, zk, xk, mask)
-        g = torch.Generator().manual_seed(2)
-        (out * torch.randn(out.shape, generator=g)).sum().add((x * torch.randn(x.shape, generator=g)).sum()).backward()
+        with attention_backend(backend):  # the backward pass recomputes with the same implementation
+            out, x = layer(zq, xq, zk, xk, mask)
+            g = torch.Generator().manual_seed(2)
+            (out * torch.randn(out.shape, generator=g)).sum().add((x * torch.randn(x.shape, generator=g)).sum()
+                                                                  ).backward()
         results.append([p.grad.clone() for p in layer.parameters() if p.grad is not None] +
                        [zq.grad, xq.grad, zk.grad, xk.grad])
     slow, fast = results
@@ -99,10 +100,6 @@ def test_fused_gradients_match_the_python_fast_path(update_locations, distance_p
 
 
 def test_without_the_kernel_the_python_path_runs(monkeypatch):
-    # The uncached function, not cache_clear(): clearing would make the next test import the
-    # compiled module a second time into this process, which crashed the suite once (segfault).
-    monkeypatch.setenv("GEONP_FUSED", "0")
-    assert te_fused.cpu_kernel.__wrapped__() is None
     monkeypatch.setattr(te_fused, "cpu_kernel", lambda: None)
     layer = TEAttention(16, 4, 4, 2, 12)
     with torch.no_grad():

@@ -125,14 +125,14 @@ def test_evaluate_and_plot_work_on_climate_model_calendars(tmp_path: Path) -> No
 def test_extra_dims_resume_and_cluster_give_the_same_store(tmp_path: Path, monkeypatch) -> None:
     """Every member filled by itself: interrupted after three blocks and resumed, or spread over a
     local dask cluster, the store is the one an uninterrupted run writes."""
-    from geonp.fill import engine
+    from geonp.fill import runners
 
     layout = Layout(calendar="noleap", extra="member", order="tyxe", writer="zarr3", chunks="data")
     path = write_user_file(layout, tmp_path)
     assert run("infill", path, "-o", tmp_path / "whole.zarr", *FAST)[0] == 0
     whole = xr.open_zarr(tmp_path / "whole.zarr").load()
 
-    real, calls = engine._block_values, []
+    real, calls = runners.block_values, []
 
     def stops_after_three(*args, **kwargs):
         calls.append(1)
@@ -140,9 +140,9 @@ def test_extra_dims_resume_and_cluster_give_the_same_store(tmp_path: Path, monke
             raise KeyboardInterrupt  # Ctrl-C
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "_block_values", stops_after_three)
+    monkeypatch.setattr(runners, "block_values", stops_after_three)
     assert run("infill", path, "-o", tmp_path / "resumed.zarr", *FAST)[0] == 130
-    monkeypatch.setattr(engine, "_block_values", real)
+    monkeypatch.setattr(runners, "block_values", real)
     code, err = run("infill", path, "-o", tmp_path / "resumed.zarr", "--model", "linear", "--fit-steps", "0")
     assert code == 0 and "3 of" in err, err
     assert run("infill", path, "-o", tmp_path / "cluster.zarr", "--workers", "2", *FAST)[0] == 0

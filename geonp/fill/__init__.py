@@ -1,7 +1,10 @@
 """Gap filling of gridded cubes: windows, model choice, block filling, the CF Zarr output.
 
 ``geonp.infill(ds, model=...)`` (in memory) and ``geonp infill INPUT -o OUT.zarr`` (resumable
-store) are the entry points; see :mod:`geonp.fill.engine`.
+store) are the entry points (:mod:`geonp.fill.engine`). A run is planned and checked first
+(:mod:`~geonp.fill.plan`), its model fine-tuned and calibrated on the cube (:mod:`~geonp.fill.prepare`),
+then its blocks filled (:mod:`~geonp.fill.blocks`), one after another or on dask
+(:mod:`~geonp.fill.runners`), into the CF output (:mod:`~geonp.fill.output`).
 """
 
 #: ``--fit-steps`` / ``fit_steps`` default, the same for the CLI, ``geonp.infill`` and the demo:

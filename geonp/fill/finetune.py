@@ -45,7 +45,7 @@ class FieldWindows:
         self.dim_x, self.dim_y = dim_x, 1
         self.rng = np.random.default_rng([seed, 7919])
         # ``spec`` is fitted to the largest field; a smaller one (no time axis beside a cube that
-        # has one) gets it clipped to its shape, as infill gives it (geonp.fill.engine.Plan.spec_for).
+        # has one) gets it clipped to its shape, as infill gives it (geonp.fill.plan.Plan.spec_for).
         self.largest = tuple(max(n) for n in zip(*(f.shape for f in fields))) if fields else None
 
     def sample(self, batch_size: int, rng: torch.Generator | None = None) -> Batch:

@@ -42,7 +42,10 @@ tensor at all; the Python code below is its fallback and its reference.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +54,46 @@ from torch.utils.checkpoint import checkpoint
 
 from geonp.models import te_fused
 from geonp.models.layers import mlp
+
+#: The implementations of TE attention: ``fused`` runs the fast form through the C++ kernel of
+#: :mod:`geonp.models.te_fused` where it applies (CPU float32 tensors, kernel built) and the Python
+#: fast form elsewhere; ``fast`` runs the Python fast form (split first layer of ``rho``, folded
+#: last layer of ``phi``, see ``TEAttention._logits_fast``); ``direct`` runs the direct form, the
+#: reference the tests hold the other two to. All three compute the same function.
+BACKENDS = ("fused", "fast", "direct")
+# The one place the implementation is chosen: every TEAttention reads it on every call. It starts
+# at "fused", or "fast" with GEONP_FUSED=0 in the environment; change it with attention_backend.
+_backend = "fast" if os.environ.get("GEONP_FUSED", "1") == "0" else "fused"
+
+
+def current_backend() -> str:
+    """The TE attention implementation in use now.
+
+    Returns:
+        One of :data:`BACKENDS`.
+    """
+    return _backend
+
+
+@contextlib.contextmanager
+def attention_backend(name: str) -> Iterator[None]:
+    """Run every TE attention layer with implementation ``name`` inside the ``with`` block.
+
+    Args:
+        name: one of :data:`BACKENDS`.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    global _backend
+    if name not in BACKENDS:
+        raise ValueError(f"unknown TE attention backend {name!r}; known: {', '.join(BACKENDS)}")
+    before, _backend = _backend, name
+    try:
+        yield
+    finally:
+        _backend = before
+
 
 #: Default cap on hidden activations alive at once (elements; 2**24 floats = 64 MiB).
 DEFAULT_BLOCK_ELEMS = 2**24
@@ -67,10 +110,8 @@ _NEG = -1e30  # finite "minus infinity" so fully padded key blocks never give in
 class TEAttention(nn.Module):
     """TE multi-head attention ``queries (zq, xq) <- keys (zk, xk)``.
 
-    ``fast`` (class attribute, default True) selects the CPU-friendly formulation of the same
-    function (split first layer of ``rho``, folded last layer of ``phi``, see ``_logits_fast``);
-    False runs the direct form, kept as the reference the tests hold the fast one to. ``fused``
-    (default True) runs the fast form through a C++ kernel where it applies (see ``te_fused``).
+    Which implementation runs (the fused kernel, the Python fast form or the direct form) is
+    chosen in one place for every layer: :func:`attention_backend`.
 
     Args:
         dim: token size ``Dz``.
@@ -81,11 +122,6 @@ class TEAttention(nn.Module):
         max_block_elems: memory cap, see the module docstring.
         distance_prior: add the per-head squared-distance term, see the module docstring.
     """
-
-    fast: bool = True
-    #: Run the fast path through the C++ kernel of :mod:`geonp.models.te_fused` where it applies
-    #: (CPU float32 tensors, kernel built), forward and backward; False keeps the Python fast path.
-    fused: bool = True
 
     def __init__(
         self,
@@ -132,13 +168,13 @@ class TEAttention(nn.Module):
         nk = k.shape[2]
         n_valid = mask_k.sum(-1).clamp(min=1).to(xq.dtype)  # [B]
         xq_in = xq
-        if self.fast:
+        if _backend != "direct":
             # Centre the locations on the keys' mean: a translation, so nothing changes but the
             # magnitude of the coordinates, which keeps the split first layer (see _logits_fast)
             # exact to rounding of the differences rather than of absolute positions.
             x0 = (xk * mask_k[..., None]).sum(1, keepdim=True) / n_valid[:, None, None]  # [B, 1, Dx]
             xq, xk = xq - x0, xk - x0
-        if self.fast and self.fused and te_fused.usable(q, xq, xk):
+        if _backend == "fused" and te_fused.usable(q, xq, xk):
             out, dx = te_fused.fused_attention(self.logit_mlp, self.loc_mlp, self.log_lengthscale, q, k, v, xq, xk,
                                                mask_k)
             out = out.transpose(1, 2).reshape(b, nq, -1)  # [B, Nq, H * Dh]
@@ -171,7 +207,7 @@ class TEAttention(nn.Module):
 
     def _logits(self, q: torch.Tensor, xq: torch.Tensor, k: torch.Tensor, xk: torch.Tensor) -> torch.Tensor:
         # q [B, H, bq, Dh], k [B, H, bk, Dh], xq [B, bq, Dx], xk [B, bk, Dx] -> logits [B, H, bq, bk] (float32)
-        if self.fast:
+        if _backend != "direct":
             return self._logits_fast(q, xq, k, xk)
         dots = (q @ k.transpose(-1, -2)).permute(0, 2, 3, 1)  # [B, bq, bk, H]
         # Differences are formed in full precision before any cast, so equivariance is exact.
@@ -236,7 +272,7 @@ class TEAttention(nn.Module):
         for i, s in enumerate(range(0, nk, bk)):
             alpha = torch.exp(blocks[i] - log_norm[..., None])  # [B, H, bq, bk]; 0 at padding
             out = out + alpha @ v[:, :, s:s + bk].float()
-            if self.loc_mlp is not None and self.fast:
+            if self.loc_mlp is not None and _backend != "direct":
                 # phi's last layer is summed over heads right away: fold the sum into its weights,
                 # and sum_k w (x_q - x_k) = x_q sum_k w - sum_k w x_k needs no per-pair differences.
                 last = self.loc_mlp[-1]

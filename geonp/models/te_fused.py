@@ -9,8 +9,10 @@ time, in tiles of 16 keys held in registers, so no pair tensor ever exists and m
 
 It is compiled on first use with ``torch.utils.cpp_extension`` (needs a C++ compiler and
 ``ninja``; cached under ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``).
-Where it cannot be built, or with ``GEONP_FUSED=0`` in the environment, :func:`cpu_kernel`
-returns None and TEAttention keeps its Python path: same function, slower. The backward pass
+Where it cannot be built :func:`cpu_kernel` returns None and TEAttention keeps its Python path:
+same function, slower. Whether TEAttention asks for it at all is chosen in one place,
+:func:`geonp.models.te_attention.attention_backend` (``GEONP_FUSED=0`` in the environment starts
+it at the Python path). The backward pass
 is fused too: it recomputes each query row's pair activations tile by tile rather than storing
 them, so training memory is that of the forward pass (the Python path checkpoints row blocks
 for the same reason).
@@ -19,7 +21,6 @@ for the same reason).
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -49,9 +50,7 @@ def _cpu_flags() -> list[str]:
 
 @functools.cache
 def cpu_kernel() -> ModuleType | None:
-    """The compiled kernel module, or None (``GEONP_FUSED=0``, no compiler, no ninja)."""
-    if os.environ.get("GEONP_FUSED", "1") == "0":
-        return None
+    """The compiled kernel module, or None (no compiler, no ninja, a failed build)."""
     flags = _cpu_flags()
     name = "geonp_te_attention_cpu" + ("_avx2" if "-mavx2" in flags else "")
     try:

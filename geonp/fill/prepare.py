@@ -1,0 +1,65 @@
+"""The model made ready for one cube before its blocks are filled: fine-tuned on the cube's own
+observations (``--fit-steps``) and, when asked, its sigma calibrated on them (``--calibrate-sigma``).
+
+Both run once per run, before the blocks, so every block (and every dask worker) fills with the
+same weights; a resumable store keeps the fine-tuned weights, so a killed run resumes with them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import geonp.fill as fill_defaults
+from geonp.fill.plan import Plan
+from geonp.fill.stack import add_history_folds
+
+
+def prepare(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None) -> None:
+    """Fine-tune, then calibrate, the plan's model in place (each only when the plan asks for it).
+
+    Args:
+        p: the run's plan; ``p.choice.model`` is replaced by the prepared model.
+        store_dir: the resumable output store, where the fine-tuned weights are kept (None: in memory).
+        say: progress messages, or None for quiet.
+    """
+    _finetune(p, store_dir, say)
+    _calibrate(p, say)
+
+
+def _finetune(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None) -> None:
+    """``--fit-steps``: fine-tune on the cube's own observations (reusing weights saved by a killed run)."""
+    if p.fit_steps == 0 or p.choice.model is None or not p.choice.model.trainable or all(f.gaps == 0 for f in p.fields):
+        return
+    from geonp.fill.finetune import finetune
+    from geonp.models import load, save
+
+    saved = None if store_dir is None else store_dir / "geonp_fitted_model.safetensors"
+    if saved is not None and saved.exists():
+        # The same attention blocking as the fine-tuned model had: another blocking sums in
+        # another order, and a resumed run must write what an uninterrupted one would.
+        p.choice.model = load(saved, device=p.device).for_prediction()
+        return
+    folds = fill_defaults.FIT_HISTORY_FOLDS  # read now, so setting geonp.fill.FIT_HISTORY_FOLDS takes effect
+    if p.choice.covariates and folds:
+        for f in p.fields:
+            add_history_folds(f, p.choice.covariates, folds, p.seed)
+    p.choice.model = finetune(p.choice.model, p.fields, p.spec, p.fit_steps, p.device, p.seed, p.elevation, say)
+    for f in p.fields:
+        f.folds = []  # only fine-tuning needs them: blocks (and dask workers) do not carry them
+    if saved is not None:
+        save(p.choice.model, saved, extra={"infill": {"fit_steps": p.fit_steps}})
+
+def _calibrate(p: Plan, say: Callable[[str], None] | None) -> None:
+    """Sigma scaled per distance bin on the input's own hidden cells (:mod:`geonp.fill.calibrate`),
+    when the plan asks for it and the model is a trained neural process."""
+    if not p.calibrate_sigma or p.choice.model is None or not p.choice.model.trainable \
+            or all(f.gaps == 0 for f in p.fields):
+        return
+    from geonp.fill.calibrate import calibrate, describe
+
+    p.choice.model, scales = calibrate(p.choice.model, p.fields, p.spec, p.device, p.seed, p.elevation,
+                                       p.choice.covariates)
+    p.sigma_scales = describe(scales)
+    if say:
+        say(f"sigma calibrated on the input's own cells, scale by distance to an observation: {p.sigma_scales}")

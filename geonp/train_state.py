@@ -16,6 +16,7 @@ import torch
 from geonp.checkpoint import read_checkpoint, write_checkpoint
 from geonp.models.base import NeuralProcess
 from geonp.models.registry import same_model
+from geonp.models.retired import drop_retired_weights
 
 
 def rank_state(rng: torch.Generator, device: torch.device) -> dict[str, Any]:
@@ -41,16 +42,11 @@ def save_state(path: Path, model: NeuralProcess, opt: torch.optim.Optimizer, ste
     opt_tensors, opt_meta = _optimizer_tensors(opt)
     tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
     tensors.update(opt_tensors)
-    data_states = []
     for r, state in enumerate(ranks):
         suffix = "" if r == 0 else f".{r}"  # rank 0 keeps the names of a single-process state
         tensors.update({f"{k}{suffix}": v for k, v in state.items() if k.startswith("rng.")})
-        data_states.append(state.get("data_state"))
     meta = {"kind": "train-state", "model": model.config, "step": step, "elapsed_s": elapsed,
             "optimizer": opt_meta, "train_config": config, "world_size": len(ranks)}
-    if data_states[0] is not None:
-        meta["data_state"] = data_states[0]
-        meta["data_states"] = data_states
     write_checkpoint(path, tensors, meta)
 
 
@@ -71,17 +67,15 @@ def load_state(path: Path, model: NeuralProcess, opt: torch.optim.Optimizer, ran
     if written != world:
         raise ValueError(f"checkpoint {path}: written by {written} training process(es), resumed with {world}; "
                          f"resume with --nproc-per-node giving {written} in all")
-    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
-    _restore_optimizer(opt, tensors, meta["optimizer"])
+    weights = {k[6:]: v for k, v in tensors.items() if k.startswith("model.")}
+    kept = drop_retired_weights(meta["model"]["name"], meta["model"]["kwargs"], weights, str(path))
+    model.load_state_dict(kept)
+    _restore_optimizer(opt, tensors, meta["optimizer"], retired=len(weights) - len(kept))
     mine: dict[str, Any] = {}
     for key, value in tensors.items():  # rank 0's "rng.data", rank r's "rng.data.r"
         parts = key.split(".")
         if parts[0] == "rng" and parts[2:] == ([] if rank == 0 else [str(rank)]):
             mine[".".join(parts[:2])] = value
-    if "data_states" in meta:
-        mine["data_state"] = meta["data_states"][rank]
-    elif "data_state" in meta:
-        mine["data_state"] = meta["data_state"]
     return int(meta["step"]), float(meta["elapsed_s"]), mine
 
 
@@ -123,7 +117,10 @@ def _optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tens
     return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
 
 
-def _restore_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+def _restore_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict[str, Any],
+                       retired: int = 0) -> None:
+    """Put back the optimizer state; ``retired``: parameters of a retired part the state was saved
+    with, the last ones registered (:mod:`geonp.models.retired`), left out."""
     state: dict[int, dict[str, Any]] = {}
     for name, value in tensors.items():
         if name.startswith("optim."):
@@ -132,4 +129,11 @@ def _restore_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tens
     for name, value in meta["scalars"].items():
         idx, key = name.split(".", 1)
         state.setdefault(int(idx), {})[key] = value
-    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    groups = meta["param_groups"]
+    if retired:
+        # The retired part (the kriging gate) was the last registered, so its parameters are the
+        # last of the one group; unused, they never got optimizer state.
+        count = len(groups[-1]["params"]) - retired
+        groups = [*groups[:-1], {**groups[-1], "params": groups[-1]["params"][:count]}]
+        state = {i: v for i, v in state.items() if i < count}
+    opt.load_state_dict({"state": state, "param_groups": groups})

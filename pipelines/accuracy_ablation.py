@@ -9,9 +9,9 @@ Variants live in ``pipelines/configs/accuracy/variants.yaml``: each is a ``geonp
 configuration (the base config ``base.yaml`` with the variant's overrides merged in, usually
 growing the bundled weights with ``init_from``) trained for the same number of steps (the
 minutes each took on one CPU thread are in the table: the cost of the variant), or an existing
-checkpoint (``checkpoint:``; ``mean: kriging|decoder`` forces a gated local-kriging model's
-mean to one of its two parts, ``model_args:`` changes arguments that hold no weights), or a
-model without weights. Runs live in
+checkpoint (``checkpoint:``; ``model_args:`` changes arguments that hold no weights), or a
+model without weights. A variant marked ``retired:`` needs a part the shipped model no longer
+has (:mod:`geonp.models.retired`): its rows stay, and it runs only at the commit it names. Runs live in
 ``runs/accuracy/<variant>`` and resume where they stopped.
 
 The split (stated in the README): *test* = the cells ``pipelines/satellite_cv.py`` hides (seed
@@ -77,17 +77,11 @@ def load_variants() -> dict[str, dict]:
     return out
 
 
-def forced_mean(checkpoint: Path, mean: str, out: Path) -> Path:
-    """A copy of a gated local-kriging checkpoint whose mean is the kriging mean alone (``mean:
-    kriging``) or the decoder's alone (``decoder``): the gate's weights zeroed, its bias +-30."""
-    return variant_checkpoint(checkpoint, out, mean=mean)
-
-
 def checkpoint_of(name: str, v: dict) -> tuple[str | None, dict]:
     """Train a variant when it has a config (resuming), return ``(checkpoint or None, training facts)``."""
-    if "checkpoint" in v and ("mean" in v or "model_args" in v):
+    if "checkpoint" in v and "model_args" in v:
         out = REPO / "runs" / "accuracy" / name / "model.safetensors"
-        return str(variant_checkpoint(REPO / v["checkpoint"], out, v.get("mean"), v.get("model_args"))), {}
+        return str(variant_checkpoint(REPO / v["checkpoint"], out, model_args=v["model_args"])), {}
     if "checkpoint" in v:
         return str(REPO / v["checkpoint"]), {}
     if "config" not in v:
@@ -171,7 +165,7 @@ def main() -> None:
     variants = load_variants()
     if args.list:
         for n, v in variants.items():
-            print(f"{n}: {v['description']}")
+            print(f"{n}: {v['description']}" + (f" [retired at {v['retired']}]" if "retired" in v else ""))
         return
     out = Path(args.out)
     rows = json.loads(out.with_suffix(".json").read_text())["rows"] if out.with_suffix(".json").exists() else {}
@@ -179,6 +173,10 @@ def main() -> None:
     unknown = [n for n in todo if n not in variants]
     if unknown:
         raise SystemExit(f"unknown variant(s) {unknown}; see --list")
+    retired = [f"{n} (retired at {variants[n]['retired']})" for n in todo if "retired" in variants[n]]
+    if retired:
+        raise SystemExit(f"variant(s) that need a part the shipped model no longer has: {'; '.join(retired)}; "
+                         "check out that commit to run them")
     for name in todo:
         v = variants[name]
         start = time.perf_counter()

@@ -32,11 +32,11 @@ CONFIGS = REPO / "pipelines" / "configs" / "bundled"
 WEIGHTS = REPO / "geonp" / "weights"
 #: Architecture arguments that hold no weights, set in the exported header (same trained
 #: tensors), chosen on issue #13's validation crops (pipelines/results/accuracy_ablation.md):
-#: the local kriging's 64 neighbours taken 16 per quadrant around the target (flagship-q64), and
-#: the predicted mean the local kriging mean alone, the decoder setting sigma
+#: the local kriging's 64 neighbours taken 16 per quadrant around the target (flagship-q64). The
+#: predicted mean is the local kriging mean alone, the decoder setting sigma, in the model itself
 #: (flagship-q64-kriging-mean: validation RMSE 0.2094 / 1.297 / 1.708 against the learned gate's
-#: 0.2189 / 1.310 / 1.747).
-AT_INFERENCE = {"te-pt-tnp": {"kriging_quadrant_dims": [1, 2], "kriging_mix": "kriging"}}
+#: 0.2189 / 1.310 / 1.747; the gate is retired, geonp.models.retired).
+AT_INFERENCE = {"te-pt-tnp": {"kriging_quadrant_dims": [1, 2]}}
 
 
 def _configs(models: list[str] | None) -> list[Path]:

@@ -1,12 +1,10 @@
-"""The accuracy ablation's variant file and its forced-mean checkpoints (pipelines/accuracy_ablation.py)."""
+"""The accuracy ablation's variant file (pipelines/accuracy_ablation.py): live and retired variants."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 
-from geonp.models import build, load, save
-from pipelines.accuracy_ablation import REPO, forced_mean, load_variants, merged
+from pipelines.accuracy_ablation import REPO, load_variants, merged
 
 
 def test_merged_replaces_values_and_merges_mappings():
@@ -33,18 +31,27 @@ def test_every_variant_is_trainable_or_points_at_a_committed_file():
                 assert start != "geonp/weights/te-pt-tnp.safetensors", name
 
 
-@pytest.mark.parametrize("mean, gate", [("kriging", 1.0), ("decoder", 0.0)])
-def test_forced_mean_pins_the_kriging_gate(tmp_path, mean, gate):
-    torch.manual_seed(0)
-    model = build("te-pt-tnp", 3, 1, preset="tiny", num_neighbours=4, local_kriging=True, kriging_neighbours=8)
-    torch.nn.init.normal_(model.kriging_gate.weight)
-    save(model, tmp_path / "m.safetensors")
-    forced = load(forced_mean(tmp_path / "m.safetensors", mean, tmp_path / "forced.safetensors"))
-    features = torch.randn(5, forced.kriging_gate.in_features)
-    torch.testing.assert_close(torch.sigmoid(forced.kriging_gate(features)), torch.full((5, 1), gate))
+def test_every_live_variant_builds_and_every_retired_one_names_its_commit():
+    """A variant that needs a retired part says at which commit it last ran; every other one
+    builds with today's model (its model arguments are all ones the shipped class takes)."""
+    import sys
 
+    from geonp.models import build
+    from pipelines import accuracy_ablation
 
-def test_forced_mean_refuses_a_model_without_a_gate(tmp_path):
-    save(build("te-pt-tnp", 3, 1, preset="tiny"), tmp_path / "m.safetensors")
-    with pytest.raises(SystemExit, match="no kriging gate"):
-        forced_mean(tmp_path / "m.safetensors", "kriging", tmp_path / "forced.safetensors")
+    variants = load_variants()
+    retired = {n for n, v in variants.items() if "retired" in v}
+    assert {"krig64", "flagship", "knn16-skip"} <= retired and "flagship-history-folds" not in retired
+    for name, v in variants.items():
+        if name in retired:
+            assert v["retired"].startswith("3ab7466, "), name
+        elif "config" in v and v["config"]["model"] == "te-pt-tnp":
+            build("te-pt-tnp", 3 + v["config"]["model_args"].get("kriging_covariates", 0), 1,
+                  preset=v["config"]["preset"], **v["config"]["model_args"])
+    sys_argv = sys.argv
+    try:
+        sys.argv = ["accuracy_ablation", "--variants", "krig64"]
+        with pytest.raises(SystemExit, match="krig64 \\(retired at 3ab7466, kriging_mix gate"):
+            accuracy_ablation.main()
+    finally:
+        sys.argv = sys_argv

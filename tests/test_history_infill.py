@@ -60,7 +60,7 @@ def stack_dataset(truth: np.ndarray, given: np.ndarray) -> xr.Dataset:
 def kriging_checkpoints(tmp_path_factory) -> tuple[str, str]:
     """The same random te-pt-tnp with a local kriging head, without and with the ``dineof`` covariate."""
     folder = tmp_path_factory.mktemp("ckpt")
-    args = dict(preset="tiny", num_neighbours=8, local_kriging=True, kriging_neighbours=32, kriging_mix="kriging")
+    args = dict(preset="tiny", num_neighbours=8, local_kriging=True, kriging_neighbours=32)
     torch.manual_seed(0)
     plain = build("te-pt-tnp", 3, 1, **args)
     drift = build("te-pt-tnp", 4, 1, **args, kriging_covariates=1)

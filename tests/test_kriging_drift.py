@@ -79,12 +79,11 @@ def test_a_flat_covariate_changes_nothing():
 def drift_model(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     return build("te-pt-tnp", 3, 1, preset="tiny", num_neighbours=4, local_kriging=True, kriging_neighbours=8,
-                 kriging_mix="kriging", kriging_covariates=1).eval()
+                 kriging_covariates=1).eval()
 
 
 def test_covariates_add_no_weight_and_keep_the_model_equivariant():
-    plain = build("te-pt-tnp", 2, 1, preset="tiny", num_neighbours=4, local_kriging=True, kriging_neighbours=8,
-                  kriging_mix="kriging")
+    plain = build("te-pt-tnp", 2, 1, preset="tiny", num_neighbours=4, local_kriging=True, kriging_neighbours=8)
     model = drift_model()
     assert {k: v.shape for k, v in plain.state_dict().items()} == {k: v.shape for k, v in model.state_dict().items()}
     xc, xt, dc, dt, yc, _ = scene(n_c=30, n_t=7)
@@ -107,7 +106,7 @@ def test_covariates_need_the_kriging_head():
 def test_a_trend_in_the_drift_follows_a_plane_across_a_gap():
     """Universal kriging with the rows and columns as drift is exact on a plane, even far from the
     data, where ordinary kriging levels off towards the neighbours' mean."""
-    args = dict(preset="tiny", num_neighbours=4, local_kriging=True, kriging_neighbours=16, kriging_mix="kriging",
+    args = dict(preset="tiny", num_neighbours=4, local_kriging=True, kriging_neighbours=16,
                 kriging_quadrant_dims=[1, 2])
     torch.manual_seed(0)
     plain = build("te-pt-tnp", 3, 1, **args).eval()

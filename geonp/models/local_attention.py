@@ -118,20 +118,13 @@ class TELocalAttentionBlock(nn.Module):
             nn.init.zeros_(layer.bias)
 
     def forward(self, z: torch.Tensor, x: torch.Tensor, kv: torch.Tensor, x_kv: torch.Tensor,
-                index: torch.Tensor, valid: torch.Tensor, y_kv: torch.Tensor | None = None,
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                index: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """``z [B, Nq, Dz], x [B, Nq, Dx], kv [B, Nk, Dz], x_kv [B, Nk, Dx]``, ``index/valid [B, Nq, K]``
-        -> ``(updated query tokens [B, Nq, Dz], y_mean)``.
+        -> updated query tokens ``[B, Nq, Dz]``."""
+        z = z + self._attend(self.norm_q(z), x, self.norm_kv(kv), x_kv, index, valid)
+        return z + self.ff(self.norm_ff(z))
 
-        ``y_kv [B, Nk, Dy]``: the keys' observed values; ``y_mean [B, Nq, H * Dy]`` is then each
-        head's attention-weighted mean of them (None without ``y_kv``): a learned local
-        interpolation of the raw values that a model can use beside the tokens.
-        """
-        out, y_mean = self._attend(self.norm_q(z), x, self.norm_kv(kv), x_kv, index, valid, y_kv)
-        z = z + out
-        return z + self.ff(self.norm_ff(z)), y_mean
-
-    def _attend(self, zq, xq, zk, xk, index, valid, yk=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _attend(self, zq, xq, zk, xk, index, valid) -> torch.Tensor:
         a = self.attn
         h, dh = a.num_heads, a.head_dim
         b, nq, _ = zq.shape
@@ -142,7 +135,7 @@ class TELocalAttentionBlock(nn.Module):
         # Query chunks bound the gathered keys/values and kernel activations held at once.
         per_query = b * kk * max(a.dim_hidden * 4, 2 * h * dh)
         rows = max(1, min(nq, a.max_block_elems // per_query))
-        outs, means = [], []
+        outs = []
         for s in range(0, nq, rows):
             idx, ok = index[:, s:s + rows], valid[:, s:s + rows]  # [B, q, K]
             kg, vg = gather_rows(k, idx), gather_rows(v, idx)  # [B, q, K, H, Dh]
@@ -151,7 +144,4 @@ class TELocalAttentionBlock(nn.Module):
             logits = a.pair_logits(dots, diff).masked_fill(~ok[..., None], float("-inf"))
             alpha = logits.softmax(dim=2).to(vg.dtype)  # over the K neighbours
             outs.append(torch.einsum("bqkh,bqkhd->bqhd", alpha, vg))  # [B, q, H, Dh]
-            if yk is not None:
-                means.append(torch.einsum("bqkh,bqky->bqhy", alpha, gather_rows(yk, idx).to(alpha.dtype)))
-        y_mean = torch.cat(means, 1).reshape(b, nq, -1) if yk is not None else None  # [B, Nq, H * Dy]
-        return a.to_out(torch.cat(outs, 1).reshape(b, nq, h * dh)), y_mean
+        return a.to_out(torch.cat(outs, 1).reshape(b, nq, h * dh))  # [B, Nq, Dz]

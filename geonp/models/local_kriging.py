@@ -14,8 +14,8 @@ kriging solution as a feature and lets it learn where to trust it and by how muc
   estimated, not assumed zero):  ``[K + t I, 1; 1^T, 0] [w; m] = [k_*; 1]``, through one
   Cholesky factor of ``K + t I``;
 * it returns the kriging mean ``w^T y`` and the log kriging variance of an observation
-  ``s + t - w^T k_* - m``; the model adds both to its target tokens and mixes the kriging mean
-  into its predicted mean (see ``kriging_mix`` in :class:`geonp.models.tnp.TEPTTNP`).
+  ``s + t - w^T k_* - m``; the model adds both to its target tokens, from which its decoder sets
+  sigma, and predicts the kriging mean (:class:`geonp.models.tnp.TEPTTNP`).
 * with covariates (``drift``, e.g. what the scene's history predicts at each cell), the local
   mean is ``b0 + b . (d_i - d_*)`` instead of a constant: kriging with external drift, whose
   coefficients are estimated from the target's own neighbours (generalised least squares, inside

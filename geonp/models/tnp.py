@@ -159,30 +159,48 @@ class TETNP(_TETransformerNP):
 
 @register("te-pt-tnp", presets=_presets(_PT, _TE))
 class TEPTTNP(_TETransformerNP):
-    """TE-PT-TNP (IST style) with pseudo-locations.
+    """TE-PT-TNP (IST style) with pseudo-locations, and the local parts geonp adds to it.
 
     Pseudo-locations start as ``v_m = v0_m + sum_n psi(u_m, z_n) x_n`` (Eq. 11):
     an attention-weighted average of the context inputs, so they move with the
     data and the model stays translation equivariant. Each layer then runs TE
     cross-attention pseudo <- context, context <- pseudo, targets <- pseudo, with
     Eq. 10 location updates on the query side.
+
+    Parts, each built from its arguments (the paper's model has only the first and the last):
+
+    * the pseudo-token encoder above (``num_pseudo``, ``num_layers``, ...);
+    * local attention (``num_neighbours > 0``): in every layer each target also attends to its
+      ``num_neighbours`` nearest context points (``neighbour_weights`` scale the input
+      dimensions for "nearest"), :class:`~geonp.models.local_attention.TELocalAttentionBlock`;
+    * the local kriging head (``local_kriging``, with local attention): kriging of each target
+      from its ``kriging_neighbours`` nearest context points (in each quadrant of
+      ``kriging_quadrant_dims``), with a covariance the network predicts per target, an external
+      drift on the last ``kriging_covariates`` inputs and a trend on ``kriging_trend_dims``
+      (:class:`~geonp.models.local_kriging.LocalKriging`). Its mean is the predicted mean; its mean
+      and log variance join the target tokens, from which the decoder sets sigma;
+    * the Gaussian likelihood (``min_scale``).
+
+    Variants that lost (a learned gate or gain between decoder and kriging means, raw neighbour
+    values beside the tokens, context-to-context local attention) are retired
+    (:mod:`geonp.models.retired`).
     """
 
     def __init__(self, dim_x: int, dim_y: int, dim_model: int = 128, num_heads: int = 8, head_dim: int = 16,
                  num_layers: int = 5, num_pseudo: int = 32, dim_kernel_hidden: int = 128,
                  update_locations: bool = True, max_block_elems: int = DEFAULT_BLOCK_ELEMS,
                  min_scale: float = 1e-3, distance_prior: bool = True, num_neighbours: int = 0,
-                 neighbour_weights: list[float] | None = None, local_context: bool = False,
-                 value_skip: bool = False, local_kriging: bool = False, kriging_kernel: str = "exponential",
-                 kriging_neighbours: int = 0, kriging_mix: str = "gate",
+                 neighbour_weights: list[float] | None = None, local_kriging: bool = False,
+                 kriging_kernel: str = "exponential", kriging_neighbours: int = 0,
                  kriging_quadrant_dims: list[int] | None = None, kriging_covariates: int = 0,
                  kriging_trend_dims: list[int] | None = None) -> None:
         super().__init__(dim_x, dim_y, dim_model, min_scale)
+        with_kriging = local_kriging and num_neighbours > 0
         # kriging_covariates: the last inputs are covariates, not locations (e.g. what the scene's
         # history predicts at each cell, geonp.tasks.history); they enter only the local kriging head's
         # external drift, so the transformer, its weights and its equivariance are those of the
         # first dim_x - kriging_covariates inputs.
-        if kriging_covariates and not (local_kriging and num_neighbours > 0):
+        if kriging_covariates and not with_kriging:
             raise ValueError("kriging_covariates needs the local kriging head (local_kriging, num_neighbours > 0)")
         if not 0 <= kriging_covariates < dim_x:
             raise ValueError(f"kriging_covariates must be in 0..{dim_x - 1}, got {kriging_covariates}")
@@ -191,11 +209,12 @@ class TEPTTNP(_TETransformerNP):
         # kriging_trend_dims: location inputs (e.g. [1, 2], rows and columns) whose offsets from the
         # target join the drift, a plane fitted by each target's neighbours (universal kriging): deep
         # inside a wide gap the mean follows the trend across it instead of levelling off.
-        if kriging_trend_dims is not None and not (local_kriging and num_neighbours > 0
-                                                   and all(0 <= d < dim_x for d in kriging_trend_dims)):
+        if kriging_trend_dims is not None and not (with_kriging and all(0 <= d < dim_x for d in kriging_trend_dims)):
             raise ValueError(f"kriging_trend_dims needs the local kriging head and location inputs in "
                              f"0..{dim_x - 1}, got {kriging_trend_dims}")
         self.kriging_trend_dims = None if not kriging_trend_dims else list(kriging_trend_dims)
+
+        # The encoder: pseudo-tokens and their locations, TE cross-attention blocks.
         self.pseudo = nn.Parameter(torch.randn(num_pseudo, dim_model))  # u0 [M, Dz]
         self.pseudo_offset = nn.Parameter(torch.randn(num_pseudo, dim_x))  # v0 [M, Dx]
         self.init_q = nn.Linear(dim_model, dim_model, bias=False)  # psi's query/key maps
@@ -203,56 +222,36 @@ class TEPTTNP(_TETransformerNP):
         args = (num_layers, dim_model, num_heads, head_dim, dim_x, dim_kernel_hidden, update_locations, max_block_elems,
                 distance_prior)
         self.to_pseudo, self.to_context, self.to_target = (self._te_blocks(*args) for _ in range(3))
+
+        # Local attention: targets also attend to their k nearest context points, in every layer.
         if neighbour_weights is not None and len(neighbour_weights) != dim_x:
             raise ValueError(f"neighbour_weights needs one weight per input dimension ({dim_x}), "
                              f"got {list(neighbour_weights)}")
         self.num_neighbours = num_neighbours
         self.register_buffer("neighbour_weights", None if neighbour_weights is None
                              else torch.tensor(neighbour_weights, dtype=torch.float32), persistent=False)
-        local = lambda: nn.ModuleList(  # noqa: E731
+        self.target_local = None if num_neighbours == 0 else nn.ModuleList(
             TELocalAttentionBlock(dim_model, num_heads, head_dim, dim_x, dim_kernel_hidden, distance_prior,
                                   max_block_elems) for _ in range(num_layers))
-        # Targets (and optionally context points) also attend to their k nearest context points.
-        self.target_local = local() if num_neighbours > 0 else None
-        self.context_local = local() if num_neighbours > 0 and local_context else None
-        # value_skip: the last local layer's per-head weighted means of the neighbours' raw values
-        # join the target tokens before the decoder (zero-initialised: a grown model starts unchanged).
-        self.value_skip = nn.Linear(num_heads * dim_y, dim_model) if num_neighbours > 0 and value_skip else None
-        if self.value_skip is not None:
-            nn.init.zeros_(self.value_skip.weight)
-            nn.init.zeros_(self.value_skip.bias)
-        # local_kriging: ordinary kriging of each target from its kriging_neighbours (default
-        # num_neighbours) nearest context points (geonp.models.local_kriging); its mean and log
-        # variance join the target tokens, and the predicted mean mixes it in: "gate", a per-target
-        # weight g = sigmoid(w . [token, log variance] + b) starting at 1/2, mean = (1 - g) decoder +
-        # g kriging; "gain", decoder + a learned scalar (from 0) times kriging; or "kriging", the
-        # kriging mean alone (a gated model's gate pinned at 1: issue #13 chose it on the validation
-        # crops; the gate's weights are kept, unused, so a gated checkpoint loads either way). The
-        # decoder always sets sigma, from tokens that carry the kriging mean and variance.
-        if kriging_mix not in ("gate", "gain", "kriging"):
-            raise ValueError(f"kriging_mix must be 'gate', 'gain' or 'kriging', got {kriging_mix!r}")
+
+        # The local kriging head (geonp.models.local_kriging). kriging_quadrant_dims: two input
+        # dimensions (e.g. [1, 2], rows and columns); the kriging neighbours are then the
+        # kriging_neighbours // 4 nearest in each quadrant around the target (see
+        # nearest_neighbours), so targets deep inside a gap see its far side too.
         self.kriging_neighbours = kriging_neighbours or num_neighbours
-        self.kriging_mix = kriging_mix
-        # kriging_quadrant_dims: two input dimensions (e.g. [1, 2], rows and columns); the kriging
-        # neighbours are then the kriging_neighbours // 4 nearest in each quadrant around the target
-        # (see nearest_neighbours), so targets deep inside a gap see its far side too.
         if kriging_quadrant_dims is not None and (len(kriging_quadrant_dims) != 2
                                                   or not all(0 <= d < dim_x for d in kriging_quadrant_dims)):
             raise ValueError(f"kriging_quadrant_dims needs two input dimensions in 0..{dim_x - 1}, "
                              f"got {kriging_quadrant_dims}")
         self.kriging_quadrant_dims = None if kriging_quadrant_dims is None else tuple(kriging_quadrant_dims)
         self.kriging = None
-        if num_neighbours > 0 and local_kriging:
+        if with_kriging:
             self.kriging = LocalKriging(dim_model, dim_x, kriging_kernel, neighbour_weights)
+            # Its mean and log variance join the target tokens (zero-initialised: a model grown
+            # with the head starts where it was).
             self.kriging_in = nn.Linear(dim_y + 1, dim_model)
             nn.init.zeros_(self.kriging_in.weight)
             nn.init.zeros_(self.kriging_in.bias)
-            if kriging_mix == "gain":
-                self.kriging_gain = nn.Parameter(torch.zeros(()))
-            else:
-                self.kriging_gate = nn.Linear(dim_model + 1, dim_y)
-                nn.init.zeros_(self.kriging_gate.weight)
-                nn.init.zeros_(self.kriging_gate.bias)
 
     def initial_pseudo_locations(self, zc: torch.Tensor, xc: torch.Tensor, mask_c: torch.Tensor) -> torch.Tensor:
         """Eq. 11: ``zc [B, Nc, Dz], xc [B, Nc, Dx] -> v [B, M, Dx]``."""
@@ -263,56 +262,56 @@ class TEPTTNP(_TETransformerNP):
         return self.pseudo_offset + psi.to(xc.dtype) @ xc
 
     def predict(self, xc, yc, xt, mask_c, mask_t) -> Normal:
-        b = xc.shape[0]
         drift_c = drift_t = None
         if self.kriging_covariates:  # [B, N, Dx] -> locations [B, N, Dx - P], covariates [B, N, P]
             split = xc.shape[-1] - self.kriging_covariates
             xc, drift_c = xc[..., :split], xc[..., split:]
             xt, drift_t = xt[..., :split], xt[..., split:]
-        x_context, x_target = xc, xt  # the input locations, before Eq. 10 moves them
-        zc, zt = self._tokens(yc, xt)
-        u = self.pseudo.expand(b, -1, -1)  # [B, M, Dz]
+        near_t, near_k = self._neighbourhoods(xc, xt, mask_c)  # each ([B, Nt, K] indices, mask) or None
+        zt = self._encode(xc, yc, xt, mask_c, near_t)  # [B, Nt, Dz]
+        if self.kriging is None:
+            return self.head(self.decoder(zt))
+        return self._kriging_head(zt, xc, yc, xt, near_k, drift_c, drift_t)
+
+    def _neighbourhoods(self, xc: torch.Tensor, xt: torch.Tensor, mask_c: torch.Tensor) -> tuple:
+        """The targets' nearest context points for local attention and for the kriging head,
+        chosen once from the input locations (before Eq. 10 moves them), nearest first."""
+        if self.target_local is None:
+            return None, None
+        by_quadrant = self.kriging is not None and self.kriging_quadrant_dims is not None
+        k = max(self.num_neighbours, self.kriging_neighbours if self.kriging is not None and not by_quadrant else 0)
+        near = nearest_neighbours(xt, xc, mask_c, k, self.neighbour_weights)  # [B, Nt, K]
+        near_t = tuple(t[..., :self.num_neighbours] for t in near)
+        if by_quadrant:
+            near = nearest_neighbours(xt, xc, mask_c, self.kriging_neighbours, self.neighbour_weights,
+                                      self.kriging_quadrant_dims)  # [B, Nt, K]
+        return near_t, tuple(t[..., :self.kriging_neighbours] for t in near)
+
+    def _encode(self, xc: torch.Tensor, yc: torch.Tensor, xt: torch.Tensor, mask_c: torch.Tensor,
+                near_t: tuple | None) -> torch.Tensor:
+        """Target tokens ``[B, Nt, Dz]``: the pseudo-token layers, each followed by local attention."""
+        zc, zt = self._tokens(yc, xt)  # [B, Nc, Dz], [B, Nt, Dz]
+        u = self.pseudo.expand(xc.shape[0], -1, -1)  # [B, M, Dz]
         v = self.initial_pseudo_locations(zc, xc, mask_c)  # [B, M, Dx]
         all_u = torch.ones(u.shape[:2], dtype=torch.bool, device=u.device)
-        near_t = near_c = near_k = None
-        if self.target_local is not None:  # chosen once, from the input locations, nearest first
-            by_quadrant = self.kriging is not None and self.kriging_quadrant_dims is not None
-            k = max(self.num_neighbours, self.kriging_neighbours if self.kriging is not None and not by_quadrant else 0)
-            near_k = nearest_neighbours(xt, xc, mask_c, k, self.neighbour_weights)  # [B, Nt, K]
-            near_t = tuple(t[..., :self.num_neighbours] for t in near_k)
-            if by_quadrant:
-                near_k = nearest_neighbours(xt, xc, mask_c, self.kriging_neighbours, self.neighbour_weights,
-                                            self.kriging_quadrant_dims)  # [B, Nt, K]
-        if self.context_local is not None:
-            near_c = nearest_neighbours(xc, xc, mask_c, self.num_neighbours, self.neighbour_weights)  # [B, Nc, K]
         for i, (to_u, to_c, to_t) in enumerate(zip(self.to_pseudo, self.to_context, self.to_target)):
             u, v = to_u(u, v, zc, xc, mask_c)
             zc_new, xc_new = to_c(zc, xc, u, v, all_u)
-            if near_c is not None:
-                zc_new, _ = self.context_local[i](zc_new, xc_new, zc_new, xc_new, *near_c)
             zt, xt = to_t(zt, xt, u, v, all_u)
             if near_t is not None:
-                last = i == len(self.to_target) - 1
-                zt, y_mean = self.target_local[i](zt, xt, zc_new, xc_new, *near_t,
-                                                  yc if last and self.value_skip is not None else None)
-                if y_mean is not None:
-                    zt = zt + self.value_skip(y_mean)  # [B, Nt, Dz]
+                zt = self.target_local[i](zt, xt, zc_new, xc_new, *near_t)
             zc, xc = zc_new, xc_new
-        if self.kriging is None:
-            return self.head(self.decoder(zt))
-        near = tuple(t[..., :self.kriging_neighbours] for t in near_k)
+        return zt
+
+    def _kriging_head(self, zt: torch.Tensor, xc: torch.Tensor, yc: torch.Tensor, xt: torch.Tensor,
+                      near: tuple, drift_c: torch.Tensor | None, drift_t: torch.Tensor | None) -> Normal:
+        """The kriging mean as the predicted mean; sigma from tokens that carry the kriging mean and
+        variance. ``xc``/``xt`` are the input locations (``[B, N, Dx]``), not the moved ones."""
         if self.kriging_trend_dims is not None:  # location offsets as drift: [B, N, P + len(dims)]
-            trend_c, trend_t = x_context[..., self.kriging_trend_dims], x_target[..., self.kriging_trend_dims]
+            trend_c, trend_t = xc[..., self.kriging_trend_dims], xt[..., self.kriging_trend_dims]
             drift_c = trend_c if drift_c is None else torch.cat([drift_c, trend_c], -1)
             drift_t = trend_t if drift_t is None else torch.cat([drift_t, trend_t], -1)
-        k_mean, k_logvar = self.kriging(zt, x_target, x_context, yc, *near, drift_t, drift_c)  # [B, Nt, Dy], [B, Nt, 1]
+        k_mean, k_logvar = self.kriging(zt, xt, xc, yc, *near, drift_t, drift_c)  # [B, Nt, Dy], [B, Nt, 1]
         raw = self.decoder(zt + self.kriging_in(torch.cat([k_mean, k_logvar], -1).to(zt.dtype)))
-        loc, pre_scale = raw.float().split(self.dim_y, dim=-1)
-        if self.kriging_mix == "gain":
-            loc = loc + self.kriging_gain * k_mean
-        elif self.kriging_mix == "kriging":
-            loc = k_mean.float()
-        else:
-            g = torch.sigmoid(self.kriging_gate(torch.cat([zt, k_logvar.to(zt.dtype)], -1)).float())  # [B, Nt, Dy]
-            loc = loc + g * (k_mean - loc)
-        return self.head(torch.cat([loc, pre_scale], -1))
+        _, pre_scale = raw.float().split(self.dim_y, dim=-1)
+        return self.head(torch.cat([k_mean.float(), pre_scale], -1))

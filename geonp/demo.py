@@ -105,7 +105,7 @@ def run_demo(out: str | Path = "geonp-demo", fit_steps: int = FIT_STEPS, device:
     models = demo_models()
     if models[0] != DEMO_MODELS[0]:
         say(f"note: no bundled {DEMO_MODELS[0]} weights in this installation (geonp/weights/); the demo fills with "
-            f"{models[0]} instead. Train them with `python -m pipelines.pretrain`.")
+            f"{models[0]} instead. Train them with `python -m pipelines.release.pretrain`.")
     rows, summary = [], {"fit_steps": fit_steps, "hidden_cells": int(hidden.sum()), "models": {}}
     filled = None
     for name in models:

@@ -1,5 +1,5 @@
 """Checkpoints changed at inference only, the same trained tensors: the one tool the release
-recipe (``pipelines.pretrain``), the benchmarks and the accuracy ablation share.
+recipe (``pipelines.release.pretrain``), the benchmarks and the accuracy ablation share.
 """
 
 from __future__ import annotations

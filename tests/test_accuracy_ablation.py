@@ -1,10 +1,10 @@
-"""The accuracy ablation's variant file (pipelines/accuracy_ablation.py): live and retired variants."""
+"""The accuracy ablation's variant file (pipelines/experiments/accuracy_ablation.py): live and retired variants."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipelines.accuracy_ablation import REPO, load_variants, merged
+from pipelines.experiments.accuracy_ablation import REPO, load_variants, merged
 
 
 def test_merged_replaces_values_and_merges_mappings():
@@ -37,7 +37,7 @@ def test_every_live_variant_builds_and_every_retired_one_names_its_commit():
     import sys
 
     from geonp.models import build
-    from pipelines import accuracy_ablation
+    from pipelines.experiments import accuracy_ablation
 
     variants = load_variants()
     retired = {n for n, v in variants.items() if "retired" in v}

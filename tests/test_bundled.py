@@ -29,7 +29,7 @@ CONFIGS = sorted((Path(__file__).resolve().parents[1] / "pipelines" / "configs" 
 def test_each_bundled_config_has_weights_trained_from_it(config):
     cfg = yaml.safe_load(config.read_text())
     path = bundled_checkpoint(cfg["model"])
-    assert path is not None, f"geonp/weights/{cfg['model']}.safetensors missing: run python -m pipelines.pretrain"
+    assert path is not None, f"geonp/weights/{cfg['model']}.safetensors missing: python -m pipelines.release.pretrain"
     _, meta = read_checkpoint(path)
     assert meta["model"]["name"] == cfg["model"] and meta["model"]["preset"] == cfg["preset"]
     for key, value in cfg.get("model_args", {}).items():

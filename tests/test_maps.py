@@ -294,7 +294,7 @@ def test_natural_earth_conversion(tmp_path, monkeypatch):
     """The converter on a two-country topology: coast = the land rings, border = the shared arc."""
     import cartopy.io.shapereader as shpreader
 
-    from pipelines import natural_earth as convert
+    from pipelines.release import natural_earth as convert
 
     topology = {"type": "Topology", "bbox": [-1, -1, 3, 2], "transform": {"scale": [1, 1], "translate": [0, 0]},
                 "arcs": [[[1, 0], [0, 1]], [[1, 1], [-1, 0], [0, -1], [1, 0]], [[1, 0], [1, 0], [0, 1], [-1, 0]]],

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from pipelines import infill_benchmark, memory, scaling, synthetic_gp
+from pipelines.benchmarks import infill_benchmark, memory, scaling, synthetic_gp
 
 
 def test_synthetic_gp_pipeline_writes_table(tmp_path, monkeypatch):
@@ -52,7 +52,7 @@ def test_infill_benchmark_measures_a_small_cube(tmp_path, monkeypatch):
 
 
 def test_scaling_pipeline_times_cells_and_records_oom(tmp_path, monkeypatch):
-    # Cells run as subprocesses of `python -m pipelines.scaling`: from the repository root.
+    # Cells run as subprocesses of `python -m pipelines.benchmarks.scaling`: from the repository root.
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
     out = tmp_path / "scaling.md"
     scaling.main(["--models", "tnp", "--sizes", "100", "200", "--sweeps", "both", "--preset", "tiny",
@@ -71,7 +71,7 @@ def test_scaling_pipeline_times_cells_and_records_oom(tmp_path, monkeypatch):
 def test_satellite_cv_reuse_keeps_rows_not_rerun(tmp_path):
     import pytest
 
-    from pipelines import satellite_cv
+    from pipelines.benchmarks import satellite_cv
 
     def result(rows, donors=(3, -1)):
         return {"source": "s", "seed": 0, "donors": list(donors), "hidden_cells": 10,
@@ -93,7 +93,7 @@ def test_satellite_cv_reuse_keeps_rows_not_rerun(tmp_path):
 
 
 def test_satellite_cv_merge_combines_runs(tmp_path):
-    from pipelines import satellite_cv
+    from pipelines.benchmarks import satellite_cv
 
     def table(name, rows, device):
         res = {"source": "s", "variable": "sst", "units": "K", "seed": 0, "steps": 1, "observed_cells": 20,
@@ -114,7 +114,7 @@ def test_satellite_cv_merge_combines_runs(tmp_path):
 
 
 def test_satellite_cv_renders_committed_table_and_mixes_old_and_new_rows(tmp_path):
-    from pipelines import satellite_cv
+    from pipelines.benchmarks import satellite_cv
     from pipelines.provenance import REPO
 
     committed = REPO / "pipelines" / "results" / "satellite_cv.json"  # rows with and without diagnostics
@@ -153,7 +153,7 @@ def test_sigma_scale_rescales_only_sigma_and_fills_once(monkeypatch):
     import numpy as np
     import xarray as xr
 
-    import pipelines.sigma_scale as module
+    import pipelines.experiments.sigma_scale as module
 
     calls = []
 
@@ -176,7 +176,7 @@ def test_sigma_scale_window_distances_count_cells_on_the_target_step_only():
     import torch
 
     from geonp.tasks.batch import Batch
-    from pipelines.sigma_scale import _nearest_on_step
+    from pipelines.experiments.sigma_scale import _nearest_on_step
 
     # Inputs (time, row, col) in units of 8 cells: context on step 0 at (0, 0) and (0, 3 cells), on
     # step 1 right at the target; a padded context point (mask False) at the target too.
@@ -190,7 +190,7 @@ def test_sigma_scale_window_distances_count_cells_on_the_target_step_only():
 def test_more_crops_refuses_a_crop_over_the_test_cells_and_malformed_ones():
     import pytest
 
-    from pipelines.more_crops import crop_boxes
+    from pipelines.experiments.more_crops import crop_boxes
 
     test = {"y": slice(800, 1000), "x": slice(0, 300)}
     assert crop_boxes(["400:0", "600:300", "800:300"], test) == [(400, 0), (600, 300), (800, 300)]

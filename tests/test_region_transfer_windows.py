@@ -13,7 +13,7 @@ import yaml
 
 from geonp.checkpoint import read_checkpoint
 from geonp.fill.predictor import STACK_METHODS, takes_elevation
-from pipelines import region_transfer_windows
+from pipelines.benchmarks import region_transfer_windows
 
 
 def _cube_and_dem(tmp_path) -> None:

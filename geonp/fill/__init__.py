@@ -9,7 +9,7 @@ then its blocks filled (:mod:`~geonp.fill.blocks`), one after another or on dask
 
 #: ``--fit-steps`` / ``fit_steps`` default, the same for the CLI, ``geonp.infill`` and the demo:
 #: Adam steps of self-supervised fine-tuning on the input's own observed cells before filling
-#: (``python -m pipelines.finetune_curve``; on the validation crops 30 steps at 1e-4 lowered the
+#: (``python -m pipelines.experiments.finetune_curve``; on the validation crops 30 steps at 1e-4 lowered the
 #: bundled te-pt-tnp's RMSE by 1.5% on Alboran SST and 1.9% on OLCI chlorophyll in about a minute
 #: on one thread; 3e-4 gained 3.9% and 3.0% there but left the demo's RMSE at 0.690 against
 #: kriging's 0.689, where 1e-4 gives 0.686; 100 steps gain more but cost the demo's budget).

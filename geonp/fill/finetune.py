@@ -4,7 +4,7 @@
 step draws windows of the same geometry infill uses, hides a cloud-shaped part of the observed
 cells in the prediction region, and minimises the Gaussian negative log-likelihood of the hidden
 values given the rest. The bundled weights are trained with the same windows
-(``pipelines/pretrain.py``), so pretraining and fine-tuning see one task distribution, and
+(``pipelines/release/pretrain.py``), so pretraining and fine-tuning see one task distribution, and
 through one training loop (:func:`geonp.train.train`), so they optimise one loss.
 """
 

@@ -6,7 +6,7 @@ the 1:110m and 1:50m coastline and land-border layers as shapefiles under
 ``geonp/maps/natural_earth/`` in cartopy's own layout
 (``shapefiles/natural_earth/{physical,cultural}/ne_{scale}_{name}.shp``) and reads them directly:
 cartopy's downloader is never asked. They were converted from Natural Earth 4.1.0 as packaged in
-the ``world-atlas`` 2.0.2 TopoJSON (npm) by ``python -m pipelines.natural_earth``: the coastline is
+the ``world-atlas`` 2.0.2 TopoJSON (npm) by ``python -m pipelines.release.natural_earth``: the coastline is
 the boundary of the ``land`` polygons, the borders are the arcs that two countries share.
 
 A user may point :data:`cartopy.config` ``["pre_existing_data_dir"]`` at these files too:

@@ -11,7 +11,7 @@ before the call; on CUDA it is ``max_memory_allocated`` over the memory
 allocated before the call. ``--unchunked`` also measures with blocking off
 (one block holds every pair), for comparison, where the device can hold it.
 
-    python -m pipelines.memory --out pipelines/results/memory_cpu.md
+    python -m pipelines.benchmarks.memory --out pipelines/results/memory_cpu.md
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.models:
         for m in range(len(MODES) if name in backward else 1):
             for unchunked in ([0, 1] if args.unchunked else [0]):
-                cmd = [sys.executable, "-m", "pipelines.memory", "--worker", name, str(m), str(unchunked),
+                cmd = [sys.executable, "-m", "pipelines.benchmarks.memory", "--worker", name, str(m), str(unchunked),
                        "--nc", str(args.nc), "--nt", str(args.nt), "--device", args.device]
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 if proc.returncode == 0:

@@ -1,7 +1,7 @@
 """Region transfer on infill windows: train in one region and period, fill gaps in others.
 
-    python -m pipelines.region_transfer_windows pipelines/configs/region_transfer/era5_uk_hourly_windows.yaml
-    python -m pipelines.region_transfer_windows CONFIG --models te-pt-tnp linear kriging   # some rows
+    python -m pipelines.benchmarks.region_transfer_windows pipelines/configs/region_transfer/era5_uk_hourly_windows.yaml
+    python -m pipelines.benchmarks.region_transfer_windows CONFIG --models te-pt-tnp linear kriging   # some rows
 
 The TE-TNP paper's environmental experiment (train on one region, test on others, elevation as
 an input) in the one task encoding infill uses (:mod:`geonp.tasks.windows`: grid-unit offsets,

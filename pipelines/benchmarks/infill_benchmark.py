@@ -22,7 +22,7 @@ Without ``--checkpoint`` the te-pt-tnp weights are the bundled ones when geonp s
 else a random-weight checkpoint of the same architecture (``tiny`` preset, infill scaling
 8 cells per unit): for memory and speed the values of the weights do not matter.
 
-    python -m pipelines.infill_benchmark --out pipelines/results/infill_cpu.md
+    python -m pipelines.benchmarks.infill_benchmark --out pipelines/results/infill_cpu.md
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from geonp.data import zarr_store
 from geonp.fill.output import FLAG_INFILLED, is_complete
 from geonp.fill.predictor import bundled_checkpoint
 from geonp.tasks.clouds import random_clouds
-from pipelines.memory import high_water
+from pipelines.benchmarks.memory import high_water
 from pipelines.provenance import header
 
 GOAL_BYTES = 1.5e9
@@ -124,7 +124,7 @@ def resolve_checkpoint(given: str | None, folder: Path) -> tuple[str, str]:
 
 def child_env(threads: int) -> dict[str, str]:
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "DASK_NUM_WORKERS"):
         env[var] = str(threads)
@@ -170,7 +170,7 @@ def run_infill(cube: Path, out: Path, checkpoint: str, threads: int, extra: list
 def baseline_rss(threads: int) -> int:
     """Peak RSS of a process that only imports what ``geonp infill`` imports (the floor under any run)."""
     code = ("import torch, xarray, zarr, dask.array, geonp.cli, geonp.fill.engine, geonp.models, geonp.data; "
-            "from pipelines.memory import high_water; print(high_water())")
+            "from pipelines.benchmarks.memory import high_water; print(high_water())")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(threads),
                           check=True)
     return int(proc.stdout.strip().splitlines()[-1])

@@ -1,9 +1,9 @@
 """Accuracy ablation (issue #13): variants of the gap-filling models at one training budget,
 chosen on a validation split, scored once on satellite_cv's hidden cells.
 
-    python -m pipelines.accuracy_ablation                       # every variant not yet in the table
-    python -m pipelines.accuracy_ablation --variants knn16      # (re)run some variants
-    python -m pipelines.accuracy_ablation --list                # what each variant changes
+    python -m pipelines.experiments.accuracy_ablation                       # every variant not yet in the table
+    python -m pipelines.experiments.accuracy_ablation --variants knn16      # (re)run some variants
+    python -m pipelines.experiments.accuracy_ablation --list                # what each variant changes
 
 Variants live in ``pipelines/configs/accuracy/variants.yaml``: each is a ``geonp train``
 configuration (the base config ``base.yaml`` with the variant's overrides merged in, usually
@@ -14,7 +14,7 @@ model without weights. A variant marked ``retired:`` needs a part the shipped mo
 has (:mod:`geonp.models.retired`): its rows stay, and it runs only at the commit it names. Runs live in
 ``runs/accuracy/<variant>`` and resume where they stopped.
 
-The split (stated in the README): *test* = the cells ``pipelines/satellite_cv.py`` hides (seed
+The split (stated in the README): *test* = the cells ``pipelines/benchmarks/satellite_cv.py`` hides (seed
 0 on its three crops; the whole crops are excluded from training); *validation* = other crops of
 the same products (``VALIDATION``, ``pipelines/scenes.yaml``, seed 1), also excluded from training; the MODIS LST
 scene is never trained on. Variants are compared on the validation columns; the test columns

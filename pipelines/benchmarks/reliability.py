@@ -1,6 +1,6 @@
 """Reliability report (issue #16 §8): the bad-input matrix, kill-and-resume trials, cluster trials.
 
-    python -m pipelines.reliability [--infill-trials 10] [--train-trials 3] [--fetch-trials 3]
+    python -m pipelines.benchmarks.reliability [--infill-trials 10] [--train-trials 3] [--fetch-trials 3]
 
 Writes ``pipelines/results/reliability.md`` (and ``.json``):
 

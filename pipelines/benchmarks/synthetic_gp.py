@@ -10,7 +10,7 @@ Because the generating GPs are stationary, a shifted task is an exact sample of
 the shifted test distribution; reusing the base tasks makes the Δ columns a
 paired comparison (differences between columns are not sampling noise).
 
-    python -m pipelines.synthetic_gp --max-steps 2000 --preset small \
+    python -m pipelines.benchmarks.synthetic_gp --max-steps 2000 --preset small \
         --out pipelines/results/synthetic_gp_cpu.md
 
 ``--jobs N`` trains N models at once in subprocesses (useful on a GPU).
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _worker_command(args: argparse.Namespace, name: str) -> list[str]:
     """The subprocess that trains and scores one model with the parent's settings."""
-    cmd = [sys.executable, "-m", "pipelines.synthetic_gp", "--json-only", "--models", name]
+    cmd = [sys.executable, "-m", "pipelines.benchmarks.synthetic_gp", "--json-only", "--models", name]
     for key, value in vars(args).items():
         if key not in ("models", "json_only", "jobs", "reuse") and value is not None:
             cmd += [f"--{key.replace('_', '-')}", str(value)]

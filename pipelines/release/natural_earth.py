@@ -1,7 +1,7 @@
 """Convert Natural Earth from the ``world-atlas`` TopoJSON into the shapefiles geonp ships.
 
     npm pack world-atlas@2.0.2 && tar xzf world-atlas-2.0.2.tgz
-    python -m pipelines.natural_earth package/      # writes geonp/maps/natural_earth/...
+    python -m pipelines.release.natural_earth package/      # writes geonp/maps/natural_earth/...
 
 ``world-atlas`` 2.0.2 packages Natural Earth 4.1.0 (public domain) as quantised TopoJSON, one file
 per scale holding the ``countries`` and ``land`` collections on one shared set of arcs. The

@@ -12,8 +12,8 @@ A cell that exceeds ``--mem-limit-gb`` (resident set, watched from outside) is k
 recorded as OOM, like a CUDA out-of-memory error; one that runs past ``--timeout`` is recorded
 as a timeout. Larger sizes of the same model in the same sweep are then not run.
 
-    python -m pipelines.scaling --out pipelines/results/scaling.md
-    python -m pipelines.scaling --device cuda --out pipelines/results/scaling_gpu.md
+    python -m pipelines.benchmarks.scaling --out pipelines/results/scaling.md
+    python -m pipelines.benchmarks.scaling --device cuda --out pipelines/results/scaling_gpu.md
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch
 from geonp.device import resolve_device
 from geonp.models import build
 from geonp.models.te_attention import PREDICT_BLOCK_ELEMS, set_block_elems
-from pipelines.memory import high_water
+from pipelines.benchmarks.memory import high_water
 from pipelines.provenance import header
 
 MODELS = ["tnp", "te-pt-tnp", "tnp-kr", "tnp-kr-fast", "convcnp"]
@@ -77,7 +77,7 @@ def measure(name: str, preset: str, nc: int, nt: int, device: torch.device) -> d
 
 def _run_cell(name: str, args: argparse.Namespace, nc: int, nt: int) -> dict:
     """Run one cell in a subprocess, killing it past the time or memory limit."""
-    cmd = [sys.executable, "-m", "pipelines.scaling", "--worker", name, str(nc), str(nt),
+    cmd = [sys.executable, "-m", "pipelines.benchmarks.scaling", "--worker", name, str(nc), str(nt),
            "--preset", args.preset, "--device", args.device]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     watched, limit, start = psutil.Process(proc.pid), args.mem_limit_gb * 2**30, time.monotonic()

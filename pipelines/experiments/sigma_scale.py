@@ -1,7 +1,7 @@
 """Would one sigma scale calibrate te-pt-tnp on every scene? (issue #13, 90% coverage goal)
 
-    python -m pipelines.sigma_scale                      # Alboran SST and MODIS LST
-    python -m pipelines.sigma_scale --scenes alboran olci modis --scales 1.0 1.1 1.2
+    python -m pipelines.experiments.sigma_scale                      # Alboran SST and MODIS LST
+    python -m pipelines.experiments.sigma_scale --scenes alboran olci modis --scales 1.0 1.1 1.2
 
 Fills satellite_cv's hidden cells (same crops, seed 0) once per scene with the bundled te-pt-tnp
 (no fine-tuning), then scores the same means with sigma multiplied by each scale. RMSE does not

@@ -1,7 +1,7 @@
 """Does a model trained with `geonp train` on the README's ERA5 config fill another region's gaps?
 
-    python -m pipelines.era5_transfer_infill                                  # the committed weights
-    python -m pipelines.era5_transfer_infill --checkpoint runs/te_pt_tnp_era5_uk/model.safetensors
+    python -m pipelines.benchmarks.era5_transfer_infill                                  # the committed weights
+    python -m pipelines.benchmarks.era5_transfer_infill --checkpoint runs/te_pt_tnp_era5_uk/model.safetensors
 
 The README's ERA5 config (``pipelines/configs/te_pt_tnp_era5_uk.yaml``) trains te-pt-tnp on
 ERA5 2 m temperature over the northern UK (54-58 N, 1-20 March 2019) with elevation as an input.

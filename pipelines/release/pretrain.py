@@ -1,8 +1,8 @@
 """Train the weights bundled with geonp and export them into the package.
 
-    python -m pipelines.pretrain                      # every config in pipelines/configs/bundled/
-    python -m pipelines.pretrain --models te-pt-tnp   # one of them
-    python -m pipelines.pretrain --export-only        # re-export finished runs
+    python -m pipelines.release.pretrain                      # every config in pipelines/configs/bundled/
+    python -m pipelines.release.pretrain --models te-pt-tnp   # one of them
+    python -m pipelines.release.pretrain --export-only        # re-export finished runs
 
 Each config is a ``geonp train`` configuration with ``data: {name: windows}`` (infill-shaped
 windows from synthetic random fields and real reanalysis fields, validation on ERA5 over another

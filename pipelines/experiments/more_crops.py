@@ -1,7 +1,7 @@
 """Does a choice made on one validation crop carry over? te-pt-tnp weights on more crops of one product.
 
-    python -m pipelines.more_crops                                   # MODIS LST, bundled vs wide clouds
-    python -m pipelines.more_crops --scene olci --crops 600:800 400:1100
+    python -m pipelines.experiments.more_crops                                   # MODIS LST, bundled vs wide clouds
+    python -m pipelines.experiments.more_crops --scene olci --crops 600:800 400:1100
 
 The accuracy ablation chooses on one validation crop per product. This scores the same te-pt-tnp
 checkpoints on further crops of a product (each 200 x 300 cells, ``--crops ROW:COL`` giving the

@@ -1,11 +1,11 @@
 """Artificial-gap cross-validation on the real satellite scenes in ../shared/data.
 
-    python -m pipelines.satellite_cv                          # all scenes, default models
-    python -m pipelines.satellite_cv --models linear kriging  # a subset
-    python -m pipelines.satellite_cv --scenes alboran --fit-steps 30
-    python -m pipelines.satellite_cv --fine-tune te-pt-tnp --fine-tune-steps 200  # extra rows
-    python -m pipelines.satellite_cv --reuse --models te-pt-tnp  # rerun one model, keep the rest
-    python -m pipelines.satellite_cv --merge a.json b.json       # combine runs (e.g. CPU and GPU)
+    python -m pipelines.benchmarks.satellite_cv                          # all scenes, default models
+    python -m pipelines.benchmarks.satellite_cv --models linear kriging  # a subset
+    python -m pipelines.benchmarks.satellite_cv --scenes alboran --fit-steps 30
+    python -m pipelines.benchmarks.satellite_cv --fine-tune te-pt-tnp --fine-tune-steps 200  # extra rows
+    python -m pipelines.benchmarks.satellite_cv --reuse --models te-pt-tnp  # rerun one model, keep the rest
+    python -m pipelines.benchmarks.satellite_cv --merge a.json b.json       # combine runs (e.g. CPU and GPU)
 
 Each scene's observed cells are hidden under the real cloud pattern of another day (one scene:
 synthetic clouds), every model fills the same hidden cells, and ``geonp.evaluate`` scores them

@@ -1,11 +1,11 @@
 """Self-supervised fine-tuning on the scene itself (``--fit-steps``): skill against fit steps and
 learning rate, to choose the default.
 
-    python -m pipelines.finetune_curve                                  # bundled te-pt-tnp
-    python -m pipelines.finetune_curve --checkpoint runs/x/model.safetensors --steps 0 30 100
-    python -m pipelines.finetune_curve --steps 30 --lrs 1e-4 --own-gaps 0 0.5 --scenes modis@400:0
+    python -m pipelines.experiments.finetune_curve                                  # bundled te-pt-tnp
+    python -m pipelines.experiments.finetune_curve --checkpoint runs/x/model.safetensors --steps 0 30 100
+    python -m pipelines.experiments.finetune_curve --steps 30 --lrs 1e-4 --own-gaps 0 0.5 --scenes modis@400:0
 
-Each scene of the accuracy ablation's validation split (``pipelines.accuracy_ablation.VALIDATION``:
+Each scene of the accuracy ablation's validation split (``pipelines.experiments.accuracy_ablation.VALIDATION``:
 crops neither training nor the satellite_cv test touches; ``--scenes`` may also name its further
 crops, ``MORE_VALIDATION``) is masked as ``geonp evaluate`` masks it (same seed, same hidden
 cells); the model is fine-tuned on the masked scene's observed cells with each learning rate (and

@@ -1,8 +1,8 @@
 """A day under another day's clouds, the rest of the stack as context: the multi-date products.
 
-    python -m pipelines.history_cv --split validation                  # every scene, default rows
-    python -m pipelines.history_cv --split test --rows linear dineof   # some rows
-    python -m pipelines.history_cv --split test --reuse --rows te-pt-tnp+dineof@30
+    python -m pipelines.benchmarks.history_cv --split validation                  # every scene, default rows
+    python -m pipelines.benchmarks.history_cv --split test --rows linear dineof   # some rows
+    python -m pipelines.benchmarks.history_cv --split test --reuse --rows te-pt-tnp+dineof@30
 
 The shared data's five multi-date products (Alboran SST, OLCI chlorophyll, Sentinel-2 NDVI, MODIS
 NDVI Alaska, ESA CCI soil moisture). In each stack the steps of one split have their observed
@@ -38,9 +38,9 @@ from geonp.device import resolve_device
 from geonp.evaluate import evaluate
 from geonp.fill.predictor import bundled_checkpoint
 from geonp.skill_table import write_table
+from pipelines.benchmarks.satellite_cv import _earlier, keep_earlier
 from pipelines.checkpoint_variants import variant_checkpoint
 from pipelines.provenance import REPO, git_commit, header
-from pipelines.satellite_cv import _earlier, keep_earlier
 
 ROWS = ["linear", "kriging", "dineof", "te-pt-tnp", "te-pt-tnp+dineof", "te-pt-tnp+nearest_steps",
         "te-pt-tnp+dineof+nearest_steps"]

@@ -1,7 +1,7 @@
 """TE attention speed on CPU: training steps/s and infill targets/s of its three forms, and peers.
 
-    python -m pipelines.te_speed                 # writes pipelines/results/te_speed_cpu.md
-    python -m pipelines.te_speed --repeats 7 --threads 1
+    python -m pipelines.benchmarks.te_speed                 # writes pipelines/results/te_speed_cpu.md
+    python -m pipelines.benchmarks.te_speed --repeats 7 --threads 1
 
 The forms compute the same function: the reference (direct) form, the Python fast path, and
 the fused C++ kernel (geonp/models/te_fused.py); tests/test_te_attention.py and

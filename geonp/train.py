@@ -89,9 +89,9 @@ class _Run:
             model = copy.deepcopy(model)
         self.model = model
         covariates = getattr(source, "covariates", [])
-        if covariates and getattr(model, "kriging_covariates", 0) != len(covariates):
+        if covariates and model.covariate_inputs != len(covariates):
             raise ValueError(f"config: data covariates {covariates} need model_args kriging_covariates: "
-                             f"{len(covariates)} (the model takes {getattr(model, 'kriging_covariates', 0)})")
+                             f"{len(covariates)} (the model takes {model.covariate_inputs})")
         if not self.model.trainable:
             raise ValueError(f"model {cfg.model!r} has no trainable weights (its hyper-parameters are fitted per task)")
         if cfg.init_from is not None:

@@ -138,7 +138,7 @@ def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = 
         if "elevation" not in ds.coords:
             raise ValueError(f"--model {model}: the model takes elevation but {source} has none; pass --elevation")
         elev = np.nan_to_num(ds["elevation"].transpose(*fields[0].data.dims[1:]).values.astype(np.float64))
-    spec = _window_spec(window, largest, choice.scaling, getattr(choice.model, "supports_gridded", False))
+    spec = _window_spec(window, largest, choice.scaling, choice.model is not None and choice.model.supports_gridded)
     result = Plan(fields, choice, spec, cubes, largest, elev, dev, batch_size, seed, fit_steps,
                   fill_defaults.CALIBRATE_SIGMA if calibrate_sigma is None else bool(calibrate_sigma))
     if choice.covariates:

@@ -123,7 +123,7 @@ def choose_model(name: str, checkpoint: str | Path | None = None, elevation: boo
     if unknown:
         raise ValueError(f"--checkpoint {path}: takes covariates {unknown} this geonp cannot compute "
                          f"(it knows {', '.join(COVARIATES)})")
-    drift = getattr(model, "kriging_covariates", 0)
+    drift = model.covariate_inputs
     if drift != len(covariates):
         raise ValueError(f"--checkpoint {path}: its header names covariates {covariates} but the model takes "
                          f"{drift} in its kriging drift; the checkpoint is inconsistent")
@@ -169,7 +169,7 @@ def predict_windows(model: NeuralProcess, tasks: list[WindowTask], device: torch
     Windows are sorted by size before batching so padding stays small; the order of the
     returned list follows ``tasks``.
     """
-    if getattr(model, "supports_gridded", False):
+    if model.supports_gridded:
         gridded = _predict_gridded(model, tasks, device, batch_size)
         if gridded is not None:
             return gridded

@@ -38,6 +38,12 @@ class NeuralProcess(nn.Module):
     translation_equivariant: bool = False
     #: Whether the model has weights trained by gradient descent.
     trainable: bool = True
+    #: Whether the model has a grid path (``predict_gridded``) for windows on a lattice (ConvCNP).
+    supports_gridded: bool = False
+    #: How many of the last inputs are per-cell covariates (what a field's history predicts there,
+    #: :mod:`geonp.tasks.history`) rather than locations; infill computes them as the checkpoint's
+    #: header names them.
+    covariate_inputs: int = 0
 
     def __init__(self, dim_x: int, dim_y: int) -> None:
         super().__init__()

@@ -204,7 +204,7 @@ class TEPTTNP(_TETransformerNP):
             raise ValueError("kriging_covariates needs the local kriging head (local_kriging, num_neighbours > 0)")
         if not 0 <= kriging_covariates < dim_x:
             raise ValueError(f"kriging_covariates must be in 0..{dim_x - 1}, got {kriging_covariates}")
-        self.kriging_covariates = kriging_covariates
+        self.kriging_covariates = self.covariate_inputs = kriging_covariates
         dim_x = dim_x - kriging_covariates  # the location inputs, from here on
         # kriging_trend_dims: location inputs (e.g. [1, 2], rows and columns) whose offsets from the
         # target join the drift, a plane fitted by each target's neighbours (universal kriging): deep

@@ -27,8 +27,11 @@ def git_commit() -> str:
     try:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        # The tables a run writes as it goes (pipelines/results) do not make the code dirty: a run
+        # that scores several protocols in turn would otherwise mark all but its first rows.
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)pipelines/results"], cwd=REPO, capture_output=True, text=True,
+                               check=True).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -54,8 +57,8 @@ def header(title: str, device: torch.device, budget: str, extra: dict[str, str] 
     """Markdown preamble for a results table."""
     argv = list(sys.argv)
     script = Path(argv[0]).resolve()
-    if script.parent == REPO / "pipelines":  # run as python -m pipelines.NAME
-        argv[0:1] = ["-m", f"pipelines.{script.stem}"]
+    if script.suffix == ".py" and script.is_relative_to(REPO / "pipelines"):  # python -m pipelines.GROUP.NAME
+        argv[0:1] = ["-m", ".".join(script.relative_to(REPO).with_suffix("").parts)]
     rows = {
         "command": "`" + " ".join(shlex.quote(a) for a in ["python", *argv]) + "`",
         "device": device_description(device),

@@ -198,3 +198,37 @@ def test_more_crops_refuses_a_crop_over_the_test_cells_and_malformed_ones():
         crop_boxes(["700:100"], test)  # rows 700-900 and cols 100-400 reach into the test crop
     with pytest.raises(SystemExit, match="not ROW:COL"):
         crop_boxes(["400"], test)
+
+
+def test_a_table_header_names_the_module_it_was_run_as_and_ignores_its_own_results(monkeypatch):
+    """``python -m pipelines.benchmarks.X`` is what a header records, whatever the folder depth, and
+    tables the run itself is writing do not mark the commit dirty."""
+    import sys
+
+    import torch
+
+    from pipelines import provenance
+
+    script = provenance.REPO / "pipelines" / "benchmarks" / "satellite_cv.py"
+    monkeypatch.setattr(sys, "argv", [str(script), "--rows", "a b"])
+    text = provenance.header("T", torch.device("cpu"), "none")
+    assert "- command: `python -m pipelines.benchmarks.satellite_cv --rows 'a b'`" in text
+    monkeypatch.setattr(provenance.subprocess, "run", _git_status({"pipelines/results/x.md"}))
+    assert not provenance.git_commit().endswith("-dirty")
+    monkeypatch.setattr(provenance.subprocess, "run", _git_status({"geonp/train.py"}))
+    assert provenance.git_commit().endswith("-dirty")
+
+
+def _git_status(modified: set[str]):
+    """A stand-in for ``subprocess.run`` answering ``git rev-parse`` and ``git status`` (honouring
+    the ``:(exclude)`` pathspec) as a tree with ``modified`` files would."""
+    import subprocess
+
+    def run(cmd, **kwargs):
+        if cmd[1] == "rev-parse":
+            return subprocess.CompletedProcess(cmd, 0, "abc1234\n", "")
+        excluded = [c.removeprefix(":(exclude)") for c in cmd if c.startswith(":(exclude)")]
+        lines = [f" M {m}" for m in sorted(modified) if not any(m.startswith(e) for e in excluded)]
+        return subprocess.CompletedProcess(cmd, 0, "\n".join(lines), "")
+
+    return run

@@ -10,7 +10,7 @@ import xarray as xr
 from geonp.data.satellite import quality_screen
 from geonp.data.valid import valid_area
 from geonp.evaluate import static_valid_area
-from geonp.fill.field import valid_area as infill_valid_area
+from geonp.fill.field import valid_cells as infill_valid_cells
 from geonp.tasks.windows import canonical
 
 
@@ -29,7 +29,7 @@ def cube() -> xr.Dataset:
 
 
 def _three_ways(ds: xr.Dataset, spec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    infill = infill_valid_area(ds, spec, canonical(ds, "sst", "cube.nc"), "cube.nc")
+    infill = infill_valid_cells(ds, spec, canonical(ds, "sst", "cube.nc"), "cube.nc")
     evaluate = static_valid_area(ds, ds["sst"], spec, "cube.nc").values
     satellite = quality_screen(ds, "sst", valid_mask=spec, preset=None)["valid"].values
     return infill, evaluate, satellite

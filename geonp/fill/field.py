@@ -16,8 +16,7 @@ import numpy as np
 import xarray as xr
 
 from geonp.data.cube import field_variables, horizontal_dims
-from geonp.data.valid import MaskSpec
-from geonp.data.valid import valid_area as valid_area_of
+from geonp.data.valid import MaskSpec, valid_area
 from geonp.tasks.far_context import Pyramid, build_pyramid
 
 #: Magnitude from which a value is taken for an undeclared fill value (1e20, 9.96e36, 1e30 ...):
@@ -117,7 +116,7 @@ def select_variables(ds: xr.Dataset, variables: str | list[str] | None, source: 
     return list(variables)
 
 
-def valid_area(ds: xr.Dataset, valid_mask: MaskSpec | None, da: xr.DataArray, source: str) -> np.ndarray:
+def valid_cells(ds: xr.Dataset, valid_mask: MaskSpec | None, da: xr.DataArray, source: str) -> np.ndarray:
     """``--valid-mask``: True where data may exist, as ``[rows, cols]`` or ``[time, rows, cols]``.
 
     The rule is geonp's one (:func:`geonp.data.valid.valid_area`): a named mask (a variable, a
@@ -125,7 +124,7 @@ def valid_area(ds: xr.Dataset, valid_mask: MaskSpec | None, da: xr.DataArray, so
     cells observed in some time step (every cell for a single step). ``da`` is the field as
     ``[time, rows, cols]`` (see ``canonical``).
     """
-    mask, _ = valid_area_of(ds, da, valid_mask, source)
+    mask, _ = valid_area(ds, da, valid_mask, source)
     dims = [d for d in da.dims if d in mask.dims]
     values = np.asarray(mask.transpose(*dims).values, bool)
     want = da.shape if "time" in dims else da.shape[1:]

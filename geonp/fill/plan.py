@@ -21,7 +21,7 @@ import geonp.fill as fill_defaults
 from geonp.device import resolve_device
 from geonp.fill import FIT_STEPS
 from geonp.fill.blocks import BlockResult, fill_block
-from geonp.fill.field import Field, select_variables, summarise, valid_area
+from geonp.fill.field import Field, select_variables, summarise, valid_cells
 from geonp.fill.predictor import ModelChoice, choose_model
 from geonp.fill.stack import add_history, reconstruct, stack_block
 from geonp.tasks.far_context import FAR_SHARE, MIN_FAR, OPENING
@@ -128,7 +128,7 @@ def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = 
         cubes[name] = canonical(ds, name, source)
         for index in extra_indices(cubes[name]):
             da = cubes[name].isel(index)
-            fields.append(Field(name, da, valid_area(ds, valid_mask, da, source), index))
+            fields.append(Field(name, da, valid_cells(ds, valid_mask, da, source), index))
     largest = tuple(max(n) for n in zip(*(f.shape for f in fields)))
     summarise(fields, source)
     use_elevation = elevation is not None

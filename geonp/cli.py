@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
 
     train = sub.add_parser("train", help="train a model from a YAML configuration")
-    train.add_argument("config", help="YAML file with the TrainConfig settings (see geonp.train)")
+    train.add_argument("config", help="YAML file with the TrainConfig settings (see geonp.train_config)")
     train.add_argument("--device", default=None, help="auto, cpu or cuda (overrides the config)")
     train.add_argument("--resume", action="store_true", help="continue the run in the config's out_dir")
     train.add_argument("--steps", type=int, default=None, help="total steps (overrides the config)")

@@ -2,8 +2,8 @@
 
 ``state.safetensors`` holds the weights, the optimizer's moments (flattened into named tensors
 plus JSON, so nothing is pickled), the step, the elapsed seconds and, for every rank of a
-distributed run, its random-generator states and task-stream position. Restoring all of it is
-what makes a resumed run end with the weights an uninterrupted run would have.
+distributed run, its random-generator states (task sources draw from them). Restoring all of it
+is what makes a resumed run end with the weights an uninterrupted run would have.
 """
 
 from __future__ import annotations
@@ -132,7 +132,10 @@ def _restore_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tens
     groups = meta["param_groups"]
     if retired:
         # The retired part (the kriging gate) was the last registered, so its parameters are the
-        # last of the one group; unused, they never got optimizer state.
+        # last of the one group geonp's optimizer has; unused, they never got optimizer state.
+        if len(groups) != 1:
+            raise ValueError(f"optimizer state with {len(groups)} parameter groups and {retired} retired "
+                             "parameters: cannot tell which to leave out")
         count = len(groups[-1]["params"]) - retired
         groups = [*groups[:-1], {**groups[-1], "params": groups[-1]["params"][:count]}]
         state = {i: v for i, v in state.items() if i < count}

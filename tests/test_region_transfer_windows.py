@@ -1,4 +1,4 @@
-"""pipelines/region_transfer_windows: the protocol on infill windows end to end on a small synthetic cube."""
+"""pipelines/benchmarks/region_transfer_windows: the protocol on infill windows end to end on a small synthetic cube."""
 
 from __future__ import annotations
 

@@ -105,7 +105,7 @@ def test_distance_prior_makes_far_keys_negligible_and_can_be_switched_off():
 
 @pytest.mark.parametrize("name", ["te-tnp", "te-pt-tnp"])
 @pytest.mark.parametrize("offset", [0.0, 250.0])
-def test_fast_path_matches_the_reference_in_values_and_gradients(name, offset, monkeypatch):
+def test_fast_path_matches_the_reference_in_values_and_gradients(name, offset):
     """The split/folded kernel MLPs compute the reference form's function (1e-5 in fp32), far from
     the origin too (the fast path centres locations first)."""
     from geonp.models.te_attention import TEAttention, attention_backend
@@ -148,3 +148,43 @@ def test_the_backend_is_chosen_in_one_place_and_put_back():
         with attention_backend("cuda"):
             pass
     assert current_backend() == start
+
+
+def test_a_backward_pass_outside_the_backend_block_recomputes_with_the_forward_backend():
+    """Row blocks checkpointed in the forward pass are recomputed in backward with the implementation
+    the forward pass used, wherever backward() is called."""
+    from geonp.models.te_attention import TEAttention, attention_backend
+
+    torch.manual_seed(0)
+    layer = TEAttention(16, 4, 4, 2, 12, max_block_elems=2000)  # several row blocks: checkpointed
+    with torch.no_grad():
+        torch.nn.init.normal_(layer.loc_mlp[-1].weight, std=0.3)
+    g = torch.Generator().manual_seed(1)
+    zq, xq = torch.randn(2, 9, 16, generator=g), torch.randn(2, 9, 2, generator=g)
+    zk, xk = torch.randn(2, 13, 16, generator=g), torch.randn(2, 13, 2, generator=g)
+    mask = torch.ones(2, 13, dtype=torch.bool)
+    grads = []
+    for inside in (True, False):
+        layer.zero_grad()
+        q = zq.clone().requires_grad_()
+        with attention_backend("direct"):
+            out, x = layer(q, xq, zk, xk, mask)
+            if inside:
+                (out.square().sum() + x.square().sum()).backward()
+        if not inside:
+            (out.square().sum() + x.square().sum()).backward()
+        grads.append([q.grad.clone()] + [p.grad.clone() for p in layer.parameters() if p.grad is not None])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_geonp_fused_0_starts_at_the_python_fast_path():
+    import os
+    import subprocess
+    import sys
+
+    code = "from geonp.models.te_attention import current_backend; print(current_backend())"
+    for env, want in (("0", "fast"), ("1", "fused")):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env={**os.environ, "GEONP_FUSED": env})
+        assert out.stdout.strip() == want

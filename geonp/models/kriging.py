@@ -1,5 +1,5 @@
 """``window-kriging``: ordinary kriging per time slice of a task, in local neighbourhoods, each with its own
-variogram fit (the NP calling convention, for cube tasks; ``geonp infill --model kriging`` is the
+variogram fit (the NP calling convention, for any task; ``geonp infill --model kriging`` is the
 whole-scene kriging of :mod:`geonp.models.field_kriging`).
 
 Three parts: split the targets into boxes so each kriging system holds at most ``max_points``

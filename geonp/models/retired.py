@@ -1,7 +1,7 @@
 """Variants of a shipped model that lost, and what they left behind in checkpoints and configs.
 
-A shipped model carries only the parts that won (ARCHITECTURE: variants live in configs and the
-ablation table, not as flags of the shipped class). Checkpoints and configs written while a
+A shipped model carries only the parts that won: variants live in configs and the ablation
+table, not as flags of the shipped class. Checkpoints and configs written while a
 variant was still a flag may still name it: where they name the value the shipped model computes
 with, the argument is dropped (and weights the retired part held, unused, are left out on
 loading), so they load and resume unchanged; where they name a retired value, they are refused
@@ -26,7 +26,8 @@ RETIRED_ARGS: dict[str, dict[str, tuple[Any, str, str]]] = {
 
 #: model -> weight names a retired part held, dropped when a checkpoint is loaded.
 RETIRED_WEIGHTS: dict[str, tuple[str, ...]] = {
-    "te-pt-tnp": ("kriging_gate.weight", "kriging_gate.bias", "kriging_gain"),
+    # Only the gate: a gain model (kriging_mix: gain) is refused before its weights are read.
+    "te-pt-tnp": ("kriging_gate.weight", "kriging_gate.bias"),
 }
 
 

@@ -168,13 +168,17 @@ class TEAttention(nn.Module):
         nk = k.shape[2]
         n_valid = mask_k.sum(-1).clamp(min=1).to(xq.dtype)  # [B]
         xq_in = xq
-        if _backend != "direct":
+        # Read once: row blocks recomputed in the backward pass must use the implementation the
+        # forward pass used, even when backward() runs outside the attention_backend block.
+        backend = _backend
+        direct = backend == "direct"
+        if not direct:
             # Centre the locations on the keys' mean: a translation, so nothing changes but the
             # magnitude of the coordinates, which keeps the split first layer (see _logits_fast)
             # exact to rounding of the differences rather than of absolute positions.
             x0 = (xk * mask_k[..., None]).sum(1, keepdim=True) / n_valid[:, None, None]  # [B, 1, Dx]
             xq, xk = xq - x0, xk - x0
-        if _backend == "fused" and te_fused.usable(q, xq, xk):
+        if backend == "fused" and te_fused.usable(q, xq, xk):
             out, dx = te_fused.fused_attention(self.logit_mlp, self.loc_mlp, self.log_lengthscale, q, k, v, xq, xk,
                                                mask_k)
             out = out.transpose(1, 2).reshape(b, nq, -1)  # [B, Nq, H * Dh]
@@ -190,7 +194,7 @@ class TEAttention(nn.Module):
         bq = max(1, min(nq, self.max_block_elems // per_row))
         outs, dxs = [], []
         for start in range(0, nq, bq):
-            rows = (q[:, :, start:start + bq], xq[:, start:start + bq], k, v, xk, mask_k, n_valid, bk)
+            rows = (q[:, :, start:start + bq], xq[:, start:start + bq], k, v, xk, mask_k, n_valid, bk, direct)
             # One block within the cap is kept for backward as usual; several blocks are
             # recomputed in backward, else they would all stay alive until then. The
             # reentrant form: the non-reentrant one kept ~0.2 MB per block alive (measured
@@ -205,9 +209,10 @@ class TEAttention(nn.Module):
         new_xq = xq_in + torch.cat(dxs, dim=1) if self.loc_mlp is not None else xq_in
         return self.to_out(out), new_xq
 
-    def _logits(self, q: torch.Tensor, xq: torch.Tensor, k: torch.Tensor, xk: torch.Tensor) -> torch.Tensor:
+    def _logits(self, q: torch.Tensor, xq: torch.Tensor, k: torch.Tensor, xk: torch.Tensor,
+                direct: bool = False) -> torch.Tensor:
         # q [B, H, bq, Dh], k [B, H, bk, Dh], xq [B, bq, Dx], xk [B, bk, Dx] -> logits [B, H, bq, bk] (float32)
-        if _backend != "direct":
+        if not direct:
             return self._logits_fast(q, xq, k, xk)
         dots = (q @ k.transpose(-1, -2)).permute(0, 2, 3, 1)  # [B, bq, bk, H]
         # Differences are formed in full precision before any cast, so equivariance is exact.
@@ -250,8 +255,10 @@ class TEAttention(nn.Module):
         mask_k: torch.Tensor,
         n_valid: torch.Tensor,
         bk: int,
+        direct: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One row block: ``q [B, H, bq, Dh], xq [B, bq, Dx]`` -> ``(out [B, H, bq, Dh], dx [B, bq, Dx])``."""
+        """One row block: ``q [B, H, bq, Dh], xq [B, bq, Dx]`` -> ``(out [B, H, bq, Dh], dx [B, bq, Dx])``;
+        ``direct``: the direct form (the reference) instead of the fast one."""
         b, h, bq, _ = q.shape
         nk = k.shape[2]
         # Pass 1: logits block by block with a running max and running sum.
@@ -259,7 +266,7 @@ class TEAttention(nn.Module):
         run_sum = q.new_zeros((b, h, bq), dtype=torch.float32)
         blocks = []
         for s in range(0, nk, bk):
-            logits = self._logits(q, xq, k[:, :, s:s + bk], xk[:, s:s + bk])
+            logits = self._logits(q, xq, k[:, :, s:s + bk], xk[:, s:s + bk], direct)
             logits = logits.masked_fill(~mask_k[:, None, None, s:s + bk], float("-inf"))
             new_max = torch.maximum(run_max, logits.amax(-1))
             run_sum = run_sum * torch.exp(run_max - new_max) + torch.exp(logits - new_max[..., None]).sum(-1)
@@ -272,7 +279,7 @@ class TEAttention(nn.Module):
         for i, s in enumerate(range(0, nk, bk)):
             alpha = torch.exp(blocks[i] - log_norm[..., None])  # [B, H, bq, bk]; 0 at padding
             out = out + alpha @ v[:, :, s:s + bk].float()
-            if self.loc_mlp is not None and _backend != "direct":
+            if self.loc_mlp is not None and not direct:
                 # phi's last layer is summed over heads right away: fold the sum into its weights,
                 # and sum_k w (x_q - x_k) = x_q sum_k w - sum_k w x_k needs no per-pair differences.
                 last = self.loc_mlp[-1]

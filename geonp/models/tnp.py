@@ -248,7 +248,7 @@ class TEPTTNP(_TETransformerNP):
         if with_kriging:
             self.kriging = LocalKriging(dim_model, dim_x, kriging_kernel, neighbour_weights)
             # Its mean and log variance join the target tokens (zero-initialised: a model grown
-            # with the head starts where it was).
+            # with the head keeps its sigma; its mean is the kriging mean from the start).
             self.kriging_in = nn.Linear(dim_y + 1, dim_model)
             nn.init.zeros_(self.kriging_in.weight)
             nn.init.zeros_(self.kriging_in.bias)

@@ -2,9 +2,10 @@
 
 A cube becomes neural-process tasks in one way, for training, fine-tuning and infill alike:
 grid-unit windows with per-window standardisation whose scaling the checkpoint records
-(:mod:`~geonp.tasks.windows`), far context beyond a window's halo (:mod:`~geonp.tasks.far_context`),
+(:mod:`~geonp.tasks.windows`), self-supervised training windows (:mod:`~geonp.tasks.training`),
+far context beyond a window's halo (:mod:`~geonp.tasks.far_context`),
 cloud-shaped gaps and the one function that borrows them from other steps
-(:mod:`~geonp.tasks.clouds`), history covariates of a stack (:mod:`~geonp.tasks.history`),
+(:mod:`~geonp.tasks.clouds`), history covariates of a stack (:mod:`~geonp.tasks.history`, :mod:`~geonp.tasks.analogs`),
 synthetic fields and generators (:mod:`~geonp.tasks.synthetic`), the ``Batch`` every model
 takes (:mod:`~geonp.tasks.batch`) and the task sources ``geonp train`` draws from
 (:mod:`~geonp.tasks.sources`, :mod:`~geonp.tasks.window_source`).

@@ -70,9 +70,9 @@ def time_infill(model: torch.nn.Module, data: list) -> float:
     return targets / (time.perf_counter() - start)
 
 
-#: (label, fast path, fused kernel): the direct form, the Python fast path (split first layer of
-#: rho, row blocks recomputed in backward), and the fused kernel.
-FORMS = [("reference", "direct"), ("fast", "fast"), ("fused", "fused")]  # (label, TE attention backend)
+#: (label, TE attention backend): the direct form, the Python fast path (split first layer of rho,
+#: row blocks recomputed in backward), and the fused kernel.
+FORMS = [("reference", "direct"), ("fast", "fast"), ("fused", "fused")]
 
 #: (label, model name, build keywords): models with standard attention on the same tasks.
 PEERS = [("tnp (TNP-D) tiny", "tnp", {"preset": "tiny"}), ("pt-tnp tiny", "pt-tnp", {"preset": "tiny"})]

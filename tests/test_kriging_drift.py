@@ -124,3 +124,86 @@ def test_a_trend_in_the_drift_follows_a_plane_across_a_gap():
     assert err_trend < 1e-3 < err_plain
     with pytest.raises(ValueError, match="kriging_trend_dims"):
         build("te-pt-tnp", 3, 1, preset="tiny", num_neighbours=4, local_kriging=True, kriging_trend_dims=[3])
+
+
+# -- the slopes' prior (kriging_slope_prior) ----------------------------------------------------------
+
+def test_the_window_slope_is_least_squares_over_the_real_context_only():
+    g = torch.Generator().manual_seed(1)
+    d = torch.randn(2, 50, 1, generator=g)
+    y = 4.0 - 1.5 * d + 0.01 * torch.randn(2, 50, 1, generator=g)
+    mask = torch.ones(2, 50, dtype=torch.bool)
+    mask[1, 30:] = False
+    d[1, 30:], y[1, 30:] = 100.0, -100.0  # padding holding anything
+    slope = lk.window_slope(d, y, mask)  # [B, P, Dy]
+    assert slope.shape == (2, 1, 1)
+    torch.testing.assert_close(slope[:, 0, 0], torch.tensor([-1.5, -1.5]), atol=0.01, rtol=0)
+    torch.testing.assert_close(lk.window_slope(torch.ones(1, 9, 1), torch.randn(1, 9, 1), None),
+                               torch.zeros(1, 1, 1))  # a flat covariate: slope 0
+
+
+def prior_prediction(prior: str | float, xc, yc, dc, xt, dt, k: int = 16):
+    head = LocalKriging(8, 2, "exponential", slope_prior=prior)
+    index, valid = nearest_neighbours(xt, xc, torch.ones(1, xc.shape[1], dtype=torch.bool), k)
+    with torch.no_grad():
+        return head(torch.zeros(1, xt.shape[1], 8), xt, xc, yc, index, valid, dt, dc)
+
+
+def test_a_strong_prior_is_ordinary_kriging_of_the_residual_from_the_window_slope():
+    xc, xt, dc, dt, yc, _ = scene(n_c=60, n_t=9, seed=2)
+    yc = yc + 0.5 * torch.randn(yc.shape, generator=torch.Generator().manual_seed(3)) * dc  # slopes vary
+    strong, _ = prior_prediction(1e7, xc, yc, dc, xt, dt)
+    slope = lk.window_slope(dc, yc, None)
+    plain, _ = head_prediction(xc, yc - dc @ slope, None, xt, dt, k=16)
+    torch.testing.assert_close(strong, plain + dt @ slope, atol=2e-3, rtol=0)
+    weak, _ = prior_prediction("none", xc, yc, dc, xt, dt)  # no prior: each target's own slope
+    assert (strong - weak).abs().max() > 0.05
+
+
+def empirical(relation, seed: int = 0, n_c: int = 300, n_t: int = 120):
+    """Targets and context over a 6 x 6 field whose relation to the covariate is ``relation(x)``
+    (a slope per place), plus white noise: the empirical-Bayes prior against each target alone."""
+    g = torch.Generator().manual_seed(seed)
+    xc, xt = torch.rand(1, n_c, 2, generator=g) * 6, torch.rand(1, n_t, 2, generator=g) * 6
+    dc, dt = torch.randn(1, n_c, 1, generator=g), torch.randn(1, n_t, 1, generator=g)
+    yc = relation(xc) * dc + 0.3 * torch.randn(1, n_c, 1, generator=g)
+    yt = relation(xt) * dt
+    return [((prior_prediction(p, xc, yc, dc, xt, dt)[0] - yt) ** 2).mean().sqrt().item()
+            for p in ("empirical", "none")]
+
+
+def test_empirical_bayes_pools_a_relation_that_holds_everywhere_and_keeps_one_that_changes():
+    # One slope everywhere: pooling it beats 16 noisy neighbours' own estimate.
+    eb, own = empirical(lambda x: torch.full_like(x[..., :1], 2.0))
+    assert eb < 0.93 * own
+    # The slope changes sign across the field (a front): the prior stands back, as good as each target's own.
+    eb, own = empirical(lambda x: torch.where(x[..., :1] < 3, 2.0, -2.0))
+    assert eb < 1.01 * own
+
+
+def test_the_prior_keeps_a_padded_batch_equal_to_its_tasks_one_by_one():
+    torch.manual_seed(0)
+    model = build("te-pt-tnp", 3, 1, preset="tiny", num_neighbours=4, local_kriging=True, kriging_neighbours=8,
+                  kriging_covariates=1, kriging_slope_prior="empirical").eval()
+    tasks = [scene(n_c=n_c, n_t=n_t, seed=s) for s, (n_c, n_t) in enumerate([(30, 7), (22, 4)])]
+    inputs = [(torch.cat([xc, dc], -1), yc, torch.cat([xt, dt], -1)) for xc, xt, dc, dt, yc, _ in tasks]
+    xc = torch.zeros(2, 30, 3)
+    yc = torch.zeros(2, 30, 1)
+    xt = torch.zeros(2, 7, 3)
+    mask_c, mask_t = torch.zeros(2, 30, dtype=torch.bool), torch.zeros(2, 7, dtype=torch.bool)
+    for i, (c, y, t) in enumerate(inputs):
+        xc[i, :c.shape[1]], yc[i, :c.shape[1]], xt[i, :t.shape[1]] = c[0], y[0], t[0]
+        mask_c[i, :c.shape[1]], mask_t[i, :t.shape[1]] = True, True
+    xc[1, 22:], yc[1, 22:], xt[1, 4:] = 50.0, -50.0, 50.0  # padding holding anything
+    with torch.no_grad():
+        batch = model(xc, yc, xt, mask_c, mask_t)
+        for i, (c, y, t) in enumerate(inputs):
+            one = model(c, y, t)
+            torch.testing.assert_close(batch.loc[i, :t.shape[1]], one.loc[0], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(batch.scale[i, :t.shape[1]], one.scale[0], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("bad", ["strong", 0.0, -1.0, float("nan"), True])
+def test_an_unknown_slope_prior_is_refused_at_build_time(bad):
+    with pytest.raises(ValueError, match="kriging slope prior must be one of none, empirical or a positive number"):
+        LocalKriging(8, 2, slope_prior=bad)

@@ -25,6 +25,14 @@ kriging solution as a feature and lets it learn where to trust it and by how muc
   ``w = K^-1 k_* - K^-1 F l``, variance ``s + t - w^T k_* - l^T f_*``, with ``F = [1, d_i - d_*]``
   and ``f_* = [1, 0]``; a small ridge on each slope (relative to its own precision) keeps
   ``F^T K^-1 F`` invertible where the covariate is flat. Without covariates this is the ordinary kriging above.
+* 64 neighbours estimate a slope noisily, and where the history is good its noise is most of the
+  error (Sentinel-2 NDVI far from observations: the drift was behind DINEOF itself). With
+  ``slope_prior="empirical"`` the slopes get a Gaussian prior, centred on the window's own
+  least-squares slope (:func:`window_slope`, from every context point) with the variance of the
+  targets' slopes about it beyond their sampling noise (empirical Bayes, per window): where the
+  relation holds across the window the targets borrow it, where it changes from place to place
+  (moving fronts) each keeps its own. The prior adds ``1 / tau^2`` to ``F^T K^-1 F``'s slope entries
+  (Bayesian kriging; the weights and variance keep the form above).
 
 Only differences of inputs enter, so the head keeps translation equivariance. Cost: one
 ``k x k`` Cholesky factorisation per target, ``O(Nt k^3)``; the ``k x k`` steps run a
@@ -54,6 +62,12 @@ _CACHE_ELEMS = 2**18  # K x K entries processed at once (1 MiB of float32): one 
 #: Ridge on each drift slope, relative to that slope's own entry of ``F^T K^-1 F`` (a tiny floor
 #: keeps a covariate flat among a target's neighbours solvable: its slope then goes to 0).
 DRIFT_RIDGE = 1e-3
+#: Smallest spread of the targets' drift slopes (empirical Bayes, in squared slope units: values and
+#: covariates are standardised per window): a window whose slopes agree still leaves each target a
+#: slope within about 0.03 of the window's.
+TAU2_FLOOR = 1e-3
+#: The slopes' priors by name (a positive number is a fixed share of each slope's own precision).
+SLOPE_PRIORS = ("none", "empirical")
 
 
 def correlation(d2: torch.Tensor, kernel: str) -> torch.Tensor:
@@ -155,19 +169,43 @@ def spd_solve(k: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     return _SPDSolve.apply(k, r)
 
 
+def window_slope(drift_c: torch.Tensor, yc: torch.Tensor, mask_c: torch.Tensor | None) -> torch.Tensor:
+    """The window's least-squares slopes of the values on the covariates, ``[B, P, Dy]``, from every real
+    context point (``drift_c [B, Nc, P]``, ``yc [B, Nc, Dy]``, ``mask_c [B, Nc]``, None: all real).
+
+    Both sides are centred on their window means, so only the slope is fitted; a covariate that is
+    flat in the window gets slope 0 (a tiny ridge on each slope's own sum of squares).
+    """
+    w = torch.ones(drift_c.shape[:2], device=drift_c.device) if mask_c is None else mask_c.float()  # [B, Nc]
+    d, y = drift_c.float(), yc.float()
+    n = w.sum(-1).clamp(min=1.0)[:, None, None]  # [B, 1, 1]
+    d = (d - (w[..., None] * d).sum(1, keepdim=True) / n) * w[..., None]  # [B, Nc, P], centred, padding 0
+    y = (y - (w[..., None] * y).sum(1, keepdim=True) / n) * w[..., None]  # [B, Nc, Dy]
+    gram = d.transpose(1, 2) @ d  # [B, P, P]
+    gram = gram + torch.diag_embed(1e-6 * gram.diagonal(dim1=-2, dim2=-1) + 1e-9)
+    return torch.linalg.solve(gram, d.transpose(1, 2) @ y)  # [B, P, Dy]
+
+
 class LocalKriging(nn.Module):
     """``(zt [B, Nt, Dz], xt [B, Nt, Dx], xc [B, Nc, Dx], yc [B, Nc, Dy], index/valid [B, Nt, K])``
     -> ``(mean [B, Nt, Dy], log variance [B, Nt, 1])`` of ordinary kriging on each target's neighbours.
 
     ``kernel``: the covariance family (see :func:`correlation`); its lengthscales, sill and nugget
-    are predicted per target.
+    are predicted per target. ``slope_prior``: how a target's drift slopes are estimated (module
+    docstring): ``"none"``, from its own neighbours; ``"empirical"``, shrunk towards the window's
+    slope as far as the targets' slopes agree; a positive number, shrunk by that share of each
+    slope's own precision.
     """
 
     def __init__(self, dim_model: int, dim_x: int, kernel: str = "gaussian",
-                 weights: list[float] | None = None) -> None:
+                 weights: list[float] | None = None, slope_prior: str | float = "none") -> None:
         super().__init__()
         correlation(torch.zeros(1), kernel)  # an unknown kernel fails at build time
-        self.dim_x, self.kernel = dim_x, kernel
+        number = isinstance(slope_prior, (int, float)) and not isinstance(slope_prior, bool)
+        if not (slope_prior in SLOPE_PRIORS or (number and math.isfinite(slope_prior) and slope_prior > 0)):
+            raise ValueError(f"kriging slope prior must be one of {', '.join(SLOPE_PRIORS)} or a positive number, "
+                             f"got {slope_prior!r}")
+        self.dim_x, self.kernel, self.slope_prior = dim_x, kernel, slope_prior
         self.covariance = mlp(dim_model, dim_model, dim_x + 2)  # log lengthscales [Dx], log sill, log nugget
         nn.init.zeros_(self.covariance[-1].weight)
         # Initial lengthscales follow the neighbour metric's weights (a dimension weighted w starts at
@@ -179,9 +217,28 @@ class LocalKriging(nn.Module):
 
     def forward(self, zt: torch.Tensor, xt: torch.Tensor, xc: torch.Tensor, yc: torch.Tensor,
                 index: torch.Tensor, valid: torch.Tensor, drift_t: torch.Tensor | None = None,
-                drift_c: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                drift_c: torch.Tensor | None = None, mask_c: torch.Tensor | None = None,
+                mask_t: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``drift_t [B, Nt, P]``, ``drift_c [B, Nc, P]``: covariates of the external drift (None:
-        ordinary kriging)."""
+        ordinary kriging); ``mask_c [B, Nc]``/``mask_t [B, Nt]``: the real points (None: all), for
+        the window's slope and the spread of the targets' slopes (``slope_prior``)."""
+        if drift_c is None:
+            return self._sliced(zt, xt, xc, yc, index, valid)
+        if self.slope_prior == "none":  # each target's slopes from its neighbours alone
+            return self._drift_solution(self._sliced(zt, xt, xc, yc, index, valid, drift_t, drift_c), DRIFT_RIDGE)
+        # Bayesian kriging with external drift: each target's slopes have a prior centred on the
+        # window's own regression slope. Kriging y - d . slope with the slopes' prior at 0 is the same
+        # system; the window's part d_* . slope is added back at the target.
+        slope = window_slope(drift_c, yc, mask_c)  # [B, P, Dy]
+        parts = self._sliced(zt, xt, xc, yc - drift_c.float() @ slope, index, valid, drift_t, drift_c)
+        mean, logvar = self._drift_solution(parts, self._prior_precision(parts, mask_t))
+        return mean + drift_t.float() @ slope, logvar
+
+    def _sliced(self, zt: torch.Tensor, xt: torch.Tensor, xc: torch.Tensor, yc: torch.Tensor,
+                index: torch.Tensor, valid: torch.Tensor, drift_t: torch.Tensor | None = None,
+                drift_c: torch.Tensor | None = None):
+        """:meth:`_targets` a slice of targets at a time, joined along the targets: ``(mean, log
+        variance)`` of ordinary kriging, or the drift system's parts (:meth:`_drift_parts`)."""
         # Targets a slice at a time: each step's K x K matrices then stay in cache rather than
         # streaming through memory once per elementwise step.
         b, nt, k = index.shape
@@ -191,11 +248,13 @@ class LocalKriging(nn.Module):
         parts = [self._targets(zt[:, s:s + step], xt[:, s:s + step], xc, yc, index[:, s:s + step],
                                valid[:, s:s + step], None if drift_t is None else drift_t[:, s:s + step], drift_c)
                  for s in range(0, nt, step)]
+        if drift_c is not None:
+            return {key: torch.cat([part[key] for part in parts], 1) for key in parts[0]}
         return torch.cat([m for m, _ in parts], 1), torch.cat([v for _, v in parts], 1)
 
     def _targets(self, zt: torch.Tensor, xt: torch.Tensor, xc: torch.Tensor, yc: torch.Tensor,
                  index: torch.Tensor, valid: torch.Tensor, drift_t: torch.Tensor | None = None,
-                 drift_c: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 drift_c: torch.Tensor | None = None):
         p = self.covariance(zt).float().clamp(-12.0, 8.0)  # [B, Nt, Dx + 2], bounded: exp stays finite
         ell = p[..., :self.dim_x].exp()  # [B, Nt, Dx]
         sill, nugget = p[..., self.dim_x].exp(), p[..., self.dim_x + 1].exp()  # [B, Nt]
@@ -207,7 +266,7 @@ class LocalKriging(nn.Module):
         k_tn = sill[..., None] * correlation(scaled.square().sum(-1), self.kernel) * ok  # [B, Nt, K]
         k_nn = _Covariance.apply(scaled, sill, nugget, ok, self.kernel)  # [B, Nt, K, K]
         if drift_c is not None:
-            return self._with_drift(k_nn, k_tn, ok, yg, sill, nugget, drift_t, drift_c, index, valid)
+            return self._drift_parts(k_nn, k_tn, ok, yg, sill, nugget, drift_t, drift_c, index, valid)
         # Ordinary kriging through one Cholesky factor: w = K^-1 (k_* - m 1) with the Lagrange
         # multiplier m = (1^T K^-1 k_* - 1) / (1^T K^-1 1) making the weights sum to one.
         rhs = torch.stack([k_tn, ok], -1)  # [B, Nt, K, 2]
@@ -219,29 +278,59 @@ class LocalKriging(nn.Module):
         return mean, var.clamp(min=1e-6).log()[..., None]
 
     @staticmethod
-    def _with_drift(k_nn: torch.Tensor, k_tn: torch.Tensor, ok: torch.Tensor, yg: torch.Tensor, sill: torch.Tensor,
-                    nugget: torch.Tensor, drift_t: torch.Tensor, drift_c: torch.Tensor, index: torch.Tensor,
-                    valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Kriging with external drift (module docstring) on the same covariance: ``k_nn [B, Nt, K, K]``,
-        ``k_tn``/``ok [B, Nt, K]``, ``yg [B, Nt, K, Dy]``, ``drift_t [B, Nt, P]``, ``drift_c [B, Nc, P]``."""
+    def _drift_parts(k_nn: torch.Tensor, k_tn: torch.Tensor, ok: torch.Tensor, yg: torch.Tensor, sill: torch.Tensor,
+                     nugget: torch.Tensor, drift_t: torch.Tensor, drift_c: torch.Tensor, index: torch.Tensor,
+                     valid: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The kriging-with-external-drift system (module docstring) of each target, solved but for
+        the slopes' prior: ``k_nn [B, Nt, K, K]``, ``k_tn``/``ok [B, Nt, K]``, ``yg [B, Nt, K, Dy]``,
+        ``drift_t [B, Nt, P]``, ``drift_c [B, Nc, P]`` -> ``a = K^-1 k_* [B, Nt, K]``, ``kf = K^-1 F``
+        and ``f = F [B, Nt, K, 1 + P]``, ``gram = F^T K^-1 F [B, Nt, 1 + P, 1 + P]``, ``yg``,
+        ``k_tn``, ``c0 = sill + nugget [B, Nt]``."""
         # Drift functions at the neighbours, relative to the target: F = [1, d_i - d_*] [B, Nt, K, 1 + P].
         dg = torch.where(valid[..., None], gather_rows(drift_c, index), 0.0).float()  # [B, Nt, K, P]
         rel = (dg - drift_t.float()[:, :, None, :]) * ok[..., None]
         f = torch.cat([ok[..., None], rel], -1)  # [B, Nt, K, 1 + P]
         solved = spd_solve(k_nn, torch.cat([k_tn[..., None], f], -1))  # K^-1 [k_*, F]: [B, Nt, K, 2 + P]
         a, kf = solved[..., 0], solved[..., 1:]  # [B, Nt, K], [B, Nt, K, 1 + P]
-        gram = f.transpose(-1, -2) @ kf  # F^T K^-1 F: [B, Nt, 1 + P, 1 + P]
-        # Each slope shrunk by a share of its own precision (whatever the covariate's units), plus a
-        # tiny floor for a covariate flat among the neighbours; the intercept is the ordinary-kriging
-        # constraint and is never shrunk.
+        return {"a": a, "kf": kf, "f": f, "gram": f.transpose(-1, -2) @ kf, "yg": yg, "k_tn": k_tn,
+                "c0": sill + nugget}
+
+    @staticmethod
+    def _drift_solution(parts: dict[str, torch.Tensor],
+                        prior: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mean [B, Nt, Dy], log variance [B, Nt, 1])`` of :meth:`_drift_parts`' systems with a
+        Gaussian prior on the slopes, centred on 0: ``prior`` a float, a share of each slope's own
+        precision (scale-free; :data:`DRIFT_RIDGE` keeps a flat covariate solvable), or a tensor
+        ``[B, 1, P]`` of absolute prior precisions per window. The intercept is the ordinary-kriging
+        constraint and never has a prior. With prior precision ``R`` the weights are those of
+        Bayesian kriging: ``F^T K^-1 F`` becomes ``F^T K^-1 F + R``."""
+        a, kf, f, gram = parts["a"], parts["kf"], parts["f"], parts["gram"]
         diag = gram.diagonal(dim1=-2, dim2=-1)  # [B, Nt, 1 + P]
-        ridge = DRIFT_RIDGE * diag + 1e-9 * diag[..., :1].clamp(min=1e-12)
-        ridge = torch.cat([torch.zeros_like(ridge[..., :1]), ridge[..., 1:]], -1)
-        gram = gram + torch.diag_embed(ridge)
+        floor = 1e-9 * diag[..., :1].clamp(min=1e-12)  # a covariate flat among the neighbours stays solvable
+        ridge = prior * diag[..., 1:] + floor if isinstance(prior, float) else prior + floor
+        ridge = torch.cat([torch.zeros_like(diag[..., :1]), ridge], -1)  # [B, Nt, 1 + P]
         f_star = torch.zeros(gram.shape[-1], device=gram.device)
         f_star[0] = 1.0  # [1, 0, ..., 0]: the target's own drift, relative to itself
-        lagrange = torch.linalg.solve(gram, (f * a[..., None]).sum(-2) - f_star)  # [B, Nt, 1 + P]
+        lagrange = torch.linalg.solve(gram + torch.diag_embed(ridge), (f * a[..., None]).sum(-2) - f_star)
         w = a - (kf * lagrange[..., None, :]).sum(-1)  # [B, Nt, K]
-        mean = torch.einsum("btk,btky->bty", w, yg)  # [B, Nt, Dy]
-        var = sill + nugget - (w * k_tn).sum(-1) - lagrange[..., 0]  # [B, Nt]
+        mean = torch.einsum("btk,btky->bty", w, parts["yg"])  # [B, Nt, Dy]
+        var = parts["c0"] - (w * parts["k_tn"]).sum(-1) - lagrange[..., 0]  # [B, Nt]
         return mean, var.clamp(min=1e-6).log()[..., None]
+
+    def _prior_precision(self, parts: dict[str, torch.Tensor], mask_t: torch.Tensor | None) -> float | torch.Tensor:
+        """The slopes' prior precision: a number times each slope's own precision (``slope_prior``
+        a number), or ``1 / tau^2`` per window and covariate ``[B, 1, P]`` (``"empirical"``, Bayes),
+        ``tau^2`` the spread of the targets' own slopes beyond their sampling noise: a window whose
+        targets all see the same relation to the covariate borrows it, one where the relation
+        changes from place to place (moving fronts) keeps each target's own."""
+        if self.slope_prior != "empirical":
+            return float(self.slope_prior)
+        with torch.no_grad():  # a hyperparameter estimate, not a path for gradients
+            gram = parts["gram"] + torch.diag_embed(DRIFT_RIDGE * parts["gram"].diagonal(dim1=-2, dim2=-1) + 1e-9)
+            cov = torch.linalg.inv(gram)  # [B, Nt, 1 + P, 1 + P]: the GLS estimates' covariance
+            beta = cov @ (parts["kf"].transpose(-1, -2) @ parts["yg"])  # [B, Nt, 1 + P, Dy]
+            slopes, noise = beta[..., 1:, 0], cov.diagonal(dim1=-2, dim2=-1)[..., 1:]  # [B, Nt, P]
+            w = torch.ones(slopes.shape[:2], device=slopes.device) if mask_t is None else mask_t.float()
+            n = w.sum(1).clamp(min=1.0)[:, None]  # [B, 1]
+            spread = (w[..., None] * slopes.square()).sum(1) / n - (w[..., None] * noise).sum(1) / n  # [B, P]
+            return 1.0 / spread.clamp(min=TAU2_FLOOR)[:, None, :]

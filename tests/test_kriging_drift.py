@@ -128,20 +128,6 @@ def test_a_trend_in_the_drift_follows_a_plane_across_a_gap():
 
 # -- the slopes' prior (kriging_slope_prior) ----------------------------------------------------------
 
-def test_the_window_slope_is_least_squares_over_the_real_context_only():
-    g = torch.Generator().manual_seed(1)
-    d = torch.randn(2, 50, 1, generator=g)
-    y = 4.0 - 1.5 * d + 0.01 * torch.randn(2, 50, 1, generator=g)
-    mask = torch.ones(2, 50, dtype=torch.bool)
-    mask[1, 30:] = False
-    d[1, 30:], y[1, 30:] = 100.0, -100.0  # padding holding anything
-    slope = lk.window_slope(d, y, mask)  # [B, P, Dy]
-    assert slope.shape == (2, 1, 1)
-    torch.testing.assert_close(slope[:, 0, 0], torch.tensor([-1.5, -1.5]), atol=0.01, rtol=0)
-    torch.testing.assert_close(lk.window_slope(torch.ones(1, 9, 1), torch.randn(1, 9, 1), None),
-                               torch.zeros(1, 1, 1))  # a flat covariate: slope 0
-
-
 def prior_prediction(prior: str | float, xc, yc, dc, xt, dt, k: int = 16):
     head = LocalKriging(8, 2, "exponential", slope_prior=prior)
     index, valid = nearest_neighbours(xt, xc, torch.ones(1, xc.shape[1], dtype=torch.bool), k)
@@ -149,13 +135,20 @@ def prior_prediction(prior: str | float, xc, yc, dc, xt, dt, k: int = 16):
         return head(torch.zeros(1, xt.shape[1], 8), xt, xc, yc, index, valid, dt, dc)
 
 
-def test_a_strong_prior_is_ordinary_kriging_of_the_residual_from_the_window_slope():
+def test_a_strong_prior_gives_every_target_the_window_slope_and_none_its_own():
+    """With a prior far stronger than any target's data, the head is ordinary kriging of
+    ``y - d . c`` plus ``d_* . c``, ``c`` the precision-weighted mean of the targets' own slopes."""
     xc, xt, dc, dt, yc, _ = scene(n_c=60, n_t=9, seed=2)
     yc = yc + 0.5 * torch.randn(yc.shape, generator=torch.Generator().manual_seed(3)) * dc  # slopes vary
-    strong, _ = prior_prediction(1e7, xc, yc, dc, xt, dt)
-    slope = lk.window_slope(dc, yc, None)
-    plain, _ = head_prediction(xc, yc - dc @ slope, None, xt, dt, k=16)
-    torch.testing.assert_close(strong, plain + dt @ slope, atol=2e-3, rtol=0)
+    head = LocalKriging(8, 2, "exponential", slope_prior=1e7)
+    index, valid = nearest_neighbours(xt, xc, torch.ones(1, xc.shape[1], dtype=torch.bool), 16)
+    with torch.no_grad():
+        zt = torch.zeros(1, xt.shape[1], 8)
+        parts = head._sliced(zt, xt, xc, yc, index, valid, dt, dc)
+        _, centre = head._slope_prior(parts, None)  # [1, P, Dy]
+        strong, _ = head(zt, xt, xc, yc, index, valid, dt, dc)
+    plain, _ = head_prediction(xc, yc - dc @ centre, None, xt, dt, k=16)
+    torch.testing.assert_close(strong, plain + dt @ centre, atol=2e-3, rtol=0)
     weak, _ = prior_prediction("none", xc, yc, dc, xt, dt)  # no prior: each target's own slope
     assert (strong - weak).abs().max() > 0.05
 

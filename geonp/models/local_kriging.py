@@ -27,12 +27,12 @@ kriging solution as a feature and lets it learn where to trust it and by how muc
   ``F^T K^-1 F`` invertible where the covariate is flat. Without covariates this is the ordinary kriging above.
 * 64 neighbours estimate a slope noisily, and where the history is good its noise is most of the
   error (Sentinel-2 NDVI far from observations: the drift was behind DINEOF itself). With
-  ``slope_prior="empirical"`` the slopes get a Gaussian prior, centred on the window's own
-  least-squares slope (:func:`window_slope`, from every context point) with the variance of the
-  targets' slopes about it beyond their sampling noise (empirical Bayes, per window): where the
-  relation holds across the window the targets borrow it, where it changes from place to place
-  (moving fronts) each keeps its own. The prior adds ``1 / tau^2`` to ``F^T K^-1 F``'s slope entries
-  (Bayesian kriging; the weights and variance keep the form above).
+  ``slope_prior="empirical"`` the slopes get a Gaussian prior per window (empirical Bayes): centred
+  on the precision-weighted mean of the window's targets' own slopes, with their variance about it
+  beyond their sampling noise. Where the relation holds across the window the targets borrow it,
+  where it changes from place to place (moving fronts) each keeps its own. The prior adds
+  ``1 / tau^2`` to ``F^T K^-1 F``'s slope entries (Bayesian kriging; the weights and variance keep
+  the form above) and kriging ``y - d . centre`` moves the mean by ``- centre . sum_i w_i (d_i - d_*)``.
 
 Only differences of inputs enter, so the head keeps translation equivariance. Cost: one
 ``k x k`` Cholesky factorisation per target, ``O(Nt k^3)``; the ``k x k`` steps run a
@@ -169,23 +169,6 @@ def spd_solve(k: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     return _SPDSolve.apply(k, r)
 
 
-def window_slope(drift_c: torch.Tensor, yc: torch.Tensor, mask_c: torch.Tensor | None) -> torch.Tensor:
-    """The window's least-squares slopes of the values on the covariates, ``[B, P, Dy]``, from every real
-    context point (``drift_c [B, Nc, P]``, ``yc [B, Nc, Dy]``, ``mask_c [B, Nc]``, None: all real).
-
-    Both sides are centred on their window means, so only the slope is fitted; a covariate that is
-    flat in the window gets slope 0 (a tiny ridge on each slope's own sum of squares).
-    """
-    w = torch.ones(drift_c.shape[:2], device=drift_c.device) if mask_c is None else mask_c.float()  # [B, Nc]
-    d, y = drift_c.float(), yc.float()
-    n = w.sum(-1).clamp(min=1.0)[:, None, None]  # [B, 1, 1]
-    d = (d - (w[..., None] * d).sum(1, keepdim=True) / n) * w[..., None]  # [B, Nc, P], centred, padding 0
-    y = (y - (w[..., None] * y).sum(1, keepdim=True) / n) * w[..., None]  # [B, Nc, Dy]
-    gram = d.transpose(1, 2) @ d  # [B, P, P]
-    gram = gram + torch.diag_embed(1e-6 * gram.diagonal(dim1=-2, dim2=-1) + 1e-9)
-    return torch.linalg.solve(gram, d.transpose(1, 2) @ y)  # [B, P, Dy]
-
-
 class LocalKriging(nn.Module):
     """``(zt [B, Nt, Dz], xt [B, Nt, Dx], xc [B, Nc, Dx], yc [B, Nc, Dy], index/valid [B, Nt, K])``
     -> ``(mean [B, Nt, Dy], log variance [B, Nt, 1])`` of ordinary kriging on each target's neighbours.
@@ -217,22 +200,17 @@ class LocalKriging(nn.Module):
 
     def forward(self, zt: torch.Tensor, xt: torch.Tensor, xc: torch.Tensor, yc: torch.Tensor,
                 index: torch.Tensor, valid: torch.Tensor, drift_t: torch.Tensor | None = None,
-                drift_c: torch.Tensor | None = None, mask_c: torch.Tensor | None = None,
+                drift_c: torch.Tensor | None = None,
                 mask_t: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``drift_t [B, Nt, P]``, ``drift_c [B, Nc, P]``: covariates of the external drift (None:
-        ordinary kriging); ``mask_c [B, Nc]``/``mask_t [B, Nt]``: the real points (None: all), for
-        the window's slope and the spread of the targets' slopes (``slope_prior``)."""
+        ordinary kriging); ``mask_t [B, Nt]``: the real targets (None: all), whose slopes set the
+        slopes' prior (``slope_prior``)."""
         if drift_c is None:
             return self._sliced(zt, xt, xc, yc, index, valid)
+        parts = self._sliced(zt, xt, xc, yc, index, valid, drift_t, drift_c)
         if self.slope_prior == "none":  # each target's slopes from its neighbours alone
-            return self._drift_solution(self._sliced(zt, xt, xc, yc, index, valid, drift_t, drift_c), DRIFT_RIDGE)
-        # Bayesian kriging with external drift: each target's slopes have a prior centred on the
-        # window's own regression slope. Kriging y - d . slope with the slopes' prior at 0 is the same
-        # system; the window's part d_* . slope is added back at the target.
-        slope = window_slope(drift_c, yc, mask_c)  # [B, P, Dy]
-        parts = self._sliced(zt, xt, xc, yc - drift_c.float() @ slope, index, valid, drift_t, drift_c)
-        mean, logvar = self._drift_solution(parts, self._prior_precision(parts, mask_t))
-        return mean + drift_t.float() @ slope, logvar
+            return self._drift_solution(parts, DRIFT_RIDGE)
+        return self._drift_solution(parts, *self._slope_prior(parts, mask_t))
 
     def _sliced(self, zt: torch.Tensor, xt: torch.Tensor, xc: torch.Tensor, yc: torch.Tensor,
                 index: torch.Tensor, valid: torch.Tensor, drift_t: torch.Tensor | None = None,
@@ -296,14 +274,16 @@ class LocalKriging(nn.Module):
                 "c0": sill + nugget}
 
     @staticmethod
-    def _drift_solution(parts: dict[str, torch.Tensor],
-                        prior: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _drift_solution(parts: dict[str, torch.Tensor], prior: float | torch.Tensor,
+                        centre: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(mean [B, Nt, Dy], log variance [B, Nt, 1])`` of :meth:`_drift_parts`' systems with a
-        Gaussian prior on the slopes, centred on 0: ``prior`` a float, a share of each slope's own
-        precision (scale-free; :data:`DRIFT_RIDGE` keeps a flat covariate solvable), or a tensor
-        ``[B, 1, P]`` of absolute prior precisions per window. The intercept is the ordinary-kriging
-        constraint and never has a prior. With prior precision ``R`` the weights are those of
-        Bayesian kriging: ``F^T K^-1 F`` becomes ``F^T K^-1 F + R``."""
+        Gaussian prior on the slopes: precision ``prior``, a float (a share of each slope's own
+        precision, scale-free; :data:`DRIFT_RIDGE` keeps a flat covariate solvable) or a tensor
+        ``[B, 1, P]`` of absolute precisions per window; mean ``centre [B, P, Dy]`` (None: 0). The
+        intercept is the ordinary-kriging constraint and never has a prior. With prior precision
+        ``R`` the weights are those of Bayesian kriging (``F^T K^-1 F`` becomes ``F^T K^-1 F + R``),
+        and kriging ``y - d . centre`` instead of ``y`` subtracts ``centre . sum_i w_i (d_i - d_*)``
+        from the mean (the weights sum to one)."""
         a, kf, f, gram = parts["a"], parts["kf"], parts["f"], parts["gram"]
         diag = gram.diagonal(dim1=-2, dim2=-1)  # [B, Nt, 1 + P]
         floor = 1e-9 * diag[..., :1].clamp(min=1e-12)  # a covariate flat among the neighbours stays solvable
@@ -314,23 +294,36 @@ class LocalKriging(nn.Module):
         lagrange = torch.linalg.solve(gram + torch.diag_embed(ridge), (f * a[..., None]).sum(-2) - f_star)
         w = a - (kf * lagrange[..., None, :]).sum(-1)  # [B, Nt, K]
         mean = torch.einsum("btk,btky->bty", w, parts["yg"])  # [B, Nt, Dy]
+        if centre is not None:
+            mean = mean - torch.einsum("btk,btkp,bpy->bty", w, f[..., 1:], centre)
         var = parts["c0"] - (w * parts["k_tn"]).sum(-1) - lagrange[..., 0]  # [B, Nt]
         return mean, var.clamp(min=1e-6).log()[..., None]
 
-    def _prior_precision(self, parts: dict[str, torch.Tensor], mask_t: torch.Tensor | None) -> float | torch.Tensor:
-        """The slopes' prior precision: a number times each slope's own precision (``slope_prior``
-        a number), or ``1 / tau^2`` per window and covariate ``[B, 1, P]`` (``"empirical"``, Bayes),
-        ``tau^2`` the spread of the targets' own slopes beyond their sampling noise: a window whose
-        targets all see the same relation to the covariate borrows it, one where the relation
-        changes from place to place (moving fronts) keeps each target's own."""
-        if self.slope_prior != "empirical":
-            return float(self.slope_prior)
-        with torch.no_grad():  # a hyperparameter estimate, not a path for gradients
+    def _slope_prior(self, parts: dict[str, torch.Tensor],
+                     mask_t: torch.Tensor | None) -> tuple[float | torch.Tensor, torch.Tensor]:
+        """The slopes' prior, ``(precision, centre [B, P, Dy])``, from the targets' own estimates.
+
+        Each target's generalised-least-squares slopes ``b_j`` (its neighbours and its covariance)
+        have sampling variances ``v_j``; the centre is their precision-weighted mean over the
+        window's real targets (``mask_t [B, Nt]``, None: all), on the same footing as each ``b_j``
+        (a window-wide ordinary least squares ignores the spatial covariance and is biased against
+        them on a smooth field). The precision is a share of each slope's own (``slope_prior`` a
+        number) or, ``"empirical"``, ``1 / tau^2`` per window and covariate ``[B, 1, P]``, ``tau^2``
+        the targets' spread about the centre beyond their sampling noise (method of moments): a
+        window whose targets all see the same relation to the covariate borrows it, one where the
+        relation changes from place to place (moving fronts) keeps each target's own.
+        """
+        with torch.no_grad():  # hyperparameters estimated from the data, not paths for gradients
             gram = parts["gram"] + torch.diag_embed(DRIFT_RIDGE * parts["gram"].diagonal(dim1=-2, dim2=-1) + 1e-9)
             cov = torch.linalg.inv(gram)  # [B, Nt, 1 + P, 1 + P]: the GLS estimates' covariance
             beta = cov @ (parts["kf"].transpose(-1, -2) @ parts["yg"])  # [B, Nt, 1 + P, Dy]
-            slopes, noise = beta[..., 1:, 0], cov.diagonal(dim1=-2, dim2=-1)[..., 1:]  # [B, Nt, P]
-            w = torch.ones(slopes.shape[:2], device=slopes.device) if mask_t is None else mask_t.float()
-            n = w.sum(1).clamp(min=1.0)[:, None]  # [B, 1]
-            spread = (w[..., None] * slopes.square()).sum(1) / n - (w[..., None] * noise).sum(1) / n  # [B, P]
-            return 1.0 / spread.clamp(min=TAU2_FLOOR)[:, None, :]
+            slopes, noise = beta[..., 1:, :], cov.diagonal(dim1=-2, dim2=-1)[..., 1:]  # [B, Nt, P, Dy], [B, Nt, P]
+            real = torch.ones(slopes.shape[:2], device=slopes.device) if mask_t is None else mask_t.float()
+            weight = real[..., None] / noise.clamp(min=1e-12)  # [B, Nt, P]
+            centre = (weight[..., None] * slopes).sum(1) / weight.sum(1).clamp(min=1e-12)[..., None]  # [B, P, Dy]
+            n = real.sum(1).clamp(min=1.0)[:, None]  # [B, 1]
+            spread = (real[..., None] * (slopes - centre[:, None]).square().mean(-1)).sum(1) / n \
+                - (real[..., None] * noise).sum(1) / n  # [B, P]
+            if self.slope_prior != "empirical":
+                return float(self.slope_prior), centre
+            return 1.0 / spread.clamp(min=TAU2_FLOOR)[:, None, :], centre

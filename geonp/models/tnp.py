@@ -271,7 +271,7 @@ class TEPTTNP(_TETransformerNP):
         zt = self._encode(xc, yc, xt, mask_c, near_t)  # [B, Nt, Dz]
         if self.kriging is None:
             return self.head(self.decoder(zt))
-        return self._kriging_head(zt, xc, yc, xt, near_k, drift_c, drift_t, mask_c, mask_t)
+        return self._kriging_head(zt, xc, yc, xt, near_k, drift_c, drift_t, mask_t)
 
     def _neighbourhoods(self, xc: torch.Tensor, xt: torch.Tensor, mask_c: torch.Tensor) -> tuple:
         """The targets' nearest context points for local attention and for the kriging head,
@@ -305,7 +305,7 @@ class TEPTTNP(_TETransformerNP):
 
     def _kriging_head(self, zt: torch.Tensor, xc: torch.Tensor, yc: torch.Tensor, xt: torch.Tensor,
                       near: tuple, drift_c: torch.Tensor | None, drift_t: torch.Tensor | None,
-                      mask_c: torch.Tensor | None = None, mask_t: torch.Tensor | None = None) -> Normal:
+                      mask_t: torch.Tensor | None = None) -> Normal:
         """The kriging mean as the predicted mean; sigma from tokens that carry the kriging mean and
         variance. ``xc``/``xt`` are the input locations (``[B, N, Dx]``), not the moved ones."""
         if self.kriging_trend_dims is not None:  # location offsets as drift: [B, N, P + len(dims)]
@@ -313,7 +313,7 @@ class TEPTTNP(_TETransformerNP):
             drift_c = trend_c if drift_c is None else torch.cat([drift_c, trend_c], -1)
             drift_t = trend_t if drift_t is None else torch.cat([drift_t, trend_t], -1)
         # [B, Nt, Dy], [B, Nt, 1]
-        k_mean, k_logvar = self.kriging(zt, xt, xc, yc, *near, drift_t, drift_c, mask_c, mask_t)
+        k_mean, k_logvar = self.kriging(zt, xt, xc, yc, *near, drift_t, drift_c, mask_t)
         raw = self.decoder(zt + self.kriging_in(torch.cat([k_mean, k_logvar], -1).to(zt.dtype)))
         _, pre_scale = raw.float().split(self.dim_y, dim=-1)
         return self.head(torch.cat([k_mean.float(), pre_scale], -1))

@@ -130,7 +130,10 @@ def hide_under_mask(da: xr.DataArray, valid: xr.DataArray | None, under: xr.Data
             raise ValueError(f"{name}: the hide-under mask has dims {sorted(map(str, missing))} that {da.name!r} lacks")
         ordered = under.transpose(*[d for d in da.dims if d in under.dims])
         under = ordered.values.reshape([under.sizes[d] if d in under.dims else 1 for d in da.dims])
-    under = np.asarray(under, dtype=bool)
+    under = np.asarray(under)
+    if under.dtype.kind not in "bi":  # a float mask's NaN would read as cloud
+        raise ValueError(f"{name}: the hide-under mask must be boolean (True under a cloud), got {under.dtype}")
+    under = under.astype(bool)
     try:
         cover = np.broadcast_to(under, da.shape)
     except ValueError:
@@ -202,7 +205,7 @@ def evaluate(
     Returns:
         ``{"source", "variable", "units", "seed", "steps", "observed_cells", "hidden_cells",
         "hidden_fraction" (of the observed cells), "donors" (per step, see ``hide_cells``),
-        "hidden_by_distance" (``{bin label: hidden cells}``, bins of ``geonp.metrics.DISTANCE_BINS``),
+        "hidden_by_distance" (``{bin label: hidden cells}``, in ``distance_bins``),
         "rows"}``; each row is ``{"model", **gaussian_skill scores, "rmse_by_distance"
         (``{bin label: {"n", "rmse", "mae"}}``), "coverage_90_by_distance" (``{bin label: 90%
         interval coverage}``), "pit" (10 counts, ``pit_histogram``), "wall_s"
@@ -223,6 +226,9 @@ def evaluate(
     if infill_fn is None:
         infill_fn = _engine(models)
 
+    edges = [edge for _, edge in distance_bins]
+    if not edges or edges[-1] != np.inf or any(b <= a for a, b in zip(edges, edges[1:])):
+        raise ValueError(f"distance bins must have increasing upper edges ending at inf, got {list(distance_bins)}")
     da = ds[variable].compute()  # the truth, loaded once
     valid = static_valid_area(ds, da, valid_mask, name)
     observed = int((np.isfinite(da) & valid).sum())

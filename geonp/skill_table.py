@@ -102,8 +102,11 @@ def markdown(res: Mapping[str, Any]) -> str:
 
 
 def _bin_labels(res: Mapping[str, Any]) -> list[str]:
-    """The distance bins a result was scored in: its own (``hidden_by_distance``), else the default."""
-    return list(res.get("hidden_by_distance") or [label for label, _ in DISTANCE_BINS])
+    """The distance bins a result was scored in: the default ones, unless its counts
+    (``hidden_by_distance``) name bins of their own (e.g. ``WIDE_DISTANCE_BINS``)."""
+    default = [label for label, _ in DISTANCE_BINS]
+    own = list(res.get("hidden_by_distance") or [])
+    return own if set(own) - set(default) else default
 
 
 def _table(columns: Sequence[tuple[str, str]], body: Sequence[Sequence[Any]], bold: Collection[int] = ()) -> list[str]:

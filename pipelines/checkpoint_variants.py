@@ -45,6 +45,8 @@ def bundled_variants(items: list[str], folder: Path, model: str = "te-pt-tnp") -
             spec = json.loads(text)
         except json.JSONDecodeError as err:
             raise SystemExit(f"--variant {label}: not JSON ({err})") from None
+        if not isinstance(spec, dict):
+            raise SystemExit(f"--variant {label}: a JSON object is needed, got {text}")
         unknown = set(spec) - {"covariates", "model_args"}
         if unknown:
             raise SystemExit(f"--variant {label}: unknown key(s) {', '.join(sorted(unknown))}")

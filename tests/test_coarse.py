@@ -66,3 +66,22 @@ def test_history_covariates_compute_coarse_for_one_scene_and_keep_history_flat()
     assert np.ptp(maps[0]) == 0.0  # one scene: no history to learn from
     np.testing.assert_allclose(maps[1, 0, 20:80, 30:90], plane()[20:80, 30:90], atol=1e-5)
     assert "coarse" in what and "dineof flat" in what
+
+
+def test_blocks_in_one_line_give_the_step_mean_instead_of_failing():
+    thin = np.tile(np.linspace(0, 1, 200), (6, 1))[None]  # one block high: block centres on a line
+    np.testing.assert_allclose(coarse_trend(thin), thin.mean())
+    transect = np.full((1, 64, 64), np.nan)
+    transect[0, 30] = np.arange(64.0)  # one observed row, as a ship track
+    np.testing.assert_allclose(coarse_trend(transect), transect[0, 30].mean())
+
+
+def test_reading_the_surface_in_bands_changes_nothing(monkeypatch):
+    import geonp.tasks.coarse as coarse
+
+    rng = np.random.default_rng(2)
+    field = (plane() + rng.normal(0, 0.5, (100, 120)))[None]
+    field[0, 10:60, 20:100] = np.nan
+    whole = coarse_trend(field)
+    monkeypatch.setattr(coarse, "BAND_CELLS", 7 * 120)  # 7 rows at a time
+    np.testing.assert_array_equal(coarse_trend(field), whole)

@@ -276,6 +276,10 @@ def test_evaluate_refuses_a_mask_that_does_not_fit_or_hides_nothing():
     fake = Oracle(ds["sst"], {"a": (0.5, 0.3)})
     with pytest.raises(ValueError, match=r"hide-under mask of shape \(3, 3\) does not fit 'sst'"):
         evaluate(ds, "sst", ["a"], infill_fn=fake, hide_under=np.ones((3, 3), bool))
+    with pytest.raises(ValueError, match="must be boolean"):
+        evaluate(ds, "sst", ["a"], infill_fn=fake, hide_under=np.full((30, 40), np.nan))
+    with pytest.raises(ValueError, match="increasing upper edges ending at inf"):
+        evaluate(ds, "sst", ["a"], infill_fn=fake, distance_bins=(("1", 1.0), ("2-3", 3.0)))
     with pytest.raises(ValueError, match="covers no observed cell"):
         evaluate(ds, "sst", ["a"], infill_fn=fake, hide_under=np.zeros((30, 40), bool))
     with pytest.raises(ValueError, match=r"dims \['depth'\]"):

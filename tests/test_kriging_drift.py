@@ -200,3 +200,30 @@ def test_the_prior_keeps_a_padded_batch_equal_to_its_tasks_one_by_one():
 def test_an_unknown_slope_prior_is_refused_at_build_time(bad):
     with pytest.raises(ValueError, match="kriging slope prior must be one of none, empirical or a positive number"):
         LocalKriging(8, 2, slope_prior=bad)
+
+
+def test_targets_on_a_flat_covariate_take_no_part_in_the_prior():
+    """Where a history map holds one value (the field's mean where a cell has no other steps), a
+    target's slope is unknown, not zero-variance evidence: it must not make the window pool."""
+    g = torch.Generator().manual_seed(5)
+    relation = lambda x: torch.where(x[..., :1] < 3, 2.0, -2.0)  # noqa: E731 - a front: no pooling wanted
+    xc, xt = torch.rand(1, 300, 2, generator=g) * 6, torch.rand(1, 120, 2, generator=g) * 6
+    dc, dt = torch.randn(1, 300, 1, generator=g), torch.randn(1, 120, 1, generator=g)
+    corner_c = torch.rand(1, 40, 2, generator=g) * 0.5 + 5.5  # a patch whose covariate is flat
+    xc, dc = torch.cat([xc, corner_c], 1), torch.cat([dc, torch.zeros(1, 40, 1)], 1)
+    dc[(xc > 5.5).all(-1)] = 0.5  # every context point in the patch
+    xt[0, :2], dt[0, :2] = torch.tensor([[5.7, 5.7], [5.8, 5.6]]), 0.5
+    yc = relation(xc) * dc + 0.3 * torch.randn(1, xc.shape[1], 1, generator=g)
+    yt = relation(xt) * dt
+    eb, own = [((prior_prediction(p, xc, yc, dc, xt, dt)[0] - yt) ** 2).mean().sqrt().item()
+               for p in ("empirical", "none")]
+    assert eb < 1.01 * own, (eb, own)
+
+
+def test_a_flat_second_covariate_leaves_the_empirical_prior_as_with_one():
+    xc, xt, dc, dt, yc, _ = scene(n_c=80, n_t=12, seed=6)
+    one = prior_prediction("empirical", xc, yc, dc, xt, dt)
+    two = prior_prediction("empirical", xc, yc, torch.cat([dc, torch.full_like(dc, 3.0)], -1), xt,
+                           torch.cat([dt, torch.full_like(dt, 3.0)], -1))
+    torch.testing.assert_close(two[0], one[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(two[1], one[1], atol=1e-3, rtol=1e-3)

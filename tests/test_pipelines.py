@@ -250,5 +250,7 @@ def test_bundled_variants_change_only_the_header_and_refuse_what_they_cannot_rea
     assert meta["model"]["kwargs"]["kriging_slope_prior"] == "empirical"
     with pytest.raises(SystemExit, match="--variant bad: not JSON"):
         bundled_variants(["bad={covariates"], tmp_path)
+    with pytest.raises(SystemExit, match="a JSON object is needed"):
+        bundled_variants(['odd=["dineof"]'], tmp_path)
     with pytest.raises(SystemExit, match="unknown key.*weights"):
         bundled_variants(['odd={"weights": 1}'], tmp_path)

@@ -66,6 +66,10 @@ DRIFT_RIDGE = 1e-3
 #: covariates are standardised per window): a window whose slopes agree still leaves each target a
 #: slope within about 0.03 of the window's.
 TAU2_FLOOR = 1e-3
+#: A target's covariate varies among its neighbours when its slope's entry of ``F^T K^-1 F`` is
+#: above this share of the intercept's (the weighted mean square of ``d_i - d_*``, covariates
+#: standardised per window): below it the target estimates no slope and takes no part in the prior.
+SLOPE_INFORMATIVE = 1e-6
 #: The slopes' priors by name (a positive number is a fixed share of each slope's own precision).
 SLOPE_PRIORS = ("none", "empirical")
 
@@ -304,26 +308,36 @@ class LocalKriging(nn.Module):
         """The slopes' prior, ``(precision, centre [B, P, Dy])``, from the targets' own estimates.
 
         Each target's generalised-least-squares slopes ``b_j`` (its neighbours and its covariance)
-        have sampling variances ``v_j``; the centre is their precision-weighted mean over the
-        window's real targets (``mask_t [B, Nt]``, None: all), on the same footing as each ``b_j``
-        (a window-wide ordinary least squares ignores the spatial covariance and is biased against
+        have sampling variances ``v_j``. Only targets that can estimate a slope take part: real
+        ones (``mask_t [B, Nt]``, None: all) whose covariate varies among their neighbours (a flat
+        covariate, e.g. where a history map holds the field's mean, says nothing about the slope).
+        The centre is their precision-weighted mean, on the same footing as each ``b_j`` (a
+        window-wide ordinary least squares ignores the spatial covariance and is biased against
         them on a smooth field). The precision is a share of each slope's own (``slope_prior`` a
         number) or, ``"empirical"``, ``1 / tau^2`` per window and covariate ``[B, 1, P]``, ``tau^2``
-        the targets' spread about the centre beyond their sampling noise (method of moments): a
-        window whose targets all see the same relation to the covariate borrows it, one where the
-        relation changes from place to place (moving fronts) keeps each target's own.
+        the targets' spread about the centre beyond their sampling noise (DerSimonian-Laird: the
+        precision-weighted moments of random-effects meta-analysis): a window whose targets all see
+        the same relation to the covariate borrows it, one where the relation changes from place to
+        place (moving fronts) keeps each target's own. Fewer than two such targets: no prior.
         """
-        with torch.no_grad():  # hyperparameters estimated from the data, not paths for gradients
-            gram = parts["gram"] + torch.diag_embed(DRIFT_RIDGE * parts["gram"].diagonal(dim1=-2, dim2=-1) + 1e-9)
-            cov = torch.linalg.inv(gram)  # [B, Nt, 1 + P, 1 + P]: the GLS estimates' covariance
-            beta = cov @ (parts["kf"].transpose(-1, -2) @ parts["yg"])  # [B, Nt, 1 + P, Dy]
+        # Hyperparameters estimated from the data, not paths for gradients; float64, whatever autocast does.
+        with torch.no_grad(), torch.autocast(parts["gram"].device.type, enabled=False):
+            gram = parts["gram"].double()  # [B, Nt, 1 + P, 1 + P]
+            diag = gram.diagonal(dim1=-2, dim2=-1)  # [B, Nt, 1 + P]
+            informative = diag[..., 1:] > SLOPE_INFORMATIVE * diag[..., :1]  # [B, Nt, P]
+            floor = 1e-9 * diag[..., :1].clamp(min=1e-300)  # as _drift_solution's: the slope of a flat covariate is 0
+            cov = torch.linalg.inv(gram + torch.diag_embed(torch.cat([torch.zeros_like(floor), floor.expand_as(
+                diag[..., 1:])], -1)))  # [B, Nt, 1 + P, 1 + P]: the GLS estimates' covariance
+            beta = cov @ (parts["kf"].double().transpose(-1, -2) @ parts["yg"].double())  # [B, Nt, 1 + P, Dy]
             slopes, noise = beta[..., 1:, :], cov.diagonal(dim1=-2, dim2=-1)[..., 1:]  # [B, Nt, P, Dy], [B, Nt, P]
-            real = torch.ones(slopes.shape[:2], device=slopes.device) if mask_t is None else mask_t.float()
-            weight = real[..., None] / noise.clamp(min=1e-12)  # [B, Nt, P]
-            centre = (weight[..., None] * slopes).sum(1) / weight.sum(1).clamp(min=1e-12)[..., None]  # [B, P, Dy]
-            n = real.sum(1).clamp(min=1.0)[:, None]  # [B, 1]
-            spread = (real[..., None] * (slopes - centre[:, None]).square().mean(-1)).sum(1) / n \
-                - (real[..., None] * noise).sum(1) / n  # [B, P]
+            real = informative if mask_t is None else informative & mask_t[..., None]  # [B, Nt, P]
+            w = real / noise.clamp(min=1e-300)  # [B, Nt, P]: precisions, 0 for targets taking no part
+            s1 = w.sum(1)  # [B, P]
+            centre = (w[..., None] * slopes).sum(1) / s1.clamp(min=1e-300)[..., None]  # [B, P, Dy]
             if self.slope_prior != "empirical":
-                return float(self.slope_prior), centre
-            return 1.0 / spread.clamp(min=TAU2_FLOOR)[:, None, :], centre
+                return float(self.slope_prior), centre.to(parts["yg"].dtype)
+            q = (w * (slopes - centre[:, None]).square().mean(-1)).sum(1)  # [B, P]: Cochran's Q
+            k = real.sum(1).double()  # [B, P]: targets taking part
+            tau2 = (q - (k - 1)) / (s1 - w.square().sum(1) / s1.clamp(min=1e-300)).clamp(min=1e-300)
+            precision = torch.where(k >= 2, 1.0 / tau2.clamp(min=TAU2_FLOOR), 0.0)  # [B, P]
+            return precision[:, None, :].to(parts["gram"].dtype), centre.to(parts["yg"].dtype)

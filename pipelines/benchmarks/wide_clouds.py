@@ -100,28 +100,29 @@ def main() -> None:
     parser.add_argument("--reuse", action="store_true", help="keep the earlier table's rows not run now")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if not args.rows:
+        raise SystemExit("wide_clouds: nothing to run; give --rows")
     out = Path(args.out or REPO / "pipelines" / "results" / f"wide_clouds_{args.split}.md")
     earlier = _earlier(out.with_suffix(".json")) if args.reuse else {}
     trained = dict(item.split("=", 1) for item in args.checkpoint)
     commit = git_commit()
     ds, variable, under, what = scene(args.split)
     res = None
-    tmp = tempfile.TemporaryDirectory()
-    trained.update(bundled_variants(args.variant, Path(tmp.name)))
-    for row in args.rows:
-        label, _, fit = row.partition("@")
-        model, checkpoints = (("te-pt-tnp", {"te-pt-tnp": trained[label]}) if label in trained else (label, None))
-        part = evaluate(ds, variable, [model], checkpoints=checkpoints, fit_steps=int(fit or 0), seed=args.seed,
-                        options={"device": "auto"}, hide_under=under, distance_bins=WIDE_DISTANCE_BINS)
-        r = part["rows"][0]
-        r.update(model=label, commit=commit)
-        print(f"{row}: RMSE {r['rmse']:.4g} CRPS {r['crps']:.4g} cov90 {r['coverage_90']:.3f} ({r['wall_s']:.0f} s)",
-              flush=True)
-        if res is None:
-            res = part
-        else:
-            res["rows"] += part["rows"]
-    tmp.cleanup()
+    with tempfile.TemporaryDirectory() as tmp:
+        trained.update(bundled_variants(args.variant, Path(tmp)))
+        for row in args.rows:
+            label, _, fit = row.partition("@")
+            model, checkpoints = (("te-pt-tnp", {"te-pt-tnp": trained[label]}) if label in trained else (label, None))
+            part = evaluate(ds, variable, [model], checkpoints=checkpoints, fit_steps=int(fit or 0), seed=args.seed,
+                            options={"device": "auto"}, hide_under=under, distance_bins=WIDE_DISTANCE_BINS)
+            r = part["rows"][0]
+            r.update(model=label, commit=commit)
+            print(f"{row}: RMSE {r['rmse']:.4g} CRPS {r['crps']:.4g} cov90 {r['coverage_90']:.3f} "
+                  f"({r['wall_s']:.0f} s)", flush=True)
+            if res is None:
+                res = part
+            else:
+                res["rows"] += part["rows"]
     res["source"] = f"modis_lst_brazil_2019-11-01.nc {what}"
     if res["source"] in earlier:
         keep_earlier(res, earlier[res["source"]], args.split)

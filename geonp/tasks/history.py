@@ -88,7 +88,7 @@ def dineof(
         cv_low, cv_high: each step hides this share of its observed cells for cross-validation.
 
     Returns:
-        the :class:`Reconstruction`.
+        Reconstruction: the filled stack, its 1-sigma, the held-out predictions and the modes kept.
 
     Raises:
         ValueError: shapes that disagree, or fewer than :data:`MIN_STEPS` steps with an observed cell.

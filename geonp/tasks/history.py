@@ -85,7 +85,8 @@ def dineof(
         tol: an iteration stops when the gaps change by less than ``tol`` times the anomalies'
             standard deviation (root mean square over the gaps).
         max_iter: iterations per number of modes at most.
-        cv_low, cv_high: each step hides this share of its observed cells for cross-validation.
+        cv_low: each step hides at least this share of its observed cells for cross-validation.
+        cv_high: and at most this share.
 
     Returns:
         Reconstruction: the filled stack, its 1-sigma, the held-out predictions and the modes kept.

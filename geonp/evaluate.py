@@ -27,6 +27,7 @@ from geonp.data.satellite import open_satellite
 from geonp.data.valid import MaskSpec, valid_area
 from geonp.metrics import (
     DISTANCE_BINS,
+    Bins,
     binned_coverage,
     binned_rmse,
     distance_bin,
@@ -35,7 +36,7 @@ from geonp.metrics import (
     pit_histogram,
 )
 from geonp.skill_table import write_table
-from geonp.tasks.clouds import DONOR_CLOUDS, DONOR_NONE, borrow_gaps  # noqa: F401 - the donor codes are part of this API
+from geonp.tasks.clouds import DONOR_CLOUDS, DONOR_GIVEN, DONOR_NONE, borrow_gaps  # noqa: F401 - the donor codes are part of this API
 from geonp.version import __version__
 
 MIN_OBSERVED = 50  # a step with fewer observed cells is too small to hide from and still fill
@@ -106,6 +107,54 @@ def hide_cells(
     return masked, mask
 
 
+def hide_under_mask(da: xr.DataArray, valid: xr.DataArray | None, under: xr.DataArray | np.ndarray,
+                    name: str = "the dataset") -> tuple[xr.DataArray, xr.DataArray]:
+    """Hide the observed cells of ``da`` that lie under the gaps of ``under``, as :func:`hide_cells` returns them.
+
+    Args:
+        da: the field (any dims; computed once, never modified).
+        valid: bool on the two horizontal dims, True where a value is possible; None: everywhere.
+        under: bool, True under a cloud: a DataArray aligned by dimension name with ``da``, or an
+            array broadcastable to ``da``'s shape by position (e.g. ``[rows, cols]``).
+        name: the data, for the error message.
+
+    Returns:
+        ``(masked, hidden)``; every step's donor is :data:`DONOR_GIVEN`.
+
+    Raises:
+        ValueError: a mask whose shape does not fit ``da``, or one that hides nothing.
+    """
+    if isinstance(under, xr.DataArray):  # by dimension name, then by position (coordinates may differ by rounding)
+        missing = set(under.dims) - set(da.dims)
+        if missing:
+            raise ValueError(f"{name}: the hide-under mask has dims {sorted(map(str, missing))} that {da.name!r} lacks")
+        ordered = under.transpose(*[d for d in da.dims if d in under.dims])
+        under = ordered.values.reshape([under.sizes[d] if d in under.dims else 1 for d in da.dims])
+    under = np.asarray(under)
+    if under.dtype.kind not in "bi":  # a float mask's NaN would read as cloud
+        raise ValueError(f"{name}: the hide-under mask must be boolean (True under a cloud), got {under.dtype}")
+    under = under.astype(bool)
+    try:
+        cover = np.broadcast_to(under, da.shape)
+    except ValueError:
+        raise ValueError(f"{name}: a hide-under mask of shape {under.shape} does not fit {da.name!r} of shape "
+                         f"{da.shape}") from None
+    hdims = _horizontal_dims(da, valid)
+    ok = np.ones(da.shape, bool)
+    if valid is not None:  # Variables broadcast by dimension name, without aligning coordinates
+        ok = (da.variable.copy(data=ok) & valid.variable.astype(bool)).transpose(*da.dims).values
+    values = np.array(da.values, dtype=np.result_type(da.dtype, np.float32), copy=True)
+    hidden = np.isfinite(values) & ok & cover
+    if not hidden.any():
+        raise ValueError(f"{name}: the hide-under mask covers no observed cell of {da.name!r}")
+    values[hidden] = np.nan
+    steps = int(np.prod([n for d, n in da.sizes.items() if d not in hdims]))
+    masked = da.copy(data=values)
+    mask = xr.DataArray(hidden, dims=da.dims, coords=da.coords, name=f"{da.name}_hidden",
+                        attrs={"long_name": "cell hidden for evaluation", "geonp_donor": np.full(steps, DONOR_GIVEN)})
+    return masked, mask
+
+
 def evaluate(
     ds: xr.Dataset,
     variable: str,
@@ -121,6 +170,8 @@ def evaluate(
     cover: float = 0.3,
     hide_steps: Sequence[int] | None = None,
     elevation: str | Path | None = None,
+    hide_under: xr.DataArray | np.ndarray | None = None,
+    distance_bins: Bins = DISTANCE_BINS,
 ) -> dict[str, Any]:
     """Score ``models`` at the same artificially hidden cells of ``ds[variable]``.
 
@@ -143,11 +194,18 @@ def evaluate(
         elevation: a DEM file for the models that take elevation (a checkpoint trained with
             ``data: {elevation: ...}``, :func:`geonp.fill.predictor.takes_elevation`); the others
             fill without it.
+        hide_under: a gap mask of your own instead of borrowed gaps: bool, True where a cloud
+            is, on ``ds[variable]``'s dims (or broadcastable to them by position, e.g. one
+            ``[rows, cols]`` mask for every step); the observed cells under it are hidden, and
+            ``max_hidden``, ``cover`` and ``hide_steps`` do not apply. E.g. another product's
+            or another day's real clouds.
+        distance_bins: the distance bins of the diagnostics (``geonp.metrics.DISTANCE_BINS``;
+            ``WIDE_DISTANCE_BINS`` splits the far bin at 25 cells, for wide clouds).
 
     Returns:
         ``{"source", "variable", "units", "seed", "steps", "observed_cells", "hidden_cells",
         "hidden_fraction" (of the observed cells), "donors" (per step, see ``hide_cells``),
-        "hidden_by_distance" (``{bin label: hidden cells}``, bins of ``geonp.metrics.DISTANCE_BINS``),
+        "hidden_by_distance" (``{bin label: hidden cells}``, in ``distance_bins``),
         "rows"}``; each row is ``{"model", **gaussian_skill scores, "rmse_by_distance"
         (``{bin label: {"n", "rmse", "mae"}}``), "coverage_90_by_distance" (``{bin label: 90%
         interval coverage}``), "pit" (10 counts, ``pit_histogram``), "wall_s"
@@ -168,13 +226,19 @@ def evaluate(
     if infill_fn is None:
         infill_fn = _engine(models)
 
+    edges = [edge for _, edge in distance_bins]
+    if not edges or edges[-1] != np.inf or any(b <= a for a, b in zip(edges, edges[1:])):
+        raise ValueError(f"distance bins must have increasing upper edges ending at inf, got {list(distance_bins)}")
     da = ds[variable].compute()  # the truth, loaded once
     valid = static_valid_area(ds, da, valid_mask, name)
     observed = int((np.isfinite(da) & valid).sum())
     if observed == 0:
         raise ValueError(f"{name}: {variable!r} has no observed cell inside the valid area")
-    masked, hidden = hide_cells(da, valid, np.random.default_rng(seed), max_hidden=max_hidden, cover=cover,
-                                steps=hide_steps)
+    if hide_under is None:
+        masked, hidden = hide_cells(da, valid, np.random.default_rng(seed), max_hidden=max_hidden, cover=cover,
+                                    steps=hide_steps)
+    else:
+        masked, hidden = hide_under_mask(da, valid, hide_under, name)
     hide = hidden.values
     n_hidden = int(hide.sum())
     if n_hidden == 0:
@@ -207,16 +271,16 @@ def evaluate(
         # The diagnostics score the points gaussian_skill scored: a cell without a usable std counts nowhere.
         usable = np.isfinite(truth) & np.isfinite(mean) & np.isfinite(std) & (std > 0)
         rows.append({"model": model, **scores,
-                     "rmse_by_distance": binned_rmse(np.where(usable, mean - truth, np.nan), distance),
+                     "rmse_by_distance": binned_rmse(np.where(usable, mean - truth, np.nan), distance, distance_bins),
                      "coverage_90_by_distance": binned_coverage(np.where(usable, mean - truth, np.nan), std,
-                                                                distance),
+                                                                distance, bins=distance_bins),
                      "pit": pit_histogram(truth, mean, std), "wall_s": wall, "fit_steps": steps,
                      "checkpoint": checkpoint})
-    per_bin = np.bincount(distance_bin(distance), minlength=len(DISTANCE_BINS))
+    per_bin = np.bincount(distance_bin(distance, distance_bins), minlength=len(distance_bins))
     return {"source": name, "variable": variable, "units": str(da.attrs.get("units", "")), "seed": seed,
             "steps": len(hidden.attrs["geonp_donor"]), "observed_cells": observed, "hidden_cells": n_hidden,
             "hidden_fraction": n_hidden / observed, "donors": hidden.attrs["geonp_donor"].tolist(),
-            "hidden_by_distance": {label: int(n) for (label, _), n in zip(DISTANCE_BINS, per_bin, strict=True)},
+            "hidden_by_distance": {label: int(n) for (label, _), n in zip(distance_bins, per_bin, strict=True)},
             "rows": rows}
 
 

@@ -115,6 +115,10 @@ def gaussian_skill(y: np.ndarray, mean: np.ndarray, std: np.ndarray) -> dict[str
 #: A hidden cell next to an observed one (edge-adjacent) is at distance 1, a diagonal one at sqrt(2).
 DISTANCE_BINS: tuple[tuple[str, float], ...] = (("1", 1.0), ("2-3", 3.0), ("4-6", 6.0), ("7-12", 12.0),
                                                 (">12", math.inf))
+#: The same bins with the far one split, for scenes under wide clouds, where a fill deep inside a
+#: cloud (beyond 25 cells) behaves unlike one near its rim.
+WIDE_DISTANCE_BINS: tuple[tuple[str, float], ...] = DISTANCE_BINS[:-1] + (("13-25", 25.0), (">25", math.inf))
+Bins = tuple[tuple[str, float], ...]
 
 
 def distance_to_observed(observed: np.ndarray) -> np.ndarray:
@@ -142,19 +146,21 @@ def distance_to_observed(observed: np.ndarray) -> np.ndarray:
     return out.reshape(observed.shape)
 
 
-def distance_bin(distance: np.ndarray) -> np.ndarray:
-    """Index into ``DISTANCE_BINS`` of each distance (grid cells, any shape; upper edges inclusive)."""
-    edges = np.array([edge for _, edge in DISTANCE_BINS[:-1]])
+def distance_bin(distance: np.ndarray, bins: Bins = DISTANCE_BINS) -> np.ndarray:
+    """Index into ``bins`` (default :data:`DISTANCE_BINS`) of each distance (grid cells, any shape;
+    upper edges inclusive)."""
+    edges = np.array([edge for _, edge in bins[:-1]])
     return np.searchsorted(edges, np.asarray(distance, dtype=np.float64), side="left")
 
 
-def binned_rmse(err: np.ndarray, distance: np.ndarray) -> dict[str, dict[str, float]]:
-    """RMSE and MAE of errors ``err`` grouped by ``distance`` into ``DISTANCE_BINS``.
+def binned_rmse(err: np.ndarray, distance: np.ndarray, bins: Bins = DISTANCE_BINS) -> dict[str, dict[str, float]]:
+    """RMSE and MAE of errors ``err`` grouped by ``distance`` into ``bins`` (default :data:`DISTANCE_BINS`).
 
     Args:
         err: prediction minus truth, in the variable's units, any shape; NaN drops a point.
         distance: the points' distances to the nearest observed cell in grid cells (same shape),
-            e.g. from ``distance_to_observed``; ``inf`` falls in ``">12"``.
+            e.g. from ``distance_to_observed``; ``inf`` falls in the last bin.
+        bins: ``(label, inclusive upper edge)`` pairs, the last edge ``inf``.
 
     Returns:
         ``{label: {"n", "rmse", "mae"}}`` for every bin in order, ``n`` the points scored;
@@ -165,24 +171,27 @@ def binned_rmse(err: np.ndarray, distance: np.ndarray) -> dict[str, dict[str, fl
     if err.shape != distance.shape:
         raise ValueError(f"err has {err.size} points but distance {distance.size}")
     keep = np.isfinite(err) & ~np.isnan(distance)
-    which = distance_bin(distance[keep])
+    which = distance_bin(distance[keep], bins)
     err = err[keep]
     out = {}
-    for i, (label, _) in enumerate(DISTANCE_BINS):
+    for i, (label, _) in enumerate(bins):
         e = err[which == i]
         out[label] = {"n": int(e.size), "rmse": float(np.sqrt(np.mean(e**2))) if e.size else math.nan,
                       "mae": float(np.mean(np.abs(e))) if e.size else math.nan}
     return out
 
 
-def binned_coverage(err: np.ndarray, std: np.ndarray, distance: np.ndarray, level: float = 0.9) -> dict[str, float]:
-    """Coverage of the central ``level`` Gaussian interval grouped by ``distance`` into ``DISTANCE_BINS``.
+def binned_coverage(err: np.ndarray, std: np.ndarray, distance: np.ndarray, level: float = 0.9,
+                    bins: Bins = DISTANCE_BINS) -> dict[str, float]:
+    """Coverage of the central ``level`` Gaussian interval grouped by ``distance`` into ``bins``
+    (default :data:`DISTANCE_BINS`).
 
     Args:
         err: prediction minus truth (any units, any shape); NaN drops a point.
         std: the predicted 1-sigma in the same units (same shape); a point with std <= 0 or NaN is dropped.
         distance: grid cells to the nearest observed cell (same shape), as for :func:`binned_rmse`.
         level: the interval's probability, strictly between 0 and 1.
+        bins: as for :func:`binned_rmse`.
 
     Returns:
         ``{label: fraction of the bin's points inside the interval}`` for every bin in order,
@@ -196,9 +205,9 @@ def binned_coverage(err: np.ndarray, std: np.ndarray, distance: np.ndarray, leve
         raise ValueError(f"err, std and distance have {err.size}, {std.size} and {distance.size} points")
     keep = np.isfinite(err) & np.isfinite(std) & (std > 0) & ~np.isnan(distance)
     inside = np.abs(err[keep]) <= norm.ppf(0.5 + level / 2) * std[keep]
-    which = distance_bin(distance[keep])
+    which = distance_bin(distance[keep], bins)
     return {label: float(inside[which == i].mean()) if np.any(which == i) else math.nan
-            for i, (label, _) in enumerate(DISTANCE_BINS)}
+            for i, (label, _) in enumerate(bins)}
 
 
 def pit_histogram(y: np.ndarray, mean: np.ndarray, std: np.ndarray, bins: int = 10) -> list[int]:

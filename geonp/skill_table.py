@@ -20,7 +20,7 @@ import numpy as np
 
 from geonp.atomic import write_text_atomic
 from geonp.metrics import DISTANCE_BINS
-from geonp.tasks.clouds import DONOR_CLOUDS  # a result's donor code for synthetic clouds
+from geonp.tasks.clouds import DONOR_CLOUDS, DONOR_GIVEN  # a result's donor codes: synthetic clouds, a given mask
 
 COLUMNS = [("model", "model"), ("fit steps", "fit_steps"), ("RMSE", "rmse"), ("MAE", "mae"), ("NLL", "nll"),
            ("CRPS", "crps"), ("cov50", "coverage_50"), ("cov90", "coverage_90"), ("cov95", "coverage_95"),
@@ -66,19 +66,22 @@ def markdown(res: Mapping[str, Any]) -> str:
     columns = COLUMNS + ([("commit", "commit")] if any("commit" in r for r in rows) else [])
     donors = res.get("donors", [])
     real, synthetic = sum(d >= 0 for d in donors), sum(d == DONOR_CLOUDS for d in donors)
+    given = sum(d == DONOR_GIVEN for d in donors)
+    how = (f"({given} under a given cloud mask)" if given else
+           f"({real} real gap patterns of other steps, {synthetic} synthetic clouds)")
     units = f" in {res['units']}" if res.get("units") else ""
     lines = [f"## {res['variable']} · {Path(str(res.get('source', ''))).name}", "",
              f"Hidden: {res['hidden_cells']} cells ({100 * res['hidden_fraction']:.1f}% of the observed) in "
-             f"{real + synthetic} of {res.get('steps', len(donors))} steps ({real} real gap patterns of other "
-             f"steps, {synthetic} synthetic clouds), seed {res.get('seed', '?')}. Scores{units} at the hidden "
-             "cells only; NLL in nats per cell; wall s: seconds per infill call.", ""]
+             f"{real + synthetic + given} of {res.get('steps', len(donors))} steps {how}, seed "
+             f"{res.get('seed', '?')}. Scores{units} at the hidden cells only; NLL in nats per cell; wall s: "
+             "seconds per infill call.", ""]
     lines += _table(columns, [[row.get(key) for _, key in columns] for row in rows],
                     bold={columns.index(c) for c in (("RMSE", "rmse"), ("CRPS", "crps"))})
     if any("rmse_by_distance" in r for r in rows) or "hidden_by_distance" in res:
         lines += ["", f"RMSE{units} by distance to the nearest observed cell (cells), same time step; n: hidden "
                   "cells in the bin.", ""]
         counts = res.get("hidden_by_distance", {})
-        bins = [(f"{label} (n={counts[label]})" if label in counts else label, label) for label, _ in DISTANCE_BINS]
+        bins = [(f"{label} (n={counts[label]})" if label in counts else label, label) for label in _bin_labels(res)]
         body = [[row["model"], row.get("fit_steps")]
                 + [row.get("rmse_by_distance", {}).get(label, {}).get("rmse") for _, label in bins] for row in rows]
         lines += _table([("model", ""), ("fit steps", "")] + bins, body, bold=set(range(2, 2 + len(bins))))
@@ -91,11 +94,19 @@ def markdown(res: Mapping[str, Any]) -> str:
     if any("coverage_90_by_distance" in r for r in rows):
         lines += ["", "90% interval coverage by distance to the nearest observed cell (cells): where sigma is "
                   "too small (below 0.9) or too large.", ""]
-        labels = [label for label, _ in DISTANCE_BINS]
+        labels = _bin_labels(res)
         body = [[row["model"], row.get("fit_steps")] + [row.get("coverage_90_by_distance", {}).get(label)
                                                          for label in labels] for row in rows]
         lines += _table([("model", ""), ("fit steps", "")] + [(label, "") for label in labels], body)
     return "\n".join(lines) + "\n"
+
+
+def _bin_labels(res: Mapping[str, Any]) -> list[str]:
+    """The distance bins a result was scored in: the default ones, unless its counts
+    (``hidden_by_distance``) name bins of their own (e.g. ``WIDE_DISTANCE_BINS``)."""
+    default = [label for label, _ in DISTANCE_BINS]
+    own = list(res.get("hidden_by_distance") or [])
+    return own if set(own) - set(default) else default
 
 
 def _table(columns: Sequence[tuple[str, str]], body: Sequence[Sequence[Any]], bold: Collection[int] = ()) -> list[str]:

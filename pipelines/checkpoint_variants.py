@@ -5,6 +5,7 @@ recipe (``pipelines.release.pretrain``), the benchmarks and the accuracy ablatio
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -29,3 +30,26 @@ def variant_checkpoint(checkpoint: Path, out: Path, model_args: dict[str, Any] |
         meta = copy.deepcopy(meta)
         meta["model"]["kwargs"].update(model_args)
     return write_checkpoint(out, tensors, meta)
+
+
+def bundled_variants(items: list[str], folder: Path, model: str = "te-pt-tnp") -> dict[str, str]:
+    """``LABEL=JSON`` command-line items -> ``{label: checkpoint path}``: the bundled ``model`` changed at
+    inference only, the JSON holding ``covariates`` (a list) and ``model_args`` (a dict), e.g.
+    ``eb={"model_args": {"kriging_slope_prior": "empirical"}}``; written into ``folder``."""
+    from geonp.fill.predictor import bundled_checkpoint
+
+    out = {}
+    for item in items:
+        label, _, text = item.partition("=")
+        try:
+            spec = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise SystemExit(f"--variant {label}: not JSON ({err})") from None
+        if not isinstance(spec, dict):
+            raise SystemExit(f"--variant {label}: a JSON object is needed, got {text}")
+        unknown = set(spec) - {"covariates", "model_args"}
+        if unknown:
+            raise SystemExit(f"--variant {label}: unknown key(s) {', '.join(sorted(unknown))}")
+        out[label] = str(variant_checkpoint(bundled_checkpoint(model), folder / f"{label}.safetensors",
+                                            model_args=spec.get("model_args"), covariates=spec.get("covariates")))
+    return out

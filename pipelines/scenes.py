@@ -35,3 +35,6 @@ MORE_VALIDATION = {
     for name, (rows, cols) in (("modis", ("y", "x")), ("olci", ("lat", "lon")))
     for r, c in MORE_CORNERS[name]
 }
+#: The wide-clouds benchmark's splits: ``{split: {path, variable, clouds_of, target, donor}}``, the
+#: crops as ``{dim: [start, stop]}``.
+WIDE_CLOUDS: dict[str, dict] = _SPEC["wide_clouds"]

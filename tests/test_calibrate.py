@@ -108,3 +108,16 @@ def test_too_few_observed_cells_to_calibrate_is_one_line():
     ds["sst"] = ds["sst"].where(keep)
     with pytest.raises(ValueError, match="^--calibrate-sigma: the input has too few observed cells"):
         geonp.infill(ds, "sst", model="te-pt-tnp", fit_steps=0, calibrate_sigma=True)
+
+
+def test_a_single_scene_with_its_own_coarse_covariate_calibrates(monkeypatch, tmp_path):
+    """One scene has no history to fold, though its coarse covariate is not flat: calibration hides
+    its cells under clouds as for a model without covariates (it once found no window to score)."""
+    from geonp.fill.predictor import bundled_checkpoint
+    from pipelines.checkpoint_variants import variant_checkpoint
+
+    coarse = variant_checkpoint(bundled_checkpoint("te-pt-tnp"), tmp_path / "coarse.safetensors", covariates=["coarse"])
+    ds = smooth_cube(t=1, r=40, c=48)
+    monkeypatch.setattr("geonp.fill.calibrate.CALIBRATION_WINDOWS", 16)  # a test's budget
+    out = geonp.infill(ds, "sst", model="te-pt-tnp", checkpoint=str(coarse), fit_steps=0, calibrate_sigma=True)
+    assert "geonp_sigma_scales" in out.attrs and "coarse" in out.attrs["geonp_history"]

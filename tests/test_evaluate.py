@@ -13,8 +13,8 @@ from conftest import real_file
 from scipy import ndimage
 from scipy.stats import norm
 
-from geonp.evaluate import DONOR_CLOUDS, DONOR_NONE, evaluate, hide_cells, run_evaluate, write_table
-from geonp.metrics import DISTANCE_BINS
+from geonp.evaluate import DONOR_CLOUDS, DONOR_GIVEN, DONOR_NONE, evaluate, hide_cells, run_evaluate, write_table
+from geonp.metrics import DISTANCE_BINS, WIDE_DISTANCE_BINS
 from geonp.tasks.clouds import random_clouds
 
 ALBORAN = "satellite/alboran_sst_avhrr_2017-05.nc"
@@ -247,6 +247,44 @@ def test_evaluate_diagnostics_by_distance_and_pit():
     turned = ds.transpose("lat", "lon", "time")
     again = evaluate(turned, "sst", ["a"], infill_fn=Oracle(turned["sst"], {"a": (0.5, 0.3)}), seed=3)
     assert again["hidden_by_distance"] == expected
+
+
+def test_evaluate_hides_exactly_the_observed_valid_cells_under_a_given_mask_in_wide_bins(tmp_path):
+    ds = cube(steps=3)
+    under = np.zeros((30, 40), bool)
+    under[2:28, 0:36] = True  # one wide cloud over land and sea, every step
+    turned = ds.transpose("lat", "time", "lon")  # the mask goes by dimension name
+    fake = Oracle(turned["sst"], {"a": (0.5, 0.3)})
+    res = evaluate(turned, "sst", ["a"], infill_fn=fake, seed=3,
+                   hide_under=xr.DataArray(under, dims=("lat", "lon")), distance_bins=WIDE_DISTANCE_BINS)
+    truth = ds["sst"].values
+    expected = np.isfinite(truth) & ds["valid"].values & under  # land (not valid) is never hidden
+    masked = fake.calls[0]["masked"].transpose(1, 0, 2)  # [lat, time, lon] -> [time, lat, lon]
+    np.testing.assert_array_equal(np.isnan(masked) & np.isfinite(truth), expected)
+    assert res["hidden_cells"] == int(expected.sum()) and res["donors"] == [DONOR_GIVEN] * 3
+    assert list(res["hidden_by_distance"]) == [label for label, _ in WIDE_DISTANCE_BINS]
+    assert res["hidden_by_distance"]["13-25"] > 0  # the cloud's middle is far from its rim
+    assert list(res["rows"][0]["rmse_by_distance"]) == list(res["hidden_by_distance"])
+    write_table([res], tmp_path / "t.md")
+    text = (tmp_path / "t.md").read_text()
+    assert "under a given cloud mask" in text and "| >25" in text and "13-25 (n=" in text
+    np.testing.assert_array_equal(ds["sst"].values, truth)  # the input is never modified
+
+
+def test_evaluate_refuses_a_mask_that_does_not_fit_or_hides_nothing():
+    ds = cube(steps=2)
+    fake = Oracle(ds["sst"], {"a": (0.5, 0.3)})
+    with pytest.raises(ValueError, match=r"hide-under mask of shape \(3, 3\) does not fit 'sst'"):
+        evaluate(ds, "sst", ["a"], infill_fn=fake, hide_under=np.ones((3, 3), bool))
+    with pytest.raises(ValueError, match="must be boolean"):
+        evaluate(ds, "sst", ["a"], infill_fn=fake, hide_under=np.full((30, 40), np.nan))
+    with pytest.raises(ValueError, match="increasing upper edges ending at inf"):
+        evaluate(ds, "sst", ["a"], infill_fn=fake, distance_bins=(("1", 1.0), ("2-3", 3.0)))
+    with pytest.raises(ValueError, match="covers no observed cell"):
+        evaluate(ds, "sst", ["a"], infill_fn=fake, hide_under=np.zeros((30, 40), bool))
+    with pytest.raises(ValueError, match=r"dims \['depth'\]"):
+        evaluate(ds, "sst", ["a"], infill_fn=fake,
+                 hide_under=xr.DataArray(np.ones((2, 30), bool), dims=("depth", "lat")))
 
 
 def test_evaluate_diagnostics_count_only_scored_cells():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -153,7 +155,7 @@ def test_analogs_learn_each_days_offset_and_scale_from_the_best_matching_days():
 
 def test_analogs_beat_persistence_on_a_history_of_recurring_patterns():
     from geonp.tasks.analogs import analog_prediction
-    from geonp.tasks.history import nearest_steps
+    from geonp.tasks.cell_history import nearest_steps
 
     truth, given = low_rank_stack(steps=20)
     gap = np.isnan(given)
@@ -194,3 +196,24 @@ def test_a_stack_without_history_gets_one_fold_that_hides_nothing():
     assert not fold.hidden.any() and fold.covariates.strides == (0, 0, 0, 0)
     with pytest.raises(ValueError, match="at least 1"):
         history_folds(given, None, ["dineof"], 0)
+
+
+def test_the_mean_covariate_leaves_the_step_it_predicts_out():
+    from geonp.tasks.cell_history import other_steps_mean
+
+    rng = np.random.default_rng(4)
+    v = rng.normal(size=(6, 5, 7))
+    v[rng.random(v.shape) < 0.3] = np.nan
+    v[:, 0, 0] = np.nan
+    v[2, 0, 0] = 9.0  # seen once: no other step says anything about it
+    pred = other_steps_mean(v)
+    for t in range(6):
+        others = np.delete(v, t, axis=0)
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices are the cells it leaves NaN
+            expected = np.nanmean(others, axis=0)
+        np.testing.assert_allclose(pred[t], expected, equal_nan=True)
+    assert np.isnan(pred[2, 0, 0]) and pred[0, 0, 0] == 9.0
+    changed = v.copy()
+    changed[3] += 100.0  # a step's own value never enters its prediction
+    np.testing.assert_allclose(other_steps_mean(changed)[3], pred[3], equal_nan=True)

@@ -11,7 +11,8 @@ from test_history import low_rank_stack
 
 import geonp
 from geonp.models import build, save
-from geonp.tasks.history import history_covariates, nearest_steps
+from geonp.tasks.cell_history import nearest_steps
+from geonp.tasks.history import history_covariates
 from geonp.tasks.windows import WindowSpec, window_task
 
 

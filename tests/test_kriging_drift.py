@@ -124,3 +124,106 @@ def test_a_trend_in_the_drift_follows_a_plane_across_a_gap():
     assert err_trend < 1e-3 < err_plain
     with pytest.raises(ValueError, match="kriging_trend_dims"):
         build("te-pt-tnp", 3, 1, preset="tiny", num_neighbours=4, local_kriging=True, kriging_trend_dims=[3])
+
+
+# -- the slopes' prior (kriging_slope_prior) ----------------------------------------------------------
+
+def prior_prediction(prior: str | float, xc, yc, dc, xt, dt, k: int = 16):
+    head = LocalKriging(8, 2, "exponential", slope_prior=prior)
+    index, valid = nearest_neighbours(xt, xc, torch.ones(1, xc.shape[1], dtype=torch.bool), k)
+    with torch.no_grad():
+        return head(torch.zeros(1, xt.shape[1], 8), xt, xc, yc, index, valid, dt, dc)
+
+
+def test_a_strong_prior_gives_every_target_the_window_slope_and_none_its_own():
+    """With a prior far stronger than any target's data, the head is ordinary kriging of
+    ``y - d . c`` plus ``d_* . c``, ``c`` the precision-weighted mean of the targets' own slopes."""
+    xc, xt, dc, dt, yc, _ = scene(n_c=60, n_t=9, seed=2)
+    yc = yc + 0.5 * torch.randn(yc.shape, generator=torch.Generator().manual_seed(3)) * dc  # slopes vary
+    head = LocalKriging(8, 2, "exponential", slope_prior=1e7)
+    index, valid = nearest_neighbours(xt, xc, torch.ones(1, xc.shape[1], dtype=torch.bool), 16)
+    with torch.no_grad():
+        zt = torch.zeros(1, xt.shape[1], 8)
+        parts = head._sliced(zt, xt, xc, yc, index, valid, dt, dc)
+        _, centre = head._slope_prior(parts, None)  # [1, P, Dy]
+        strong, _ = head(zt, xt, xc, yc, index, valid, dt, dc)
+    plain, _ = head_prediction(xc, yc - dc @ centre, None, xt, dt, k=16)
+    torch.testing.assert_close(strong, plain + dt @ centre, atol=2e-3, rtol=0)
+    weak, _ = prior_prediction("none", xc, yc, dc, xt, dt)  # no prior: each target's own slope
+    assert (strong - weak).abs().max() > 0.05
+
+
+def empirical(relation, seed: int = 0, n_c: int = 300, n_t: int = 120):
+    """Targets and context over a 6 x 6 field whose relation to the covariate is ``relation(x)``
+    (a slope per place), plus white noise: the empirical-Bayes prior against each target alone."""
+    g = torch.Generator().manual_seed(seed)
+    xc, xt = torch.rand(1, n_c, 2, generator=g) * 6, torch.rand(1, n_t, 2, generator=g) * 6
+    dc, dt = torch.randn(1, n_c, 1, generator=g), torch.randn(1, n_t, 1, generator=g)
+    yc = relation(xc) * dc + 0.3 * torch.randn(1, n_c, 1, generator=g)
+    yt = relation(xt) * dt
+    return [((prior_prediction(p, xc, yc, dc, xt, dt)[0] - yt) ** 2).mean().sqrt().item()
+            for p in ("empirical", "none")]
+
+
+def test_empirical_bayes_pools_a_relation_that_holds_everywhere_and_keeps_one_that_changes():
+    # One slope everywhere: pooling it beats 16 noisy neighbours' own estimate.
+    eb, own = empirical(lambda x: torch.full_like(x[..., :1], 2.0))
+    assert eb < 0.93 * own
+    # The slope changes sign across the field (a front): the prior stands back, as good as each target's own.
+    eb, own = empirical(lambda x: torch.where(x[..., :1] < 3, 2.0, -2.0))
+    assert eb < 1.01 * own
+
+
+def test_the_prior_keeps_a_padded_batch_equal_to_its_tasks_one_by_one():
+    torch.manual_seed(0)
+    model = build("te-pt-tnp", 3, 1, preset="tiny", num_neighbours=4, local_kriging=True, kriging_neighbours=8,
+                  kriging_covariates=1, kriging_slope_prior="empirical").eval()
+    tasks = [scene(n_c=n_c, n_t=n_t, seed=s) for s, (n_c, n_t) in enumerate([(30, 7), (22, 4)])]
+    inputs = [(torch.cat([xc, dc], -1), yc, torch.cat([xt, dt], -1)) for xc, xt, dc, dt, yc, _ in tasks]
+    xc = torch.zeros(2, 30, 3)
+    yc = torch.zeros(2, 30, 1)
+    xt = torch.zeros(2, 7, 3)
+    mask_c, mask_t = torch.zeros(2, 30, dtype=torch.bool), torch.zeros(2, 7, dtype=torch.bool)
+    for i, (c, y, t) in enumerate(inputs):
+        xc[i, :c.shape[1]], yc[i, :c.shape[1]], xt[i, :t.shape[1]] = c[0], y[0], t[0]
+        mask_c[i, :c.shape[1]], mask_t[i, :t.shape[1]] = True, True
+    xc[1, 22:], yc[1, 22:], xt[1, 4:] = 50.0, -50.0, 50.0  # padding holding anything
+    with torch.no_grad():
+        batch = model(xc, yc, xt, mask_c, mask_t)
+        for i, (c, y, t) in enumerate(inputs):
+            one = model(c, y, t)
+            torch.testing.assert_close(batch.loc[i, :t.shape[1]], one.loc[0], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(batch.scale[i, :t.shape[1]], one.scale[0], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("bad", ["strong", 0.0, -1.0, float("nan"), True])
+def test_an_unknown_slope_prior_is_refused_at_build_time(bad):
+    with pytest.raises(ValueError, match="kriging slope prior must be one of none, empirical or a positive number"):
+        LocalKriging(8, 2, slope_prior=bad)
+
+
+def test_targets_on_a_flat_covariate_take_no_part_in_the_prior():
+    """Where a history map holds one value (the field's mean where a cell has no other steps), a
+    target's slope is unknown, not zero-variance evidence: it must not make the window pool."""
+    g = torch.Generator().manual_seed(5)
+    relation = lambda x: torch.where(x[..., :1] < 3, 2.0, -2.0)  # noqa: E731 - a front: no pooling wanted
+    xc, xt = torch.rand(1, 300, 2, generator=g) * 6, torch.rand(1, 120, 2, generator=g) * 6
+    dc, dt = torch.randn(1, 300, 1, generator=g), torch.randn(1, 120, 1, generator=g)
+    corner_c = torch.rand(1, 40, 2, generator=g) * 0.5 + 5.5  # a patch whose covariate is flat
+    xc, dc = torch.cat([xc, corner_c], 1), torch.cat([dc, torch.zeros(1, 40, 1)], 1)
+    dc[(xc > 5.5).all(-1)] = 0.5  # every context point in the patch
+    xt[0, :2], dt[0, :2] = torch.tensor([[5.7, 5.7], [5.8, 5.6]]), 0.5
+    yc = relation(xc) * dc + 0.3 * torch.randn(1, xc.shape[1], 1, generator=g)
+    yt = relation(xt) * dt
+    eb, own = [((prior_prediction(p, xc, yc, dc, xt, dt)[0] - yt) ** 2).mean().sqrt().item()
+               for p in ("empirical", "none")]
+    assert eb < 1.01 * own, (eb, own)
+
+
+def test_a_flat_second_covariate_leaves_the_empirical_prior_as_with_one():
+    xc, xt, dc, dt, yc, _ = scene(n_c=80, n_t=12, seed=6)
+    one = prior_prediction("empirical", xc, yc, dc, xt, dt)
+    two = prior_prediction("empirical", xc, yc, torch.cat([dc, torch.full_like(dc, 3.0)], -1), xt,
+                           torch.cat([dt, torch.full_like(dt, 3.0)], -1))
+    torch.testing.assert_close(two[0], one[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(two[1], one[1], atol=1e-3, rtol=1e-3)

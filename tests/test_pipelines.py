@@ -232,3 +232,25 @@ def _git_status(modified: set[str]):
         return subprocess.CompletedProcess(cmd, 0, "\n".join(lines), "")
 
     return run
+
+
+def test_bundled_variants_change_only_the_header_and_refuse_what_they_cannot_read(tmp_path):
+    import pytest
+
+    from geonp.checkpoint import read_checkpoint
+    from geonp.fill.predictor import bundled_checkpoint
+    from pipelines.checkpoint_variants import bundled_variants
+
+    spec = '{"covariates": ["dineof", "mean"], "model_args": {"kriging_slope_prior": "empirical"}}'
+    made = bundled_variants([f"eb={spec}"], tmp_path)
+    tensors, meta = read_checkpoint(made["eb"])
+    bundled, old = read_checkpoint(bundled_checkpoint("te-pt-tnp"))
+    assert tensors.keys() == bundled.keys() and all((tensors[k] == bundled[k]).all() for k in tensors)
+    assert meta["infill"]["covariates"] == ["dineof", "mean"] and meta["model"]["dim_x"] == old["model"]["dim_x"] + 1
+    assert meta["model"]["kwargs"]["kriging_slope_prior"] == "empirical"
+    with pytest.raises(SystemExit, match="--variant bad: not JSON"):
+        bundled_variants(["bad={covariates"], tmp_path)
+    with pytest.raises(SystemExit, match="a JSON object is needed"):
+        bundled_variants(['odd=["dineof"]'], tmp_path)
+    with pytest.raises(SystemExit, match="unknown key.*weights"):
+        bundled_variants(['odd={"weights": 1}'], tmp_path)

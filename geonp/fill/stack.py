@@ -34,14 +34,17 @@ def add_history(field: Field, covariates: list[str], seed: int = 0) -> str:
 
 
 def add_history_folds(field: Field, covariates: list[str], folds: int, seed: int = 0) -> None:
-    """Keep on ``field`` its :func:`geonp.tasks.history.history_folds` (for fine-tuning), when its
-    covariates are more than flat maps; ``folds`` DINEOF runs more (0: none, fine-tuning hides
+    """Keep on ``field`` its :func:`geonp.tasks.history.history_folds` (for fine-tuning), when it has
+    a history its covariates come from; ``folds`` DINEOF runs more (0: none, fine-tuning hides
     cells under clouds as for a model without covariates)."""
-    from geonp.tasks.history import history_folds, is_flat
+    from geonp.tasks.history import has_history, history_folds, is_flat
 
     if folds == 0 or field.history is None or is_flat(field.history):
         return  # no history (flat maps): nothing a window could learn to overtrust
-    field.folds = history_folds(field.whole(), field.valid, covariates, folds, rng=np.random.default_rng([seed, 6151]))
+    values = field.whole()
+    if not has_history(values, field.valid):  # one scene whose only covariate is its own (coarse)
+        return
+    field.folds = history_folds(values, field.valid, covariates, folds, rng=np.random.default_rng([seed, 6151]))
 
 
 def reconstruct(field: Field, name: str, seed: int = 0) -> str:

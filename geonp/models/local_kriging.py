@@ -25,6 +25,14 @@ kriging solution as a feature and lets it learn where to trust it and by how muc
   ``w = K^-1 k_* - K^-1 F l``, variance ``s + t - w^T k_* - l^T f_*``, with ``F = [1, d_i - d_*]``
   and ``f_* = [1, 0]``; a small ridge on each slope (relative to its own precision) keeps
   ``F^T K^-1 F`` invertible where the covariate is flat. Without covariates this is the ordinary kriging above.
+* 64 neighbours estimate a slope noisily, and where the history is good its noise is most of the
+  error (Sentinel-2 NDVI far from observations: the drift was behind DINEOF itself). With
+  ``slope_prior="empirical"`` the slopes get a Gaussian prior per window (empirical Bayes): centred
+  on the precision-weighted mean of the window's targets' own slopes, with their variance about it
+  beyond their sampling noise. Where the relation holds across the window the targets borrow it,
+  where it changes from place to place (moving fronts) each keeps its own. The prior adds
+  ``1 / tau^2`` to ``F^T K^-1 F``'s slope entries (Bayesian kriging; the weights and variance keep
+  the form above) and kriging ``y - d . centre`` moves the mean by ``- centre . sum_i w_i (d_i - d_*)``.
 
 Only differences of inputs enter, so the head keeps translation equivariance. Cost: one
 ``k x k`` Cholesky factorisation per target, ``O(Nt k^3)``; the ``k x k`` steps run a
@@ -54,6 +62,16 @@ _CACHE_ELEMS = 2**18  # K x K entries processed at once (1 MiB of float32): one 
 #: Ridge on each drift slope, relative to that slope's own entry of ``F^T K^-1 F`` (a tiny floor
 #: keeps a covariate flat among a target's neighbours solvable: its slope then goes to 0).
 DRIFT_RIDGE = 1e-3
+#: Smallest spread of the targets' drift slopes (empirical Bayes, in squared slope units: values and
+#: covariates are standardised per window): a window whose slopes agree still leaves each target a
+#: slope within about 0.03 of the window's.
+TAU2_FLOOR = 1e-3
+#: A target's covariate varies among its neighbours when its slope's entry of ``F^T K^-1 F`` is
+#: above this share of the intercept's (the weighted mean square of ``d_i - d_*``, covariates
+#: standardised per window): below it the target estimates no slope and takes no part in the prior.
+SLOPE_INFORMATIVE = 1e-6
+#: The slopes' priors by name (a positive number is a fixed share of each slope's own precision).
+SLOPE_PRIORS = ("none", "empirical")
 
 
 def correlation(d2: torch.Tensor, kernel: str) -> torch.Tensor:
@@ -160,14 +178,21 @@ class LocalKriging(nn.Module):
     -> ``(mean [B, Nt, Dy], log variance [B, Nt, 1])`` of ordinary kriging on each target's neighbours.
 
     ``kernel``: the covariance family (see :func:`correlation`); its lengthscales, sill and nugget
-    are predicted per target.
+    are predicted per target. ``slope_prior``: how a target's drift slopes are estimated (module
+    docstring): ``"none"``, from its own neighbours; ``"empirical"``, shrunk towards the window's
+    slope as far as the targets' slopes agree; a positive number, shrunk by that share of each
+    slope's own precision.
     """
 
     def __init__(self, dim_model: int, dim_x: int, kernel: str = "gaussian",
-                 weights: list[float] | None = None) -> None:
+                 weights: list[float] | None = None, slope_prior: str | float = "none") -> None:
         super().__init__()
         correlation(torch.zeros(1), kernel)  # an unknown kernel fails at build time
-        self.dim_x, self.kernel = dim_x, kernel
+        number = isinstance(slope_prior, (int, float)) and not isinstance(slope_prior, bool)
+        if not (slope_prior in SLOPE_PRIORS or (number and math.isfinite(slope_prior) and slope_prior > 0)):
+            raise ValueError(f"kriging slope prior must be one of {', '.join(SLOPE_PRIORS)} or a positive number, "
+                             f"got {slope_prior!r}")
+        self.dim_x, self.kernel, self.slope_prior = dim_x, kernel, slope_prior
         self.covariance = mlp(dim_model, dim_model, dim_x + 2)  # log lengthscales [Dx], log sill, log nugget
         nn.init.zeros_(self.covariance[-1].weight)
         # Initial lengthscales follow the neighbour metric's weights (a dimension weighted w starts at
@@ -179,9 +204,23 @@ class LocalKriging(nn.Module):
 
     def forward(self, zt: torch.Tensor, xt: torch.Tensor, xc: torch.Tensor, yc: torch.Tensor,
                 index: torch.Tensor, valid: torch.Tensor, drift_t: torch.Tensor | None = None,
-                drift_c: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                drift_c: torch.Tensor | None = None,
+                mask_t: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``drift_t [B, Nt, P]``, ``drift_c [B, Nc, P]``: covariates of the external drift (None:
-        ordinary kriging)."""
+        ordinary kriging); ``mask_t [B, Nt]``: the real targets (None: all), whose slopes set the
+        slopes' prior (``slope_prior``)."""
+        if drift_c is None:
+            return self._sliced(zt, xt, xc, yc, index, valid)
+        parts = self._sliced(zt, xt, xc, yc, index, valid, drift_t, drift_c)
+        if self.slope_prior == "none":  # each target's slopes from its neighbours alone
+            return self._drift_solution(parts, DRIFT_RIDGE)
+        return self._drift_solution(parts, *self._slope_prior(parts, mask_t))
+
+    def _sliced(self, zt: torch.Tensor, xt: torch.Tensor, xc: torch.Tensor, yc: torch.Tensor,
+                index: torch.Tensor, valid: torch.Tensor, drift_t: torch.Tensor | None = None,
+                drift_c: torch.Tensor | None = None):
+        """:meth:`_targets` a slice of targets at a time, joined along the targets: ``(mean, log
+        variance)`` of ordinary kriging, or the drift system's parts (:meth:`_drift_parts`)."""
         # Targets a slice at a time: each step's K x K matrices then stay in cache rather than
         # streaming through memory once per elementwise step.
         b, nt, k = index.shape
@@ -191,11 +230,13 @@ class LocalKriging(nn.Module):
         parts = [self._targets(zt[:, s:s + step], xt[:, s:s + step], xc, yc, index[:, s:s + step],
                                valid[:, s:s + step], None if drift_t is None else drift_t[:, s:s + step], drift_c)
                  for s in range(0, nt, step)]
+        if drift_c is not None:
+            return {key: torch.cat([part[key] for part in parts], 1) for key in parts[0]}
         return torch.cat([m for m, _ in parts], 1), torch.cat([v for _, v in parts], 1)
 
     def _targets(self, zt: torch.Tensor, xt: torch.Tensor, xc: torch.Tensor, yc: torch.Tensor,
                  index: torch.Tensor, valid: torch.Tensor, drift_t: torch.Tensor | None = None,
-                 drift_c: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 drift_c: torch.Tensor | None = None):
         p = self.covariance(zt).float().clamp(-12.0, 8.0)  # [B, Nt, Dx + 2], bounded: exp stays finite
         ell = p[..., :self.dim_x].exp()  # [B, Nt, Dx]
         sill, nugget = p[..., self.dim_x].exp(), p[..., self.dim_x + 1].exp()  # [B, Nt]
@@ -207,7 +248,7 @@ class LocalKriging(nn.Module):
         k_tn = sill[..., None] * correlation(scaled.square().sum(-1), self.kernel) * ok  # [B, Nt, K]
         k_nn = _Covariance.apply(scaled, sill, nugget, ok, self.kernel)  # [B, Nt, K, K]
         if drift_c is not None:
-            return self._with_drift(k_nn, k_tn, ok, yg, sill, nugget, drift_t, drift_c, index, valid)
+            return self._drift_parts(k_nn, k_tn, ok, yg, sill, nugget, drift_t, drift_c, index, valid)
         # Ordinary kriging through one Cholesky factor: w = K^-1 (k_* - m 1) with the Lagrange
         # multiplier m = (1^T K^-1 k_* - 1) / (1^T K^-1 1) making the weights sum to one.
         rhs = torch.stack([k_tn, ok], -1)  # [B, Nt, K, 2]
@@ -219,29 +260,84 @@ class LocalKriging(nn.Module):
         return mean, var.clamp(min=1e-6).log()[..., None]
 
     @staticmethod
-    def _with_drift(k_nn: torch.Tensor, k_tn: torch.Tensor, ok: torch.Tensor, yg: torch.Tensor, sill: torch.Tensor,
-                    nugget: torch.Tensor, drift_t: torch.Tensor, drift_c: torch.Tensor, index: torch.Tensor,
-                    valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Kriging with external drift (module docstring) on the same covariance: ``k_nn [B, Nt, K, K]``,
-        ``k_tn``/``ok [B, Nt, K]``, ``yg [B, Nt, K, Dy]``, ``drift_t [B, Nt, P]``, ``drift_c [B, Nc, P]``."""
+    def _drift_parts(k_nn: torch.Tensor, k_tn: torch.Tensor, ok: torch.Tensor, yg: torch.Tensor, sill: torch.Tensor,
+                     nugget: torch.Tensor, drift_t: torch.Tensor, drift_c: torch.Tensor, index: torch.Tensor,
+                     valid: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The kriging-with-external-drift system (module docstring) of each target, solved but for
+        the slopes' prior: ``k_nn [B, Nt, K, K]``, ``k_tn``/``ok [B, Nt, K]``, ``yg [B, Nt, K, Dy]``,
+        ``drift_t [B, Nt, P]``, ``drift_c [B, Nc, P]`` -> ``a = K^-1 k_* [B, Nt, K]``, ``kf = K^-1 F``
+        and ``f = F [B, Nt, K, 1 + P]``, ``gram = F^T K^-1 F [B, Nt, 1 + P, 1 + P]``, ``yg``,
+        ``k_tn``, ``c0 = sill + nugget [B, Nt]``."""
         # Drift functions at the neighbours, relative to the target: F = [1, d_i - d_*] [B, Nt, K, 1 + P].
         dg = torch.where(valid[..., None], gather_rows(drift_c, index), 0.0).float()  # [B, Nt, K, P]
         rel = (dg - drift_t.float()[:, :, None, :]) * ok[..., None]
         f = torch.cat([ok[..., None], rel], -1)  # [B, Nt, K, 1 + P]
         solved = spd_solve(k_nn, torch.cat([k_tn[..., None], f], -1))  # K^-1 [k_*, F]: [B, Nt, K, 2 + P]
         a, kf = solved[..., 0], solved[..., 1:]  # [B, Nt, K], [B, Nt, K, 1 + P]
-        gram = f.transpose(-1, -2) @ kf  # F^T K^-1 F: [B, Nt, 1 + P, 1 + P]
-        # Each slope shrunk by a share of its own precision (whatever the covariate's units), plus a
-        # tiny floor for a covariate flat among the neighbours; the intercept is the ordinary-kriging
-        # constraint and is never shrunk.
+        return {"a": a, "kf": kf, "f": f, "gram": f.transpose(-1, -2) @ kf, "yg": yg, "k_tn": k_tn,
+                "c0": sill + nugget}
+
+    @staticmethod
+    def _drift_solution(parts: dict[str, torch.Tensor], prior: float | torch.Tensor,
+                        centre: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mean [B, Nt, Dy], log variance [B, Nt, 1])`` of :meth:`_drift_parts`' systems with a
+        Gaussian prior on the slopes: precision ``prior``, a float (a share of each slope's own
+        precision, scale-free; :data:`DRIFT_RIDGE` keeps a flat covariate solvable) or a tensor
+        ``[B, 1, P]`` of absolute precisions per window; mean ``centre [B, P, Dy]`` (None: 0). The
+        intercept is the ordinary-kriging constraint and never has a prior. With prior precision
+        ``R`` the weights are those of Bayesian kriging (``F^T K^-1 F`` becomes ``F^T K^-1 F + R``),
+        and kriging ``y - d . centre`` instead of ``y`` subtracts ``centre . sum_i w_i (d_i - d_*)``
+        from the mean (the weights sum to one)."""
+        a, kf, f, gram = parts["a"], parts["kf"], parts["f"], parts["gram"]
         diag = gram.diagonal(dim1=-2, dim2=-1)  # [B, Nt, 1 + P]
-        ridge = DRIFT_RIDGE * diag + 1e-9 * diag[..., :1].clamp(min=1e-12)
-        ridge = torch.cat([torch.zeros_like(ridge[..., :1]), ridge[..., 1:]], -1)
-        gram = gram + torch.diag_embed(ridge)
+        floor = 1e-9 * diag[..., :1].clamp(min=1e-12)  # a covariate flat among the neighbours stays solvable
+        ridge = prior * diag[..., 1:] + floor if isinstance(prior, float) else prior + floor
+        ridge = torch.cat([torch.zeros_like(diag[..., :1]), ridge], -1)  # [B, Nt, 1 + P]
         f_star = torch.zeros(gram.shape[-1], device=gram.device)
         f_star[0] = 1.0  # [1, 0, ..., 0]: the target's own drift, relative to itself
-        lagrange = torch.linalg.solve(gram, (f * a[..., None]).sum(-2) - f_star)  # [B, Nt, 1 + P]
+        lagrange = torch.linalg.solve(gram + torch.diag_embed(ridge), (f * a[..., None]).sum(-2) - f_star)
         w = a - (kf * lagrange[..., None, :]).sum(-1)  # [B, Nt, K]
-        mean = torch.einsum("btk,btky->bty", w, yg)  # [B, Nt, Dy]
-        var = sill + nugget - (w * k_tn).sum(-1) - lagrange[..., 0]  # [B, Nt]
+        mean = torch.einsum("btk,btky->bty", w, parts["yg"])  # [B, Nt, Dy]
+        if centre is not None:
+            mean = mean - torch.einsum("btk,btkp,bpy->bty", w, f[..., 1:], centre)
+        var = parts["c0"] - (w * parts["k_tn"]).sum(-1) - lagrange[..., 0]  # [B, Nt]
         return mean, var.clamp(min=1e-6).log()[..., None]
+
+    def _slope_prior(self, parts: dict[str, torch.Tensor],
+                     mask_t: torch.Tensor | None) -> tuple[float | torch.Tensor, torch.Tensor]:
+        """The slopes' prior, ``(precision, centre [B, P, Dy])``, from the targets' own estimates.
+
+        Each target's generalised-least-squares slopes ``b_j`` (its neighbours and its covariance)
+        have sampling variances ``v_j``. Only targets that can estimate a slope take part: real
+        ones (``mask_t [B, Nt]``, None: all) whose covariate varies among their neighbours (a flat
+        covariate, e.g. where a history map holds the field's mean, says nothing about the slope).
+        The centre is their precision-weighted mean, on the same footing as each ``b_j`` (a
+        window-wide ordinary least squares ignores the spatial covariance and is biased against
+        them on a smooth field). The precision is a share of each slope's own (``slope_prior`` a
+        number) or, ``"empirical"``, ``1 / tau^2`` per window and covariate ``[B, 1, P]``, ``tau^2``
+        the targets' spread about the centre beyond their sampling noise (DerSimonian-Laird: the
+        precision-weighted moments of random-effects meta-analysis): a window whose targets all see
+        the same relation to the covariate borrows it, one where the relation changes from place to
+        place (moving fronts) keeps each target's own. Fewer than two such targets: no prior.
+        """
+        # Hyperparameters estimated from the data, not paths for gradients; float64, whatever autocast does.
+        with torch.no_grad(), torch.autocast(parts["gram"].device.type, enabled=False):
+            gram = parts["gram"].double()  # [B, Nt, 1 + P, 1 + P]
+            diag = gram.diagonal(dim1=-2, dim2=-1)  # [B, Nt, 1 + P]
+            informative = diag[..., 1:] > SLOPE_INFORMATIVE * diag[..., :1]  # [B, Nt, P]
+            floor = 1e-9 * diag[..., :1].clamp(min=1e-300)  # as _drift_solution's: the slope of a flat covariate is 0
+            cov = torch.linalg.inv(gram + torch.diag_embed(torch.cat([torch.zeros_like(floor), floor.expand_as(
+                diag[..., 1:])], -1)))  # [B, Nt, 1 + P, 1 + P]: the GLS estimates' covariance
+            beta = cov @ (parts["kf"].double().transpose(-1, -2) @ parts["yg"].double())  # [B, Nt, 1 + P, Dy]
+            slopes, noise = beta[..., 1:, :], cov.diagonal(dim1=-2, dim2=-1)[..., 1:]  # [B, Nt, P, Dy], [B, Nt, P]
+            real = informative if mask_t is None else informative & mask_t[..., None]  # [B, Nt, P]
+            w = real / noise.clamp(min=1e-300)  # [B, Nt, P]: precisions, 0 for targets taking no part
+            s1 = w.sum(1)  # [B, P]
+            centre = (w[..., None] * slopes).sum(1) / s1.clamp(min=1e-300)[..., None]  # [B, P, Dy]
+            if self.slope_prior != "empirical":
+                return float(self.slope_prior), centre.to(parts["yg"].dtype)
+            q = (w * (slopes - centre[:, None]).square().mean(-1)).sum(1)  # [B, P]: Cochran's Q
+            k = real.sum(1).double()  # [B, P]: targets taking part
+            tau2 = (q - (k - 1)) / (s1 - w.square().sum(1) / s1.clamp(min=1e-300)).clamp(min=1e-300)
+            precision = torch.where(k >= 2, 1.0 / tau2.clamp(min=TAU2_FLOOR), 0.0)  # [B, P]
+            return precision[:, None, :].to(parts["gram"].dtype), centre.to(parts["yg"].dtype)

@@ -193,7 +193,7 @@ class TEPTTNP(_TETransformerNP):
                  neighbour_weights: list[float] | None = None, local_kriging: bool = False,
                  kriging_kernel: str = "exponential", kriging_neighbours: int = 0,
                  kriging_quadrant_dims: list[int] | None = None, kriging_covariates: int = 0,
-                 kriging_trend_dims: list[int] | None = None) -> None:
+                 kriging_trend_dims: list[int] | None = None, kriging_slope_prior: str | float = "none") -> None:
         super().__init__(dim_x, dim_y, dim_model, min_scale)
         with_kriging = local_kriging and num_neighbours > 0
         # kriging_covariates: the last inputs are covariates, not locations (e.g. what the scene's
@@ -246,7 +246,7 @@ class TEPTTNP(_TETransformerNP):
         self.kriging_quadrant_dims = None if kriging_quadrant_dims is None else tuple(kriging_quadrant_dims)
         self.kriging = None
         if with_kriging:
-            self.kriging = LocalKriging(dim_model, dim_x, kriging_kernel, neighbour_weights)
+            self.kriging = LocalKriging(dim_model, dim_x, kriging_kernel, neighbour_weights, kriging_slope_prior)
             # Its mean and log variance join the target tokens (zero-initialised: a model grown
             # with the head keeps its sigma; its mean is the kriging mean from the start).
             self.kriging_in = nn.Linear(dim_y + 1, dim_model)
@@ -271,7 +271,7 @@ class TEPTTNP(_TETransformerNP):
         zt = self._encode(xc, yc, xt, mask_c, near_t)  # [B, Nt, Dz]
         if self.kriging is None:
             return self.head(self.decoder(zt))
-        return self._kriging_head(zt, xc, yc, xt, near_k, drift_c, drift_t)
+        return self._kriging_head(zt, xc, yc, xt, near_k, drift_c, drift_t, mask_t)
 
     def _neighbourhoods(self, xc: torch.Tensor, xt: torch.Tensor, mask_c: torch.Tensor) -> tuple:
         """The targets' nearest context points for local attention and for the kriging head,
@@ -304,14 +304,16 @@ class TEPTTNP(_TETransformerNP):
         return zt
 
     def _kriging_head(self, zt: torch.Tensor, xc: torch.Tensor, yc: torch.Tensor, xt: torch.Tensor,
-                      near: tuple, drift_c: torch.Tensor | None, drift_t: torch.Tensor | None) -> Normal:
+                      near: tuple, drift_c: torch.Tensor | None, drift_t: torch.Tensor | None,
+                      mask_t: torch.Tensor | None = None) -> Normal:
         """The kriging mean as the predicted mean; sigma from tokens that carry the kriging mean and
         variance. ``xc``/``xt`` are the input locations (``[B, N, Dx]``), not the moved ones."""
         if self.kriging_trend_dims is not None:  # location offsets as drift: [B, N, P + len(dims)]
             trend_c, trend_t = xc[..., self.kriging_trend_dims], xt[..., self.kriging_trend_dims]
             drift_c = trend_c if drift_c is None else torch.cat([drift_c, trend_c], -1)
             drift_t = trend_t if drift_t is None else torch.cat([drift_t, trend_t], -1)
-        k_mean, k_logvar = self.kriging(zt, xt, xc, yc, *near, drift_t, drift_c)  # [B, Nt, Dy], [B, Nt, 1]
+        # [B, Nt, Dy], [B, Nt, 1]
+        k_mean, k_logvar = self.kriging(zt, xt, xc, yc, *near, drift_t, drift_c, mask_t)
         raw = self.decoder(zt + self.kriging_in(torch.cat([k_mean, k_logvar], -1).to(zt.dtype)))
         _, pre_scale = raw.float().split(self.dim_y, dim=-1)
         return self.head(torch.cat([k_mean.float(), pre_scale], -1))

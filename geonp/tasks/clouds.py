@@ -55,6 +55,8 @@ def random_clouds(
 
 #: Marks in ``borrow_gaps``'s donors: synthetic clouds, and a step left untouched.
 DONOR_CLOUDS, DONOR_NONE = -1, -2
+#: A step hidden under a mask the caller gave (``geonp.evaluate.evaluate``'s ``hide_under``).
+DONOR_GIVEN = -3
 CLOUD_TRIES = 10  # synthetic cloud draws per step before settling for the nearest acceptable one
 
 

@@ -28,7 +28,9 @@ import numpy as np
 
 from geonp.metrics import distance_to_observed
 from geonp.tasks.analogs import analog_prediction
+from geonp.tasks.cell_history import nearest_steps, other_steps_mean
 from geonp.tasks.clouds import borrow_gaps
+from geonp.tasks.coarse import coarse_trend
 
 #: Upper edges (grid cells) of the distance bins the 1-sigma is estimated in.
 SIGMA_BINS = (1.0, 2.0, 3.0, 5.0, 8.0, 12.0, 18.0, 25.0, 40.0, np.inf)
@@ -83,10 +85,11 @@ def dineof(
         tol: an iteration stops when the gaps change by less than ``tol`` times the anomalies'
             standard deviation (root mean square over the gaps).
         max_iter: iterations per number of modes at most.
-        cv_low, cv_high: each step hides this share of its observed cells for cross-validation.
+        cv_low: each step hides at least this share of its observed cells for cross-validation.
+        cv_high: and at most this share.
 
     Returns:
-        the :class:`Reconstruction`.
+        Reconstruction: the filled stack, its 1-sigma, the held-out predictions and the modes kept.
 
     Raises:
         ValueError: shapes that disagree, or fewer than :data:`MIN_STEPS` steps with an observed cell.
@@ -230,7 +233,9 @@ def _sigma_by_distance(errors: np.ndarray, distance: np.ndarray) -> list[tuple[f
 #: holds the whole stack in memory (float64).
 MAX_HISTORY_CELLS = 50_000_000
 #: The covariates :func:`history_covariates` computes, by the names checkpoints record.
-HISTORY_COVARIATES = ("dineof", "nearest_steps", "analogs")
+HISTORY_COVARIATES = ("dineof", "nearest_steps", "analogs", "mean", "coarse")
+#: Of those, the ones that come from a step itself, not its history: computed for one scene too.
+STEP_COVARIATES = ("coarse",)
 
 
 def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list[str] | tuple[str, ...], *,
@@ -247,11 +252,16 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
     * ``nearest_steps``: the cell's value interpolated linearly in time between its nearest
       observed steps before and after (the one there is, at an end), persistence;
     * ``analogs``: the cell from the steps most like this one, whenever they were, each mapped by
-      the offset and scale fitted between the two days (:func:`geonp.tasks.analogs.analog_prediction`).
+      the offset and scale fitted between the two days (:func:`geonp.tasks.analogs.analog_prediction`);
+    * ``mean``: the cell's mean over its other observed steps, its climatology: the same offset
+      from its neighbours on every day;
+    * ``coarse``: not history but the step's own large scale, its block means interpolated across
+      the whole step (:func:`geonp.tasks.coarse.coarse_trend`), which carries a wide cloud's rims
+      across it.
 
-    A field with fewer than :data:`MIN_STEPS` steps holding observations (one scene), or above
-    :data:`MAX_HISTORY_CELLS`, gets flat maps, which make a model's external drift the
-    ordinary-kriging constant.
+    A field with fewer than :data:`MIN_STEPS` steps holding observations (one scene) gets flat
+    history maps (``coarse`` is still computed), and one above :data:`MAX_HISTORY_CELLS` flat
+    maps only; flat maps make a model's external drift the ordinary-kriging constant.
 
     Args:
         values: ``[T, R, C]`` the field, NaN at gaps.
@@ -271,20 +281,28 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
     ok = np.ones(values.shape[1:], bool) if valid is None else np.asarray(valid, bool)
     observed = np.isfinite(values) & np.broadcast_to(ok, values.shape)
     mean = float(values[observed].mean()) if observed.any() else 0.0
-    if (lacking := _without_history(values, observed)) is not None:
+    lacking = _without_history(values, observed)
+    if lacking is not None and (values.size > MAX_HISTORY_CELLS or not set(names) & set(STEP_COVARIATES)):
         return flat_covariates(len(names), values.shape, mean), f"flat ({lacking})"
     out = np.full((len(names), *values.shape), mean, np.float32)
     said = []
     for i, name in enumerate(names):
-        if name == "dineof":
+        if name == "coarse":
+            pred = coarse_trend(np.where(observed, values, np.nan), valid)
+            said.append("coarse")
+        elif lacking is not None:
+            said.append(f"{name} flat ({lacking})")
+            continue
+        elif name == "dineof":
             rec = dineof(values, valid, rng=rng)
-            out[i] = np.where(np.isfinite(rec.held_out), rec.held_out, mean)
+            pred = rec.held_out
             said.append(f"dineof ({rec.modes} modes)")
         else:
             seen_only = np.where(observed, values, np.nan)
-            pred = nearest_steps(seen_only) if name == "nearest_steps" else analog_prediction(seen_only)
-            out[i] = np.where(np.isfinite(pred), pred, mean)
+            per_cell = {"nearest_steps": nearest_steps, "analogs": analog_prediction, "mean": other_steps_mean}
+            pred = per_cell[name](seen_only)
             said.append(name)
+        out[i] = np.where(np.isfinite(pred), pred, mean)
     return out, ", ".join(said)
 
 
@@ -366,31 +384,3 @@ def flat_covariates(count: int, shape: tuple[int, ...], value: float) -> np.ndar
 def is_flat(maps: np.ndarray) -> bool:
     """Whether ``maps`` is :func:`flat_covariates`' view of one number (no history in it)."""
     return maps.strides == (0,) * maps.ndim
-
-
-def nearest_steps(values: np.ndarray) -> np.ndarray:
-    """Each cell at each step interpolated in time from its nearest *other* observed steps.
-
-    ``values [T, R, C]`` (NaN at gaps) -> float64 ``[T, R, C]``: linear in the step index between
-    the nearest observed step before and the nearest after; the one there is at either end; NaN
-    where the cell is observed on no other step.
-    """
-    t_count = values.shape[0]
-    seen = np.isfinite(values)
-    before_v, before_t = np.full(values.shape, np.nan), np.full(values.shape, np.nan)
-    after_v, after_t = np.full(values.shape, np.nan), np.full(values.shape, np.nan)
-    last_v, last_t = np.full(values.shape[1:], np.nan), np.full(values.shape[1:], np.nan)
-    for t in range(t_count):  # the latest observed step strictly before t
-        before_v[t], before_t[t] = last_v, last_t
-        last_v = np.where(seen[t], values[t], last_v)
-        last_t = np.where(seen[t], t, last_t)
-    last_v, last_t = np.full(values.shape[1:], np.nan), np.full(values.shape[1:], np.nan)
-    for t in range(t_count - 1, -1, -1):  # the earliest observed step strictly after t
-        after_v[t], after_t[t] = last_v, last_t
-        last_v = np.where(seen[t], values[t], last_v)
-        last_t = np.where(seen[t], t, last_t)
-    steps = np.arange(t_count, dtype=np.float64)[:, None, None]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        share = (steps - before_t) / (after_t - before_t)  # 0 at the step before, 1 at the one after
-    both = before_v + share * (after_v - before_v)
-    return np.where(np.isfinite(both), both, np.where(np.isfinite(before_v), before_v, after_v))

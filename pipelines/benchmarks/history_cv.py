@@ -13,8 +13,9 @@ OLCI's box has water on three of its five scenes only: there every step is hidde
 its cells) and the split is by place, a validation crop north of the test crop.
 
 A row is ``MODEL[+COVARIATE...][@FIT_STEPS]``, or a label given weights with ``--checkpoint
-LABEL=PATH``: ``te-pt-tnp+dineof@30`` is the bundled te-pt-tnp weights with the ``dineof``
-history covariate in its kriging head's drift
+LABEL=PATH`` or inference-only changes of the bundled te-pt-tnp with ``--variant LABEL=JSON``
+(``{"covariates": [...], "model_args": {...}}``): ``te-pt-tnp+dineof@30`` is the bundled
+te-pt-tnp weights with the ``dineof`` history covariate in its kriging head's drift
 (``geonp.tasks.history.history_covariates``), fine-tuned 30 steps on the scene. The covariate
 checkpoints are made here from the bundled weights (the drift adds no weight). ``--calibrated
 LABEL`` runs that label's rows with sigma calibrated on the scene (``geonp.fill.calibrate``).
@@ -39,7 +40,7 @@ from geonp.evaluate import evaluate
 from geonp.fill.predictor import bundled_checkpoint
 from geonp.skill_table import write_table
 from pipelines.benchmarks.satellite_cv import _earlier, keep_earlier
-from pipelines.checkpoint_variants import variant_checkpoint
+from pipelines.checkpoint_variants import bundled_variants, variant_checkpoint
 from pipelines.provenance import REPO, git_commit, header
 
 ROWS = ["linear", "kriging", "dineof", "te-pt-tnp", "te-pt-tnp+dineof", "te-pt-tnp+nearest_steps",
@@ -118,6 +119,9 @@ def main() -> None:
                         help="the te-pt-tnp row chosen on the validation split, which the goals table reports")
     parser.add_argument("--checkpoint", action="append", default=[], metavar="LABEL=PATH",
                         help="a row LABEL[@FIT] scores te-pt-tnp with these weights (e.g. a trained variant)")
+    parser.add_argument("--variant", action="append", default=[], metavar="LABEL=JSON",
+                        help='a row LABEL[@FIT] scores the bundled te-pt-tnp changed at inference only: '
+                             '{"covariates": [...], "model_args": {...}}')
     parser.add_argument("--calibrated", nargs="*", default=[], metavar="LABEL",
                         help="rows LABEL[@FIT] run with sigma calibrated on the scene (infill's calibrate_sigma)")
     parser.add_argument("--out", default=None)
@@ -129,6 +133,7 @@ def main() -> None:
     results: list[dict] = []
     skipped: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
+        trained.update(bundled_variants(args.variant, Path(tmp)))
         for name in args.scenes:
             variable, opener, by_place = SCENES[name]
             ds = opener(folder, args.split)

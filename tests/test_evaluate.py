@@ -13,9 +13,10 @@ from conftest import real_file
 from scipy import ndimage
 from scipy.stats import norm
 
-from geonp.evaluate import DONOR_CLOUDS, DONOR_GIVEN, DONOR_NONE, evaluate, hide_cells, run_evaluate, write_table
+from geonp.evaluate import DONOR_CLOUDS, DONOR_GIVEN, DONOR_NONE, evaluate, run_evaluate, write_table
 from geonp.metrics import DISTANCE_BINS, WIDE_DISTANCE_BINS
 from geonp.tasks.clouds import random_clouds
+from geonp.tasks.hidden import hide_cells
 
 ALBORAN = "satellite/alboran_sst_avhrr_2017-05.nc"
 

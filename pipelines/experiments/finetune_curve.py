@@ -33,10 +33,11 @@ import torch
 from geonp.checkpoint import read_checkpoint
 from geonp.data import open_satellite
 from geonp.data.readers import data_folder
-from geonp.evaluate import evaluate, hide_cells, static_valid_area
+from geonp.evaluate import evaluate, static_valid_area
 from geonp.fill.finetune import finetune
 from geonp.fill.plan import plan
 from geonp.models import save
+from geonp.tasks.hidden import hide_cells
 from pipelines.provenance import REPO, git_commit, header
 from pipelines.scenes import MORE_VALIDATION, VALIDATION
 

@@ -227,3 +227,17 @@ def test_a_flat_second_covariate_leaves_the_empirical_prior_as_with_one():
                            torch.cat([dt, torch.full_like(dt, 3.0)], -1))
     torch.testing.assert_close(two[0], one[0], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(two[1], one[1], atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_target_off_its_neighbours_one_covariate_value_is_kriged_as_without_a_prior(seed):
+    """Every neighbour on one covariate value, the target on another: the slope is collinear with
+    the intercept and says nothing (no singular system, no slope from float32 rounding), so the
+    empirical prior predicts as no prior does, which is ordinary kriging (it once gave |mean| 95)."""
+    xc, xt, dc, dt, yc, _ = scene(n_c=40, n_t=1, seed=seed)
+    dc, dt = torch.full_like(dc, 0.5), torch.full_like(dt, 0.6 + 0.1 * seed)
+    eb = prior_prediction("empirical", xc, yc, dc, xt, dt)
+    own = prior_prediction("none", xc, yc, dc, xt, dt)
+    plain = head_prediction(xc, yc, None, xt, None, k=16)
+    torch.testing.assert_close(eb[0], own[0], atol=1e-4, rtol=0)
+    torch.testing.assert_close(eb[0], plain[0], atol=2e-2, rtol=0)

@@ -66,10 +66,15 @@ DRIFT_RIDGE = 1e-3
 #: covariates are standardised per window): a window whose slopes agree still leaves each target a
 #: slope within about 0.03 of the window's.
 TAU2_FLOOR = 1e-3
-#: A target's covariate varies among its neighbours when its slope's entry of ``F^T K^-1 F`` is
-#: above this share of the intercept's (the weighted mean square of ``d_i - d_*``, covariates
-#: standardised per window): below it the target estimates no slope and takes no part in the prior.
+#: A target's covariate varies among its neighbours when its slope's precision (given the intercept
+#: and the other slopes: one over its entry of ``(F^T K^-1 F)^-1``) is above this share of the
+#: intercept's entry of ``F^T K^-1 F`` (covariates standardised per window): below it the target
+#: estimates no slope and takes no part in the prior.
 SLOPE_INFORMATIVE = 1e-6
+#: ... and when that precision keeps at least this share of its raw entry: a target whose neighbours
+#: all share one covariate value (its own differs) has a large raw entry and no information on the
+#: slope; what the float32 system leaves of it then is rounding.
+SLOPE_IDENTIFIED = 1e-4
 #: The slopes' priors by name (a positive number is a fixed share of each slope's own precision).
 SLOPE_PRIORS = ("none", "empirical")
 
@@ -291,7 +296,11 @@ class LocalKriging(nn.Module):
         a, kf, f, gram = parts["a"], parts["kf"], parts["f"], parts["gram"]
         diag = gram.diagonal(dim1=-2, dim2=-1)  # [B, Nt, 1 + P]
         floor = 1e-9 * diag[..., :1].clamp(min=1e-12)  # a covariate flat among the neighbours stays solvable
-        ridge = prior * diag[..., 1:] + floor if isinstance(prior, float) else prior + floor
+        # A prior of absolute precisions (empirical Bayes) adds to the ridge of no prior, so a window
+        # that pools nothing is solved as "none" is: a slope collinear with the intercept (every
+        # neighbour on one covariate value, the target on another) stays solvable and near 0.
+        share = prior if isinstance(prior, float) else DRIFT_RIDGE
+        ridge = share * diag[..., 1:] + floor + (0.0 if isinstance(prior, float) else prior)
         ridge = torch.cat([torch.zeros_like(diag[..., :1]), ridge], -1)  # [B, Nt, 1 + P]
         f_star = torch.zeros(gram.shape[-1], device=gram.device)
         f_star[0] = 1.0  # [1, 0, ..., 0]: the target's own drift, relative to itself
@@ -324,12 +333,18 @@ class LocalKriging(nn.Module):
         with torch.no_grad(), torch.autocast(parts["gram"].device.type, enabled=False):
             gram = parts["gram"].double()  # [B, Nt, 1 + P, 1 + P]
             diag = gram.diagonal(dim1=-2, dim2=-1)  # [B, Nt, 1 + P]
-            informative = diag[..., 1:] > SLOPE_INFORMATIVE * diag[..., :1]  # [B, Nt, P]
             floor = 1e-9 * diag[..., :1].clamp(min=1e-300)  # as _drift_solution's: the slope of a flat covariate is 0
             cov = torch.linalg.inv(gram + torch.diag_embed(torch.cat([torch.zeros_like(floor), floor.expand_as(
                 diag[..., 1:])], -1)))  # [B, Nt, 1 + P, 1 + P]: the GLS estimates' covariance
             beta = cov @ (parts["kf"].double().transpose(-1, -2) @ parts["yg"].double())  # [B, Nt, 1 + P, Dy]
             slopes, noise = beta[..., 1:, :], cov.diagonal(dim1=-2, dim2=-1)[..., 1:]  # [B, Nt, P, Dy], [B, Nt, P]
+            # A slope's own precision given the intercept and the other slopes (1 / noise), not its
+            # raw entry of F^T K^-1 F: a target whose neighbours all share one covariate value has a
+            # large raw entry when its own value differs, and no information on the slope at all.
+            # The raw entry bounds it too: the float32 system's rounding must not pass for information.
+            # (Rounding can even leave it negative: no information either.)
+            own = torch.where(noise > 0, 1.0 / noise.clamp(min=1e-300), 0.0)  # [B, Nt, P]
+            informative = (own > SLOPE_INFORMATIVE * diag[..., :1]) & (own > SLOPE_IDENTIFIED * diag[..., 1:])
             real = informative if mask_t is None else informative & mask_t[..., None]  # [B, Nt, P]
             w = real / noise.clamp(min=1e-300)  # [B, Nt, P]: precisions, 0 for targets taking no part
             s1 = w.sum(1)  # [B, P]

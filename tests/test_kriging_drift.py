@@ -232,8 +232,9 @@ def test_a_flat_second_covariate_leaves_the_empirical_prior_as_with_one():
 @pytest.mark.parametrize("seed", range(8))
 def test_a_target_off_its_neighbours_one_covariate_value_is_kriged_as_without_a_prior(seed):
     """Every neighbour on one covariate value, the target on another: the slope is collinear with
-    the intercept and says nothing (no singular system, no slope from float32 rounding), so the
-    empirical prior predicts as no prior does, which is ordinary kriging (it once gave |mean| 95)."""
+    the intercept and says nothing (no singular system, no slope from float32 rounding); alone in
+    its window the empirical prior pools nothing and predicts as no prior does, which is ordinary
+    kriging (it once gave |mean| 95)."""
     xc, xt, dc, dt, yc, _ = scene(n_c=40, n_t=1, seed=seed)
     dc, dt = torch.full_like(dc, 0.5), torch.full_like(dt, 0.6 + 0.1 * seed)
     eb = prior_prediction("empirical", xc, yc, dc, xt, dt)
@@ -241,3 +242,25 @@ def test_a_target_off_its_neighbours_one_covariate_value_is_kriged_as_without_a_
     plain = head_prediction(xc, yc, None, xt, None, k=16)
     torch.testing.assert_close(eb[0], own[0], atol=1e-4, rtol=0)
     torch.testing.assert_close(eb[0], plain[0], atol=2e-2, rtol=0)
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_a_collinear_target_does_not_count_towards_a_windows_prior(bf16):
+    """One target that can estimate a slope and one whose neighbours all sit on one covariate value
+    (its raw entry of F^T K^-1 F large, its information on the slope none): fewer than two take
+    part, so the window gets no prior and both are kriged as with "none", under bf16 autocast
+    (training on a GPU) as well."""
+    g = torch.Generator().manual_seed(11)
+    xc, dc = torch.rand(1, 300, 2, generator=g) * 6, torch.randn(1, 300, 1, generator=g)
+    patch = torch.rand(1, 40, 2, generator=g) * 0.6 + 7.0  # beyond the field: 16 neighbours all in it
+    xc, dc = torch.cat([xc, patch], 1), torch.cat([dc, torch.full((1, 40, 1), 0.5)], 1)
+    yc = 2.0 * dc + 0.3 * torch.randn(1, xc.shape[1], 1, generator=g)
+    xt, dt = torch.tensor([[[3.0, 3.0], [7.3, 7.3]]]), torch.tensor([[[0.2], [2.5]]])
+    index, valid = nearest_neighbours(xt, xc, torch.ones(1, xc.shape[1], dtype=torch.bool), 16)
+    heads = {p: LocalKriging(8, 2, "exponential", slope_prior=p) for p in ("empirical", "none")}
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        parts = heads["empirical"]._sliced(torch.zeros(1, 2, 8), xt, xc, yc, index, valid, dt, dc)
+        precision, centre = heads["empirical"]._slope_prior(parts, None)
+        eb, own = (heads[p](torch.zeros(1, 2, 8), xt, xc, yc, index, valid, dt, dc)[0] for p in heads)
+    assert precision.abs().max().item() == 0 and centre.abs().max().item() == 0
+    torch.testing.assert_close(eb, own, atol=1e-5, rtol=0)

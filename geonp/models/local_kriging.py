@@ -279,8 +279,9 @@ class LocalKriging(nn.Module):
         f = torch.cat([ok[..., None], rel], -1)  # [B, Nt, K, 1 + P]
         solved = spd_solve(k_nn, torch.cat([k_tn[..., None], f], -1))  # K^-1 [k_*, F]: [B, Nt, K, 2 + P]
         a, kf = solved[..., 0], solved[..., 1:]  # [B, Nt, K], [B, Nt, K, 1 + P]
-        return {"a": a, "kf": kf, "f": f, "gram": f.transpose(-1, -2) @ kf, "yg": yg, "k_tn": k_tn,
-                "c0": sill + nugget}
+        with torch.autocast(kf.device.type, enabled=False):  # float32 under bf16 autocast: the
+            gram = f.float().transpose(-1, -2) @ kf.float()  # prior's tests of information need it
+        return {"a": a, "kf": kf, "f": f, "gram": gram, "yg": yg, "k_tn": k_tn, "c0": sill + nugget}
 
     @staticmethod
     def _drift_solution(parts: dict[str, torch.Tensor], prior: float | torch.Tensor,
@@ -288,17 +289,27 @@ class LocalKriging(nn.Module):
         """``(mean [B, Nt, Dy], log variance [B, Nt, 1])`` of :meth:`_drift_parts`' systems with a
         Gaussian prior on the slopes: precision ``prior``, a float (a share of each slope's own
         precision, scale-free; :data:`DRIFT_RIDGE` keeps a flat covariate solvable) or a tensor
-        ``[B, 1, P]`` of absolute precisions per window; mean ``centre [B, P, Dy]`` (None: 0). The
-        intercept is the ordinary-kriging constraint and never has a prior. With prior precision
+        ``[B, 1, P]`` of absolute precisions per window, added to the ridge of no prior
+        (:data:`DRIFT_RIDGE` of each slope's own); mean ``centre [B, P, Dy]`` (None: 0). The
+        intercept is the ordinary-kriging constraint and never has a prior. Solved in float32 with
+        autocast off, as the covariance and its solve are. With prior precision
         ``R`` the weights are those of Bayesian kriging (``F^T K^-1 F`` becomes ``F^T K^-1 F + R``),
         and kriging ``y - d . centre`` instead of ``y`` subtracts ``centre . sum_i w_i (d_i - d_*)``
         from the mean (the weights sum to one)."""
+        with torch.autocast(parts["gram"].device.type, enabled=False):
+            return LocalKriging._drift_solved({key: value.float() for key, value in parts.items()}, prior, centre)
+
+    @staticmethod
+    def _drift_solved(parts: dict[str, torch.Tensor], prior: float | torch.Tensor,
+                      centre: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_drift_solution`'s body, its tensors float32."""
         a, kf, f, gram = parts["a"], parts["kf"], parts["f"], parts["gram"]
         diag = gram.diagonal(dim1=-2, dim2=-1)  # [B, Nt, 1 + P]
         floor = 1e-9 * diag[..., :1].clamp(min=1e-12)  # a covariate flat among the neighbours stays solvable
         # A prior of absolute precisions (empirical Bayes) adds to the ridge of no prior, so a window
-        # that pools nothing is solved as "none" is: a slope collinear with the intercept (every
-        # neighbour on one covariate value, the target on another) stays solvable and near 0.
+        # that pools nothing (precision and centre 0) is solved as "none" is, and a slope collinear
+        # with the intercept (every neighbour on one covariate value, the target on another) stays
+        # solvable.
         share = prior if isinstance(prior, float) else DRIFT_RIDGE
         ridge = share * diag[..., 1:] + floor + (0.0 if isinstance(prior, float) else prior)
         ridge = torch.cat([torch.zeros_like(diag[..., :1]), ridge], -1)  # [B, Nt, 1 + P]
@@ -308,7 +319,7 @@ class LocalKriging(nn.Module):
         w = a - (kf * lagrange[..., None, :]).sum(-1)  # [B, Nt, K]
         mean = torch.einsum("btk,btky->bty", w, parts["yg"])  # [B, Nt, Dy]
         if centre is not None:
-            mean = mean - torch.einsum("btk,btkp,bpy->bty", w, f[..., 1:], centre)
+            mean = mean - torch.einsum("btk,btkp,bpy->bty", w, f[..., 1:], centre.float())
         var = parts["c0"] - (w * parts["k_tn"]).sum(-1) - lagrange[..., 0]  # [B, Nt]
         return mean, var.clamp(min=1e-6).log()[..., None]
 
@@ -319,7 +330,9 @@ class LocalKriging(nn.Module):
         Each target's generalised-least-squares slopes ``b_j`` (its neighbours and its covariance)
         have sampling variances ``v_j``. Only targets that can estimate a slope take part: real
         ones (``mask_t [B, Nt]``, None: all) whose covariate varies among their neighbours (a flat
-        covariate, e.g. where a history map holds the field's mean, says nothing about the slope).
+        covariate, e.g. where a history map holds the field's mean, says nothing about the slope,
+        and nor does one on which all the neighbours share a value the target's own differs from:
+        the slope is then collinear with the intercept). Such targets still receive the prior.
         The centre is their precision-weighted mean, on the same footing as each ``b_j`` (a
         window-wide ordinary least squares ignores the spatial covariance and is biased against
         them on a smooth field). The precision is a share of each slope's own (``slope_prior`` a
@@ -327,7 +340,8 @@ class LocalKriging(nn.Module):
         the targets' spread about the centre beyond their sampling noise (DerSimonian-Laird: the
         precision-weighted moments of random-effects meta-analysis): a window whose targets all see
         the same relation to the covariate borrows it, one where the relation changes from place to
-        place (moving fronts) keeps each target's own. Fewer than two such targets: no prior.
+        place (moving fronts) keeps each target's own. Fewer than two such targets: no prior, and
+        the window is solved as with ``"none"`` (centre 0).
         """
         # Hyperparameters estimated from the data, not paths for gradients; float64, whatever autocast does.
         with torch.no_grad(), torch.autocast(parts["gram"].device.type, enabled=False):
@@ -346,7 +360,8 @@ class LocalKriging(nn.Module):
             own = torch.where(noise > 0, 1.0 / noise.clamp(min=1e-300), 0.0)  # [B, Nt, P]
             informative = (own > SLOPE_INFORMATIVE * diag[..., :1]) & (own > SLOPE_IDENTIFIED * diag[..., 1:])
             real = informative if mask_t is None else informative & mask_t[..., None]  # [B, Nt, P]
-            w = real / noise.clamp(min=1e-300)  # [B, Nt, P]: precisions, 0 for targets taking no part
+            w = torch.where(real, 1.0 / noise.clamp(min=1e-300), 0.0)  # [B, Nt, P]: 0 for targets taking no part
+            slopes = torch.where(real[..., None], slopes, 0.0)  # theirs may be anything, NaN included
             s1 = w.sum(1)  # [B, P]
             centre = (w[..., None] * slopes).sum(1) / s1.clamp(min=1e-300)[..., None]  # [B, P, Dy]
             if self.slope_prior != "empirical":
@@ -355,4 +370,5 @@ class LocalKriging(nn.Module):
             k = real.sum(1).double()  # [B, P]: targets taking part
             tau2 = (q - (k - 1)) / (s1 - w.square().sum(1) / s1.clamp(min=1e-300)).clamp(min=1e-300)
             precision = torch.where(k >= 2, 1.0 / tau2.clamp(min=TAU2_FLOOR), 0.0)  # [B, P]
+            centre = torch.where((k >= 2)[..., None], centre, 0.0)  # no prior: as "none", towards 0
             return precision[:, None, :].to(parts["gram"].dtype), centre.to(parts["yg"].dtype)

@@ -152,12 +152,18 @@ def _horizontal_dims(da: xr.DataArray, valid: xr.DataArray | None) -> tuple[str,
 
 
 def distance_to_context(masked: xr.DataArray, valid: xr.DataArray) -> np.ndarray:
-    """Distance (grid cells, on ``masked``'s dims) from each cell to the nearest cell of its step that a
-    model sees: finite in the masked field and valid."""
+    """Distance from each cell to the nearest cell of its step that a model sees.
+
+    Args:
+        masked: the field with the hidden cells NaN (as :func:`hide_cells` returns it).
+        valid: bool on the two horizontal dims, True where a value is possible.
+
+    Returns:
+        Distances in grid cells (0 at a seen cell), float, shaped and ordered as ``masked``'s dims.
+    """
     hdims = _horizontal_dims(masked, valid)
     ordered = masked.transpose(*[d for d in masked.dims if d not in hdims], *hdims)
     # By position, as hide_cells does: xarray's alignment could drop cells whose coordinates differ by rounding.
     seen = np.isfinite(ordered.values) & np.asarray(valid.transpose(*hdims).values, dtype=bool)
     distance = xr.DataArray(distance_to_observed(seen), dims=ordered.dims)
     return distance.transpose(*masked.dims).values
-

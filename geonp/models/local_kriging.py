@@ -296,13 +296,7 @@ class LocalKriging(nn.Module):
         ``R`` the weights are those of Bayesian kriging (``F^T K^-1 F`` becomes ``F^T K^-1 F + R``),
         and kriging ``y - d . centre`` instead of ``y`` subtracts ``centre . sum_i w_i (d_i - d_*)``
         from the mean (the weights sum to one)."""
-        with torch.autocast(parts["gram"].device.type, enabled=False):
-            return LocalKriging._drift_solved({key: value.float() for key, value in parts.items()}, prior, centre)
-
-    @staticmethod
-    def _drift_solved(parts: dict[str, torch.Tensor], prior: float | torch.Tensor,
-                      centre: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`_drift_solution`'s body, its tensors float32."""
+        parts = {key: value.float() for key, value in parts.items()}
         a, kf, f, gram = parts["a"], parts["kf"], parts["f"], parts["gram"]
         diag = gram.diagonal(dim1=-2, dim2=-1)  # [B, Nt, 1 + P]
         floor = 1e-9 * diag[..., :1].clamp(min=1e-12)  # a covariate flat among the neighbours stays solvable
@@ -310,16 +304,19 @@ class LocalKriging(nn.Module):
         # that pools nothing (precision and centre 0) is solved as "none" is, and a slope collinear
         # with the intercept (every neighbour on one covariate value, the target on another) stays
         # solvable.
-        share = prior if isinstance(prior, float) else DRIFT_RIDGE
-        ridge = share * diag[..., 1:] + floor + (0.0 if isinstance(prior, float) else prior)
+        if isinstance(prior, float):
+            ridge = prior * diag[..., 1:] + floor
+        else:
+            ridge = DRIFT_RIDGE * diag[..., 1:] + floor + prior
         ridge = torch.cat([torch.zeros_like(diag[..., :1]), ridge], -1)  # [B, Nt, 1 + P]
         f_star = torch.zeros(gram.shape[-1], device=gram.device)
         f_star[0] = 1.0  # [1, 0, ..., 0]: the target's own drift, relative to itself
-        lagrange = torch.linalg.solve(gram + torch.diag_embed(ridge), (f * a[..., None]).sum(-2) - f_star)
-        w = a - (kf * lagrange[..., None, :]).sum(-1)  # [B, Nt, K]
-        mean = torch.einsum("btk,btky->bty", w, parts["yg"])  # [B, Nt, Dy]
-        if centre is not None:
-            mean = mean - torch.einsum("btk,btkp,bpy->bty", w, f[..., 1:], centre.float())
+        with torch.autocast(gram.device.type, enabled=False):
+            lagrange = torch.linalg.solve(gram + torch.diag_embed(ridge), (f * a[..., None]).sum(-2) - f_star)
+            w = a - (kf * lagrange[..., None, :]).sum(-1)  # [B, Nt, K]
+            mean = torch.einsum("btk,btky->bty", w, parts["yg"])  # [B, Nt, Dy]
+            if centre is not None:
+                mean = mean - torch.einsum("btk,btkp,bpy->bty", w, f[..., 1:], centre.float())
         var = parts["c0"] - (w * parts["k_tn"]).sum(-1) - lagrange[..., 0]  # [B, Nt]
         return mean, var.clamp(min=1e-6).log()[..., None]
 
@@ -360,7 +357,7 @@ class LocalKriging(nn.Module):
             own = torch.where(noise > 0, 1.0 / noise.clamp(min=1e-300), 0.0)  # [B, Nt, P]
             informative = (own > SLOPE_INFORMATIVE * diag[..., :1]) & (own > SLOPE_IDENTIFIED * diag[..., 1:])
             real = informative if mask_t is None else informative & mask_t[..., None]  # [B, Nt, P]
-            w = torch.where(real, 1.0 / noise.clamp(min=1e-300), 0.0)  # [B, Nt, P]: 0 for targets taking no part
+            w = torch.where(real, own, 0.0)  # [B, Nt, P]: precisions, 0 for targets taking no part
             slopes = torch.where(real[..., None], slopes, 0.0)  # theirs may be anything, NaN included
             s1 = w.sum(1)  # [B, P]
             centre = (w[..., None] * slopes).sum(1) / s1.clamp(min=1e-300)[..., None]  # [B, P, Dy]

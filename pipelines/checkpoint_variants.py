@@ -13,13 +13,21 @@ from geonp.checkpoint import read_checkpoint, write_checkpoint
 
 
 def variant_checkpoint(checkpoint: Path, out: Path, model_args: dict[str, Any] | None = None,
-                       covariates: list[str] | None = None) -> Path:
+                       covariates: list[str] | None = None, window: dict[str, Any] | None = None) -> Path:
     """A copy of ``checkpoint`` changed at inference only, same trained weights: ``model_args`` replaces
     architecture arguments that hold no weights (e.g. ``kriging_neighbours``); ``covariates``
     (te-pt-tnp with a local kriging head) adds history covariates to the kriging drift, which
     holds no weight either: one more input each, recorded in the ``infill`` header so infill
-    computes them (:func:`geonp.tasks.history.history_covariates`)."""
+    computes them (:func:`geonp.tasks.history.history_covariates`); ``window`` replaces the context
+    geometry infill reads around each window, ``halo`` (time, rows, cols cells) or ``time_cells``
+    (:func:`geonp.fill.plan.plan` takes them from the header's ``infill.window``)."""
     tensors, meta = read_checkpoint(checkpoint)
+    if window:
+        unknown = set(window) - {"halo", "time_cells"}
+        if unknown:
+            raise ValueError(f"window: only halo and time_cells are read at infill, not {', '.join(sorted(unknown))}")
+        meta = copy.deepcopy(meta)
+        meta["infill"].setdefault("window", {}).update(window)
     if covariates:
         meta = copy.deepcopy(meta)
         had = len(meta["infill"].get("covariates", []))
@@ -34,8 +42,9 @@ def variant_checkpoint(checkpoint: Path, out: Path, model_args: dict[str, Any] |
 
 def bundled_variants(items: list[str], folder: Path, model: str = "te-pt-tnp") -> dict[str, str]:
     """``LABEL=JSON`` command-line items -> ``{label: checkpoint path}``: the bundled ``model`` changed at
-    inference only, the JSON holding ``covariates`` (a list) and ``model_args`` (a dict), e.g.
-    ``eb={"model_args": {"kriging_slope_prior": "empirical"}}``; written into ``folder``."""
+    inference only, the JSON holding ``covariates`` (a list), ``model_args`` (a dict) and ``window``
+    (a dict: ``halo``, ``time_cells``), e.g. ``eb={"model_args": {"kriging_slope_prior": "empirical"}}``
+    or ``halo20={"window": {"halo": [1, 20, 20]}}``; written into ``folder``."""
     from geonp.fill.predictor import bundled_checkpoint
 
     out = {}
@@ -47,9 +56,13 @@ def bundled_variants(items: list[str], folder: Path, model: str = "te-pt-tnp") -
             raise SystemExit(f"--variant {label}: not JSON ({err})") from None
         if not isinstance(spec, dict):
             raise SystemExit(f"--variant {label}: a JSON object is needed, got {text}")
-        unknown = set(spec) - {"covariates", "model_args"}
+        unknown = set(spec) - {"covariates", "model_args", "window"}
         if unknown:
             raise SystemExit(f"--variant {label}: unknown key(s) {', '.join(sorted(unknown))}")
-        out[label] = str(variant_checkpoint(bundled_checkpoint(model), folder / f"{label}.safetensors",
-                                            model_args=spec.get("model_args"), covariates=spec.get("covariates")))
+        try:
+            out[label] = str(variant_checkpoint(bundled_checkpoint(model), folder / f"{label}.safetensors",
+                                                model_args=spec.get("model_args"), covariates=spec.get("covariates"),
+                                                window=spec.get("window")))
+        except ValueError as err:
+            raise SystemExit(f"--variant {label}: {err}") from None
     return out

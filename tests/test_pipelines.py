@@ -254,3 +254,19 @@ def test_bundled_variants_change_only_the_header_and_refuse_what_they_cannot_rea
         bundled_variants(['odd=["dineof"]'], tmp_path)
     with pytest.raises(SystemExit, match="unknown key.*weights"):
         bundled_variants(['odd={"weights": 1}'], tmp_path)
+
+
+def test_a_window_variant_reaches_the_windows_infill_reads(tmp_path):
+    import pytest
+
+    from geonp.checkpoint import read_checkpoint
+    from geonp.fill.plan import _window_spec
+    from pipelines.checkpoint_variants import bundled_variants
+
+    made = bundled_variants(['wide={"window": {"halo": [1, 24, 24]}}'], tmp_path)
+    _, meta = read_checkpoint(made["wide"])
+    assert meta["infill"]["window"]["halo"] == [1, 24, 24]
+    assert meta["infill"]["window"]["max_context"] == 512  # the rest of the training windows kept
+    assert _window_spec(None, (1, 300, 500), meta["infill"]).halo == (1, 24, 24)
+    with pytest.raises(SystemExit, match="--variant odd: window: only halo and time_cells.*core"):
+        bundled_variants(['odd={"window": {"core": [1, 8, 8]}}'], tmp_path)

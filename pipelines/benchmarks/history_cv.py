@@ -14,7 +14,7 @@ its cells) and the split is by place, a validation crop north of the test crop.
 
 A row is ``MODEL[+COVARIATE...][@FIT_STEPS]``, or a label given weights with ``--checkpoint
 LABEL=PATH`` or inference-only changes of the bundled te-pt-tnp with ``--variant LABEL=JSON``
-(``{"covariates": [...], "model_args": {...}}``): ``te-pt-tnp+dineof@30`` is the bundled
+(``{"covariates": [...], "model_args": {...}, "window": {...}}``): ``te-pt-tnp+dineof@30`` is the bundled
 te-pt-tnp weights with the ``dineof`` history covariate in its kriging head's drift
 (``geonp.tasks.history.history_covariates``), fine-tuned 30 steps on the scene. The covariate
 checkpoints are made here from the bundled weights (the drift adds no weight). ``--calibrated
@@ -121,7 +121,7 @@ def main() -> None:
                         help="a row LABEL[@FIT] scores te-pt-tnp with these weights (e.g. a trained variant)")
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=JSON",
                         help='a row LABEL[@FIT] scores the bundled te-pt-tnp changed at inference only: '
-                             '{"covariates": [...], "model_args": {...}}')
+                             '{"covariates": [...], "model_args": {...}, "window": {...}}')
     parser.add_argument("--calibrated", nargs="*", default=[], metavar="LABEL",
                         help="rows LABEL[@FIT] run with sigma calibrated on the scene (infill's calibrate_sigma)")
     parser.add_argument("--out", default=None)

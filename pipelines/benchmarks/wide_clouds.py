@@ -95,7 +95,7 @@ def main() -> None:
                         help="a row LABEL[@FIT] scores te-pt-tnp with these weights")
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=JSON",
                         help='a row LABEL[@FIT] scores the bundled te-pt-tnp changed at inference only: '
-                             '{"covariates": [...], "model_args": {...}}')
+                             '{"covariates": [...], "model_args": {...}, "window": {...}}')
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reuse", action="store_true", help="keep the earlier table's rows not run now")
     parser.add_argument("--out", default=None)

@@ -217,3 +217,30 @@ def test_the_mean_covariate_leaves_the_step_it_predicts_out():
     changed = v.copy()
     changed[3] += 100.0  # a step's own value never enters its prediction
     np.testing.assert_allclose(other_steps_mean(changed)[3], pred[3], equal_nan=True)
+
+
+def test_the_spread_covariate_is_the_other_steps_standard_deviation():
+    from geonp.tasks.cell_history import other_steps_spread
+    from geonp.tasks.history import history_covariates
+
+    rng = np.random.default_rng(5)
+    v = 290.0 + rng.normal(size=(7, 4, 6))  # kelvin: leaving a step out must not cancel the mean
+    v[rng.random(v.shape) < 0.3] = np.nan
+    v[:, 0, 0] = np.nan
+    v[1, 0, 0], v[4, 0, 0] = 3.0, 5.0  # seen twice: at those steps one other step, too few for a spread
+    pred = other_steps_spread(v)
+    for t in range(7):
+        others = np.delete(v, t, axis=0)
+        enough = np.isfinite(others).sum(0) >= 2
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            expected = np.where(enough, np.nanstd(others, axis=0), np.nan)
+        np.testing.assert_allclose(pred[t], expected, rtol=1e-9, atol=1e-9, equal_nan=True)
+    assert np.isnan(pred[[1, 4], 0, 0]).all() and (np.delete(pred[:, 0, 0], [1, 4]) == 1.0).all()
+    changed = v.copy()
+    changed[3] *= 10.0  # a step's own value never enters its spread
+    np.testing.assert_allclose(other_steps_spread(changed)[3], pred[3], atol=1e-6, equal_nan=True)
+    maps, what = history_covariates(v, None, ["mean", "spread"])
+    assert what == "mean, spread" and np.isfinite(maps).all()
+    assert maps[1, 1, 0, 0] == np.float32(np.nanmedian(pred))  # no spread known: the typical cell's
+    assert maps[1, 0, 0, 0] == 1.0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["nearest_steps", "other_steps_mean"]
+__all__ = ["nearest_steps", "other_steps_mean", "other_steps_spread"]
 
 
 def nearest_steps(values: np.ndarray) -> np.ndarray:
@@ -49,3 +49,26 @@ def other_steps_mean(values: np.ndarray) -> np.ndarray:
     others = count[None] - seen  # [T, R, C]: the other steps holding the cell
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(others > 0, (total[None] - np.where(seen, values, 0.0)) / others, np.nan)
+
+
+def other_steps_spread(values: np.ndarray) -> np.ndarray:
+    """Each cell at each step, the standard deviation (ddof 0) of its *other* observed steps.
+
+    ``values [T, R, C]`` (NaN at gaps) -> float64 ``[T, R, C]``, NaN where the cell is observed on
+    fewer than two other steps. Beside ``mean`` in a kriging drift it lets a day's anomaly scale
+    with how much each cell varies: ``a + b * mean + c * spread`` is the same standardised anomaly
+    everywhere in a window, a warm day warmer where the cell swings more.
+    """
+    seen = np.isfinite(values)
+    count = seen.sum(0)  # [R, C]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        centre = np.where(count > 0, np.where(seen, values, 0.0).sum(0) / count, 0.0)  # [R, C]
+    # Sums of the values less each cell's own mean: leaving one step out of them does not cancel
+    # the large mean of, say, a temperature in kelvin.
+    dev = np.where(seen, values - centre[None], 0.0)  # [T, R, C]
+    s1, s2 = dev.sum(0), (dev**2).sum(0)  # [R, C]
+    others = count[None] - seen  # [T, R, C]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        m1 = (s1[None] - dev) / others
+        var = (s2[None] - dev**2) / others - m1**2
+    return np.where(others >= 2, np.sqrt(np.maximum(var, 0.0)), np.nan)

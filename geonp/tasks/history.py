@@ -28,7 +28,7 @@ import numpy as np
 
 from geonp.metrics import distance_to_observed
 from geonp.tasks.analogs import analog_prediction
-from geonp.tasks.cell_history import nearest_steps, other_steps_mean
+from geonp.tasks.cell_history import nearest_steps, other_steps_mean, other_steps_spread
 from geonp.tasks.clouds import borrow_gaps
 from geonp.tasks.coarse import coarse_trend
 
@@ -233,7 +233,7 @@ def _sigma_by_distance(errors: np.ndarray, distance: np.ndarray) -> list[tuple[f
 #: holds the whole stack in memory (float64).
 MAX_HISTORY_CELLS = 50_000_000
 #: The covariates :func:`history_covariates` computes, by the names checkpoints record.
-HISTORY_COVARIATES = ("dineof", "nearest_steps", "analogs", "mean", "coarse")
+HISTORY_COVARIATES = ("dineof", "nearest_steps", "analogs", "mean", "spread", "coarse")
 #: Of those, the ones that come from a step itself, not its history: computed for one scene too.
 STEP_COVARIATES = ("coarse",)
 
@@ -255,6 +255,9 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
       the offset and scale fitted between the two days (:func:`geonp.tasks.analogs.analog_prediction`);
     * ``mean``: the cell's mean over its other observed steps, its climatology: the same offset
       from its neighbours on every day;
+    * ``spread``: the standard deviation of the cell's other observed steps; not a prediction of
+      the cell but, beside ``mean``, how far a day's anomaly reaches there
+      (:func:`geonp.tasks.cell_history.other_steps_spread`);
     * ``coarse``: not history but the step's own large scale, its block means interpolated across
       the whole step (:func:`geonp.tasks.coarse.coarse_trend`), which carries a wide cloud's rims
       across it.
@@ -299,10 +302,13 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
             said.append(f"dineof ({rec.modes} modes)")
         else:
             seen_only = np.where(observed, values, np.nan)
-            per_cell = {"nearest_steps": nearest_steps, "analogs": analog_prediction, "mean": other_steps_mean}
+            per_cell = {"nearest_steps": nearest_steps, "analogs": analog_prediction, "mean": other_steps_mean,
+                        "spread": other_steps_spread}
             pred = per_cell[name](seen_only)
             said.append(name)
-        out[i] = np.where(np.isfinite(pred), pred, mean)
+        # Where nothing predicts a cell: the field's mean, or for a spread the typical cell's spread.
+        fallback = (float(np.nanmedian(pred)) if np.isfinite(pred).any() else 0.0) if name == "spread" else mean
+        out[i] = np.where(np.isfinite(pred), pred, fallback)
     return out, ", ".join(said)
 
 

@@ -1,13 +1,20 @@
 """Checkpoints changed at inference only, the same trained tensors: the one tool the release
-recipe (``pipelines.release.pretrain``), the benchmarks and the accuracy ablation share.
+recipe (``pipelines.release.pretrain``), the benchmarks and the accuracy ablation share; and a
+resumable run's weights as a checkpoint infill reads, before the run is finished:
+
+    python -m pipelines.checkpoint_variants pipelines/weights/resume/accuracy/history-folds-small \
+        runs/history-folds-small-now.safetensors --model-args '{"kriging_slope_prior": "empirical"}'
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from geonp.checkpoint import read_checkpoint, write_checkpoint
 
@@ -66,3 +73,45 @@ def bundled_variants(items: list[str], folder: Path, model: str = "te-pt-tnp") -
         except ValueError as err:
             raise SystemExit(f"--variant {label}: {err}") from None
     return out
+
+
+def state_checkpoint(run: Path, out: Path, model_args: dict[str, Any] | None = None) -> Path:
+    """The weights of a resumable windows run (``run``: its folder, holding ``config.yaml`` and
+    ``state.safetensors``) as a model checkpoint with the header its finished run would write
+    (:func:`geonp.tasks.window_source.windows_checkpoint_meta`), ``model_args`` set as
+    :func:`variant_checkpoint`'s. Costs none of the data loading that resuming the run would."""
+    from geonp.models.registry import load_with_meta, save
+    from geonp.tasks.window_source import windows_checkpoint_meta
+    from geonp.tasks.windows import WindowSpec
+
+    config, state = run / "config.yaml", run / "state.safetensors"
+    for need in (config, state):
+        if not need.is_file():
+            raise SystemExit(f"{run}: no {need.name} (a resumable run's folder holds config.yaml, state.safetensors)")
+    data = yaml.safe_load(config.read_text()).get("data") or {}
+    if data.get("name") != "windows":
+        raise SystemExit(f"{config}: data.name is {data.get('name')!r}; only windows runs are read at infill")
+    spec = WindowSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in (data.get("window") or {}).items()})
+    model, meta = load_with_meta(state)
+    model.config["kwargs"].update(model_args or {})
+    header = windows_checkpoint_meta(spec, data.get("covariates") or [], bool(data.get("elevation")))
+    save(model, out, extra={"step": meta["step"], **header})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", type=Path, help="a resumable windows run's folder (config.yaml, state.safetensors)")
+    parser.add_argument("out", type=Path, help="the checkpoint to write")
+    parser.add_argument("--model-args", default="{}", help="JSON: architecture arguments that hold no weights")
+    args = parser.parse_args()
+    try:
+        model_args = json.loads(args.model_args)
+    except json.JSONDecodeError as err:
+        raise SystemExit(f"--model-args: not JSON ({err})") from None
+    step = read_checkpoint(state_checkpoint(args.run, args.out, model_args))[1]["step"]
+    print(f"{args.out}: {args.run.name} at step {step}")
+
+
+if __name__ == "__main__":
+    main()

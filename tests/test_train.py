@@ -152,6 +152,17 @@ def test_training_on_windows_of_a_cube_resumes_exactly_and_records_the_infill_in
     assert meta["inputs"] == {"kind": "windows"} and meta["infill"]["window"]["max_context"] == 128
     assert not list(straight.out_dir.glob("*.json.tmp"))
     assert np.isfinite(straight.val_nll)
+    # A run's state read as a checkpoint before it finishes: the finished run's weights and header.
+    from pipelines.checkpoint_variants import state_checkpoint
+
+    tensors, exported = read_checkpoint(state_checkpoint(straight.out_dir, tmp_path / "now.safetensors",
+                                                         {"kriging_neighbours": 8}))
+    final = read_checkpoint(straight.out_dir / "model.safetensors")[0]
+    assert tensors.keys() == final.keys() and all(torch.equal(tensors[k], final[k]) for k in final)
+    assert {k: exported[k] for k in ("inputs", "infill", "step")} == {k: meta[k] for k in ("inputs", "infill", "step")}
+    assert exported["model"]["kwargs"]["kriging_neighbours"] == 8
+    with pytest.raises(SystemExit, match="no config.yaml"):
+        state_checkpoint(tmp_path, tmp_path / "none.safetensors")
 
 
 def test_the_readme_era5_config_writes_a_checkpoint_that_fills_another_regions_gaps(tmp_path):

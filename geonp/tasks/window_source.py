@@ -124,6 +124,17 @@ def _load(entry: dict[str, Any], folder: Path, dem: Path | None = None
     return values, valid, float(np.nanstd(values)) or 1.0, parts[0][3]
 
 
+def windows_checkpoint_meta(spec: WindowSpec, covariates: list[str], elevation: bool) -> dict:
+    """The header entries a model trained on these windows carries, so infill reads its inputs as
+    training made them: the windows' geometry and scaling, the history covariates, elevation."""
+    infill = {"cells_per_unit": spec.cells_per_unit, "steps_per_unit": spec.steps_per_unit, "window": spec.as_dict()}
+    if covariates:
+        infill["covariates"] = list(covariates)
+    if elevation:
+        infill["elevation"] = True
+    return {"inputs": {"kind": "windows"}, "infill": infill}
+
+
 #: Placements tried on a field with history folds before another field is drawn.
 FOLD_TRIES = 20
 
@@ -180,13 +191,7 @@ class WindowSource:
         self.val_fields = [self._with_history(*_load(e, folder, dem)) for e in val_files or []]
         self.synthetic = synthetic if self.fields else 1.0
         self.real_clouds, self.wide_clouds = real_clouds, wide_clouds
-        infill = {"cells_per_unit": self.spec.cells_per_unit, "steps_per_unit": self.spec.steps_per_unit,
-                  "window": self.spec.as_dict()}
-        if self.covariates:
-            infill["covariates"] = self.covariates
-        if self.elevation:
-            infill["elevation"] = True
-        self.checkpoint_meta = {"inputs": {"kind": "windows"}, "infill": infill}
+        self.checkpoint_meta = windows_checkpoint_meta(self.spec, self.covariates, self.elevation)
 
     def _with_history(self, values: np.ndarray, valid: np.ndarray, spread: float,
                       elevation: np.ndarray | None) -> tuple:

@@ -32,7 +32,14 @@ def test_each_bundled_config_has_weights_trained_from_it(config):
     assert path is not None, f"geonp/weights/{cfg['model']}.safetensors missing: python -m pipelines.release.pretrain"
     _, meta = read_checkpoint(path)
     assert meta["model"]["name"] == cfg["model"] and meta["model"]["preset"] == cfg["preset"]
-    for key, value in cfg.get("model_args", {}).items():
+    from pipelines.release.pretrain import AT_INFERENCE, COVARIATES_AT_INFERENCE
+
+    expected = {**cfg.get("model_args", {}), **AT_INFERENCE.get(cfg["model"], {})}
+    if cfg["model"] in COVARIATES_AT_INFERENCE:  # the release's choice of drift covariates, no weight
+        covariates = COVARIATES_AT_INFERENCE[cfg["model"]]
+        expected["kriging_covariates"] = len(covariates)
+        assert meta["infill"]["covariates"] == covariates
+    for key, value in expected.items():
         assert meta["model"]["kwargs"][key] == value, key
     assert meta["infill"]["cells_per_unit"] > 0  # trained on infill windows, scaling recorded
 

@@ -30,11 +30,14 @@ def variant_checkpoint(checkpoint: Path, out: Path, model_args: dict[str, Any] |
     (:func:`geonp.fill.plan.plan` takes them from the header's ``infill.window``)."""
     tensors, meta = read_checkpoint(checkpoint)
     if window:
+        if not isinstance(window, dict):
+            raise ValueError(f"window: a JSON object of halo and time_cells is needed, got {window!r}")
         unknown = set(window) - {"halo", "time_cells"}
         if unknown:
             raise ValueError(f"window: only halo and time_cells are read at infill, not {', '.join(sorted(unknown))}")
         meta = copy.deepcopy(meta)
         meta["infill"].setdefault("window", {}).update(window)
+        _window_spec(meta["infill"]["window"])  # refused here, not at infill
     if covariates:
         meta = copy.deepcopy(meta)
         had = len(meta["infill"].get("covariates", []))
@@ -44,7 +47,31 @@ def variant_checkpoint(checkpoint: Path, out: Path, model_args: dict[str, Any] |
     if model_args:
         meta = copy.deepcopy(meta)
         meta["model"]["kwargs"].update(model_args)
+    if model_args or covariates:
+        _buildable(meta["model"])
     return write_checkpoint(out, tensors, meta)
+
+
+def _window_spec(window: dict[str, Any]):
+    """A header's ``infill.window`` as a :class:`~geonp.tasks.windows.WindowSpec`; ValueError in one line."""
+    from geonp.tasks.windows import WindowSpec
+
+    try:
+        return WindowSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in window.items()})
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"window {window}: {err}") from None
+
+
+def _buildable(model: dict[str, Any]) -> None:
+    """Refuse a header whose model cannot be built (an unknown or ill-typed argument) before it is written."""
+    from geonp.models import build
+
+    if not isinstance(model.get("kwargs"), dict):
+        raise ValueError(f"model arguments must be a JSON object, got {model.get('kwargs')!r}")
+    try:
+        build(model["name"], model["dim_x"], model["dim_y"], preset=model.get("preset", "paper"), **model["kwargs"])
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"model {model['name']} cannot be built with these arguments: {err}") from None
 
 
 def bundled_variants(items: list[str], folder: Path, model: str = "te-pt-tnp") -> dict[str, str]:
@@ -82,18 +109,24 @@ def state_checkpoint(run: Path, out: Path, model_args: dict[str, Any] | None = N
     :func:`variant_checkpoint`'s. Costs none of the data loading that resuming the run would."""
     from geonp.models.registry import load_with_meta, save
     from geonp.tasks.window_source import windows_checkpoint_meta
-    from geonp.tasks.windows import WindowSpec
 
     config, state = run / "config.yaml", run / "state.safetensors"
     for need in (config, state):
         if not need.is_file():
             raise SystemExit(f"{run}: no {need.name} (a resumable run's folder holds config.yaml, state.safetensors)")
-    data = yaml.safe_load(config.read_text()).get("data") or {}
-    if data.get("name") != "windows":
-        raise SystemExit(f"{config}: data.name is {data.get('name')!r}; only windows runs are read at infill")
-    spec = WindowSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in (data.get("window") or {}).items()})
-    model, meta = load_with_meta(state)
-    model.config["kwargs"].update(model_args or {})
+    loaded = yaml.safe_load(config.read_text())
+    data = (loaded.get("data") if isinstance(loaded, dict) else None) or {}
+    if not isinstance(data, dict) or data.get("name") != "windows":
+        raise SystemExit(f"{config}: not a windows run (data.name: windows); only those are read at infill")
+    if not isinstance(model_args or {}, dict):
+        raise SystemExit(f"model arguments must be a JSON object, got {model_args!r}")
+    try:
+        spec = _window_spec(data.get("window") or {})
+        model, meta = load_with_meta(state)
+        model.config["kwargs"].update(model_args or {})
+        _buildable(model.config)
+    except ValueError as err:
+        raise SystemExit(f"{run}: {err}") from None
     header = windows_checkpoint_meta(spec, data.get("covariates") or [], bool(data.get("elevation")))
     save(model, out, extra={"step": meta["step"], **header})
     return out

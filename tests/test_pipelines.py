@@ -271,3 +271,25 @@ def test_a_window_variant_reaches_the_windows_infill_reads(tmp_path):
     assert _window_spec(None, (1, 300, 500), meta["infill"]).halo == (1, 24, 24)
     with pytest.raises(SystemExit, match="--variant odd: window: only halo and time_cells.*core"):
         bundled_variants(['odd={"window": {"core": [1, 8, 8]}}'], tmp_path)
+    for bad in ('{"window": {"halo": 5}}', '{"window": [1]}', '{"window": {"halo": [1, -2, 2]}}',
+                '{"model_args": {"kriging_neighbors": 8}}'):
+        with pytest.raises(SystemExit, match="^--variant odd: "):
+            bundled_variants([f"odd={bad}"], tmp_path)
+    assert not (tmp_path / "odd.safetensors").exists()
+
+
+def test_a_run_that_cannot_be_exported_is_refused_in_one_line(tmp_path):
+    import pytest
+
+    from pipelines.checkpoint_variants import state_checkpoint
+
+    (tmp_path / "state.safetensors").write_bytes(b"not a checkpoint")
+    (tmp_path / "config.yaml").write_text("")
+    with pytest.raises(SystemExit, match="not a windows run"):
+        state_checkpoint(tmp_path, tmp_path / "out.safetensors")
+    (tmp_path / "config.yaml").write_text("data: {name: windows}\n")
+    with pytest.raises(SystemExit, match="must be a JSON object"):
+        state_checkpoint(tmp_path, tmp_path / "out.safetensors", [1])
+    with pytest.raises(SystemExit, match=f"^{tmp_path}: "):  # the unreadable state, named
+        state_checkpoint(tmp_path, tmp_path / "out.safetensors")
+    assert not (tmp_path / "out.safetensors").exists()

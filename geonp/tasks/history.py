@@ -274,7 +274,8 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
 
     Returns:
         ``(float32 [P, T, R, C], what)``: the maps (finite everywhere; where nothing predicts a
-        cell it holds the field's mean) and a few words saying what they are, for provenance.
+        cell it holds the field's mean, a ``spread`` the median cell's) and a few words saying
+        what they are, for provenance.
     """
     rng = np.random.default_rng([0, 4099]) if rng is None else rng  # infill passes [its seed, 4099]
     unknown = [n for n in names if n not in HISTORY_COVARIATES]

@@ -57,7 +57,7 @@ def _window_spec(window: dict[str, Any]):
     from geonp.tasks.windows import WindowSpec
 
     try:
-        return WindowSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in window.items()})
+        return WindowSpec.from_dict(window)
     except (TypeError, ValueError) as err:
         raise ValueError(f"window {window}: {err}") from None
 

@@ -172,7 +172,7 @@ class WindowSource:
                  synthetic: float = 0.5, window: dict | None = None, seed: int = 0,
                  real_clouds: float = 0.0, wide_clouds: float = 0.0, covariates: list[str] | None = None,
                  history_folds: int = 0, elevation: str | None = None) -> None:
-        self.spec = WindowSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in (window or {}).items()})
+        self.spec = WindowSpec.from_dict(window or {})
         self.covariates = list(covariates or [])
         if not isinstance(history_folds, int) or isinstance(history_folds, bool) or history_folds < 0:
             raise ValueError(f"data.history_folds must be a whole number >= 0, got {history_folds!r}")

@@ -93,9 +93,14 @@ class WindowSpec:
         """The spec as plain lists and numbers, as checkpoint headers record it.
 
         Returns:
-            ``{field: value}`` with tuples as lists, so ``WindowSpec(**d)`` (lists made tuples) rebuilds it.
+            ``{field: value}`` with tuples as lists, so :meth:`from_dict` rebuilds it.
         """
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> WindowSpec:
+        """A spec from a header's or a config's window (lists as tuples, missing fields at their defaults)."""
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
     def fitted_to(self, shape: tuple[int, int, int]) -> WindowSpec:
         """The same spec with core, overlap and halo clipped to a cube of ``shape`` (default windows).

@@ -99,7 +99,15 @@ class WindowSpec:
 
     @classmethod
     def from_dict(cls, fields: dict) -> WindowSpec:
-        """A spec from a header's or a config's window (lists as tuples, missing fields at their defaults)."""
+        """A spec from a header's or a config's window.
+
+        Args:
+            fields: ``{field: value}`` as :meth:`as_dict` writes it or a config spells it; lists
+                become tuples, fields left out keep their defaults.
+
+        Returns:
+            The window spec those fields describe.
+        """
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
     def fitted_to(self, shape: tuple[int, int, int]) -> WindowSpec:

@@ -25,7 +25,8 @@ def variant_checkpoint(checkpoint: Path, out: Path, model_args: dict[str, Any] |
     architecture arguments that hold no weights (e.g. ``kriging_neighbours``); ``covariates``
     (te-pt-tnp with a local kriging head) adds history covariates to the kriging drift, which
     holds no weight either: one more input each, recorded in the ``infill`` header so infill
-    computes them (:func:`geonp.tasks.history.history_covariates`); ``window`` replaces the context
+    computes them (:func:`geonp.tasks.history.history_covariates`), and ``[]`` takes every one
+    out (the drift becomes ordinary kriging's constant); ``window`` replaces the context
     geometry infill reads around each window, ``halo`` (time, rows, cols cells) or ``time_cells``
     (:func:`geonp.fill.plan.plan` takes them from the header's ``infill.window``)."""
     tensors, meta = read_checkpoint(checkpoint)
@@ -38,7 +39,14 @@ def variant_checkpoint(checkpoint: Path, out: Path, model_args: dict[str, Any] |
         meta = copy.deepcopy(meta)
         meta["infill"].setdefault("window", {}).update(window)
         _window_spec(meta["infill"]["window"])  # refused here, not at infill
-    if covariates:
+    if covariates is not None:  # [] takes them all out: the same weights with an ordinary-kriging drift
+        if not isinstance(covariates, list) or not all(isinstance(c, str) for c in covariates):
+            raise ValueError(f"covariates: a JSON list of names is needed, got {covariates!r}")
+        from geonp.tasks.history import HISTORY_COVARIATES
+
+        unknown = [c for c in covariates if c not in HISTORY_COVARIATES]
+        if unknown:
+            raise ValueError(f"covariates: unknown {unknown}; geonp computes {', '.join(HISTORY_COVARIATES)}")
         meta = copy.deepcopy(meta)
         had = len(meta["infill"].get("covariates", []))
         meta["model"]["dim_x"] += len(covariates) - had
@@ -47,7 +55,7 @@ def variant_checkpoint(checkpoint: Path, out: Path, model_args: dict[str, Any] |
     if model_args:
         meta = copy.deepcopy(meta)
         meta["model"]["kwargs"].update(model_args)
-    if model_args or covariates:
+    if model_args or covariates is not None:
         _buildable(meta["model"])
     return write_checkpoint(out, tensors, meta)
 

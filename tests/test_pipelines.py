@@ -249,6 +249,13 @@ def test_bundled_variants_change_only_the_header_and_refuse_what_they_cannot_rea
     assert meta["infill"]["covariates"] == ["dineof", "mean"]
     assert meta["model"]["dim_x"] == old["model"]["dim_x"] - len(old["infill"]["covariates"]) + 2
     assert meta["model"]["kwargs"]["kriging_slope_prior"] == "empirical"
+    _, none = read_checkpoint(bundled_variants(['none={"covariates": []}'], tmp_path)["none"])
+    assert none["infill"]["covariates"] == [] and none["model"]["kwargs"]["kriging_covariates"] == 0
+    assert none["model"]["dim_x"] == old["model"]["dim_x"] - len(old["infill"]["covariates"]) == 3
+    with pytest.raises(SystemExit, match="--variant odd: covariates: a JSON list"):
+        bundled_variants(['odd={"covariates": "dineof"}'], tmp_path)
+    with pytest.raises(SystemExit, match="--variant odd: covariates: unknown \\['eofs'\\]"):
+        bundled_variants(['odd={"covariates": ["eofs"]}'], tmp_path)
     with pytest.raises(SystemExit, match="--variant bad: not JSON"):
         bundled_variants(["bad={covariates"], tmp_path)
     with pytest.raises(SystemExit, match="a JSON object is needed"):

@@ -14,7 +14,8 @@ its cells) and the split is by place, a validation crop north of the test crop.
 
 A row is ``MODEL[+COVARIATE...][@FIT_STEPS]``, or a label given weights with ``--checkpoint
 LABEL=PATH`` or inference-only changes of the bundled te-pt-tnp with ``--variant LABEL=JSON``
-(``{"covariates": [...], "model_args": {...}, "window": {...}}``): ``te-pt-tnp+dineof@30`` is the bundled
+(``{"covariates": [...], "model_args": {...}, "window": {...}}``; ``"covariates": []``: the same weights
+without a history drift): ``te-pt-tnp+dineof@30`` is the bundled
 te-pt-tnp weights with the ``dineof`` history covariate in its kriging head's drift
 (``geonp.tasks.history.history_covariates``), fine-tuned 30 steps on the scene. The covariate
 checkpoints are made here from the bundled weights (the drift adds no weight). ``--calibrated

@@ -300,3 +300,18 @@ def test_a_run_that_cannot_be_exported_is_refused_in_one_line(tmp_path):
     with pytest.raises(SystemExit, match=f"^{tmp_path}: "):  # the unreadable state, named
         state_checkpoint(tmp_path, tmp_path / "out.safetensors")
     assert not (tmp_path / "out.safetensors").exists()
+
+
+def test_history_reuse_keeps_the_scenes_not_run_now():
+    from pipelines.benchmarks.history_cv import with_earlier
+
+    def scene(name, where, rows):
+        return {"source": f"{name}: v, validation {where}", "rows": rows}
+
+    earlier = {r["source"]: r for r in (scene("alboran", "steps [0]", ["old"]), scene("olci", "crop a", ["old"]),
+                                        scene("soil_moisture", "steps [0]", ["old"]))}
+    now = [scene("olci", "crop a", ["new", "old"])]
+    kept = with_earlier(now, earlier)
+    assert [r["source"].split(":")[0] for r in kept] == ["alboran", "olci", "soil_moisture"]
+    assert kept[1]["rows"] == ["new", "old"]  # the scene run now, not its earlier copy
+    assert with_earlier(now, {}) == now

@@ -109,6 +109,14 @@ def split_steps(n_steps: int, split: str) -> list[int]:
     return list(range(0 if split == "validation" else 1, n_steps, 3))
 
 
+def with_earlier(results: list[dict], earlier: dict[str, dict]) -> list[dict]:
+    """The scenes run now and, with ``--reuse``, the earlier table's scenes not run now (``earlier``:
+    results by source), in :data:`SCENES` order: ``--scenes`` narrows a run, not the table."""
+    ran = {res["source"] for res in results}
+    kept = results + [res for source, res in earlier.items() if source not in ran]
+    return sorted(kept, key=lambda res: list(SCENES).index(res["source"].split(":")[0]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--split", choices=["validation", "test"], required=True)
@@ -170,6 +178,7 @@ def main() -> None:
             if res["source"] in earlier:
                 keep_earlier(res, earlier[res["source"]], name)
             results.append(res)
+    results = with_earlier(results, earlier)
     order = {m: i for i, m in enumerate(ROWS)}
     for res in results:
         res["rows"].sort(key=lambda r: (order.get(r["model"], len(order)), r["fit_steps"]))

@@ -315,3 +315,6 @@ def test_history_reuse_keeps_the_scenes_not_run_now():
     assert [r["source"].split(":")[0] for r in kept] == ["alboran", "olci", "soil_moisture"]
     assert kept[1]["rows"] == ["new", "old"]  # the scene run now, not its earlier copy
     assert with_earlier(now, {}) == now
+    moved = [scene("olci", "crop b", ["new"])]  # a scene whose crop changed replaces its earlier copy
+    assert [r["source"] for r in with_earlier(moved, earlier)][1] == "olci: v, validation crop b"
+    assert len(with_earlier(moved, earlier)) == 3

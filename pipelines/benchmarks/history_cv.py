@@ -112,9 +112,13 @@ def split_steps(n_steps: int, split: str) -> list[int]:
 def with_earlier(results: list[dict], earlier: dict[str, dict]) -> list[dict]:
     """The scenes run now and, with ``--reuse``, the earlier table's scenes not run now (``earlier``:
     results by source), in :data:`SCENES` order: ``--scenes`` narrows a run, not the table."""
-    ran = {res["source"] for res in results}
-    kept = results + [res for source, res in earlier.items() if source not in ran]
-    return sorted(kept, key=lambda res: list(SCENES).index(res["source"].split(":")[0]))
+    def scene(res: dict) -> str:
+        return res["source"].split(":")[0]
+
+    ran = {scene(res) for res in results}
+    kept = results + [res for res in earlier.values() if scene(res) not in ran]
+    names = list(SCENES)
+    return sorted(kept, key=lambda res: names.index(scene(res)) if scene(res) in names else len(names))
 
 
 def main() -> None:

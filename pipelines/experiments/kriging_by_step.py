@@ -1,7 +1,7 @@
 """Where is the whole-scene ``kriging`` behind ``linear``? Step by step on a history benchmark scene.
 
     python -m pipelines.experiments.kriging_by_step                      # Alaska NDVI, validation split
-    python -m pipelines.experiments.kriging_by_step --scene olci --split test
+    python -m pipelines.experiments.kriging_by_step --scene s2ndvi --split test
 
 The history benchmark (``pipelines.benchmarks.history_cv``) hides the split's steps under other
 steps' real gaps; this hides the same cells (same seed), fills them with ``linear`` and
@@ -25,7 +25,7 @@ import torch
 
 from geonp.data.readers import data_folder
 from geonp.evaluate import _engine, evaluate
-from geonp.models.field_kriging import BOUNDED_MODELS, grid_semivariance
+from geonp.models.field_kriging import BOUNDED_MODELS, MIN_SCENE_POINTS, grid_semivariance
 from geonp.models.kriging import fit_binned
 from pipelines.benchmarks.history_cv import SCENES, split_steps
 from pipelines.provenance import REPO, header
@@ -35,15 +35,19 @@ def _rmse(pred: np.ndarray, truth: np.ndarray) -> float:
     return float(np.sqrt(np.mean((pred - truth) ** 2)))
 
 
-def pykrige_fill(values: np.ndarray, cells: np.ndarray, family: str, trend: bool) -> np.ndarray:
+def pykrige_fill(values: np.ndarray, cells: np.ndarray, family: str, trend: bool) -> np.ndarray | None:
     """PyKrige's ordinary (``trend`` False) or universal kriging (regional linear drift) of the
     observed cells of ``values [R, C]`` at ``cells [M, 2]`` (row, col), the variogram fitted as
-    the ``kriging`` baseline fits it, to the (detrended, when ``trend``) standardised scene."""
+    the ``kriging`` baseline fits it, to the (detrended, when ``trend``) standardised scene.
+    None where the baseline would not fit a variogram of its own either (fewer than
+    ``MIN_SCENE_POINTS`` observed cells, a constant scene, fewer than three lags)."""
     from pykrige.ok import OrdinaryKriging
     from pykrige.uk import UniversalKriging
 
     pts = np.argwhere(np.isfinite(values)).astype(np.float64)
     z = values[np.isfinite(values)]
+    if len(z) < MIN_SCENE_POINTS or z.std() == 0:
+        return None
     centre, scale = z.mean(), z.std()
     zs = (z - centre) / scale
     fit = zs
@@ -55,6 +59,8 @@ def pykrige_fill(values: np.ndarray, cells: np.ndarray, family: str, trend: bool
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         lag, gam, cnt = grid_semivariance(grid, 64)
+        if len(lag) < 3:
+            return None
         psill, rng, nugget = fit_binned(lag, gam, cnt, family, float(max(values.shape)))
         args = dict(variogram_model=family, variogram_parameters={"psill": psill, "range": rng, "nugget": nugget})
         if trend:
@@ -97,8 +103,10 @@ def main() -> None:
         row = [str(t), str(int(np.isfinite(masked).sum())), str(int(hidden.sum()))]
         row += [f"{_rmse(filled[m][1][t][hidden], want):.4g}" for m in ("linear", "kriging")]
         small = np.isfinite(masked).sum() <= args.max_points
-        row += [f"{_rmse(pykrige_fill(masked, cells, f, t_), want):.4g}" if small else "–"
-                for t_ in (False, True) for f in BOUNDED_MODELS]
+        for trend in (False, True):
+            for family in BOUNDED_MODELS:
+                pred = pykrige_fill(masked, cells, family, trend) if small else None
+                row.append("–" if pred is None else f"{_rmse(pred, want):.4g}")
         lines.append("| " + " | ".join(row) + " |")
         print(lines[-1], flush=True)
     out = REPO / "pipelines" / "results" / f"kriging_by_step_{args.scene}_{args.split}.md"

@@ -10,8 +10,9 @@ import pytest
 import xarray as xr
 from conftest import real_file
 
+from geonp.tasks.real_fields import load_field, prepare_fields
 from geonp.tasks.training import training_window
-from geonp.tasks.window_source import WindowSource, _load
+from geonp.tasks.window_source import WindowSource
 from geonp.tasks.windows import WindowSpec
 
 
@@ -121,7 +122,7 @@ def test_field_entries_select_exclude_and_join(tmp_path):
         ds.to_netcdf(tmp_path / f"d{day}.nc")
     entry = {"paths": [f"d{d}.nc" for d in range(3)], "variable": "sm", "isel": {"lon": [2, 12]},
              "exclude": [{"lat": [4, 6], "lon": [0, 3]}]}
-    values, valid, spread, elevation = _load(entry, tmp_path)
+    values, valid, spread, elevation = load_field(entry, tmp_path)
     assert values.shape == (3, 10, 10) and elevation is None
     assert np.isnan(values[:, 4:6, :3]).all() and np.isfinite(values[:, 4:6, 3:]).all()
     assert np.isfinite(values[:, :2, :]).all()  # the gaps at lon 0-1 were cut away by isel
@@ -132,7 +133,7 @@ def test_satellite_entries_use_the_products_valid_area():
     path = real_file("satellite/alboran_sst_avhrr_2017-05.nc")
     entry = {"path": path, "variable": "SST", "satellite": {"valid_mask": "mask"},
              "isel": {"time": [6, 10], "lon": [150, 301]}}
-    values, valid, _, _ = _load(entry, None)
+    values, valid, _, _ = load_field(entry, None)
     assert values.shape == (4, 201, 151)
     land = ~valid[0]
     assert land.any() and np.isnan(values[:, land]).all()
@@ -207,10 +208,19 @@ def test_history_folds_are_computed_only_for_fields_with_a_history(tmp_path):
     ds.isel(time=[0]).to_netcdf(tmp_path / "scene.nc")
     src = WindowSource(files=[{"path": str(tmp_path / "stack.nc"), "variable": "v"},
                               {"path": str(tmp_path / "scene.nc"), "variable": "v"}],
-                       synthetic=0.0, covariates=["dineof"], history_folds=2,
+                       synthetic=0.0, covariates=["dineof"], history_folds=2, workers=2,
                        window={"core": [1, 16, 16], "overlap": [0, 4, 4], "halo": [2, 6, 6]})
     (stack_folds, scene_folds) = (f[4] for f in src.fields)
     assert len(stack_folds) == 2 and scene_folds == []
+    # Two worker processes prepare exactly what one does here: each field's folds have their own seed.
+    serial = prepare_fields([{"path": str(tmp_path / "stack.nc"), "variable": "v"}], tmp_path, None, ["dineof"], 2,
+                            workers=1)[0]
+    np.testing.assert_array_equal(serial[0], src.fields[0][0])
+    for mine, theirs in zip(serial[4], stack_folds, strict=True):
+        np.testing.assert_array_equal(mine.hidden, theirs.hidden)
+        np.testing.assert_array_equal(mine.covariates, theirs.covariates)
+    with pytest.raises(ValueError, match="data.workers must be a whole number >= 1, got 0"):
+        WindowSource(files=[{"path": str(tmp_path / "scene.nc"), "variable": "v"}], covariates=["dineof"], workers=0)
     # Windows of a field with folds are retried on that field, so the stack keeps its share of
     # the windows beside the single scene (a stack's window has context on several steps).
     plain = WindowSource(files=[{"path": str(tmp_path / "stack.nc"), "variable": "v"},
@@ -252,14 +262,14 @@ def _era5_like(tmp_path) -> tuple[dict, np.ndarray]:
 
 def test_region_and_time_entries_cut_the_field_in_degrees_and_dates(tmp_path):
     entry, _ = _era5_like(tmp_path)
-    values, _, _, _ = _load({**entry, "region": [52.0, 53.0, -5.0, -4.0]}, tmp_path)
+    values, _, _, _ = load_field({**entry, "region": [52.0, 53.0, -5.0, -4.0]}, tmp_path)
     assert values.shape == (4, 5, 5)  # 52-53 N and 5-4 W, both ends included, in 0.25-degree cells
-    hours, _, _, _ = _load({**entry, "time": ["2019-03-01T01", "2019-03-01T02"]}, tmp_path)
+    hours, _, _, _ = load_field({**entry, "time": ["2019-03-01T01", "2019-03-01T02"]}, tmp_path)
     assert hours.shape[0] == 2
     with pytest.raises(ValueError, match="holds no grid cell"):
-        _load({**entry, "region": [10.0, 20.0, 0.0, 1.0]}, tmp_path)
+        load_field({**entry, "region": [10.0, 20.0, 0.0, 1.0]}, tmp_path)
     with pytest.raises(ValueError, match=r"unknown key\(s\) regoin"):
-        _load({**entry, "regoin": [52.0, 53.0, -5.0, -4.0]}, tmp_path)
+        load_field({**entry, "regoin": [52.0, 53.0, -5.0, -4.0]}, tmp_path)
 
 
 def test_elevation_is_the_fourth_input_of_real_windows_and_zero_on_synthetic_ones(tmp_path):

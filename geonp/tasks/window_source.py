@@ -17,7 +17,6 @@ Validation uses fields the training never draws from: its own synthetic seed and
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -26,8 +25,9 @@ from geonp.data.readers import data_folder
 from geonp.tasks.batch import Batch
 from geonp.tasks.clouds import random_clouds
 from geonp.tasks.history import flat_covariates
+from geonp.tasks.real_fields import prepare_fields
 from geonp.tasks.training import training_window
-from geonp.tasks.windows import WindowSpec, WindowTask, canonical, collate_windows
+from geonp.tasks.windows import WindowSpec, WindowTask, collate_windows
 
 #: Random Fourier features per synthetic field.
 NUM_FEATURES = 256
@@ -58,70 +58,6 @@ def synthetic_field(shape: tuple[int, int, int], rng: np.random.Generator) -> np
         if cover > 0.01:
             field[k][random_clouds(shape[1:], cover, rng, rng.uniform(2.0, 10.0))] = np.nan
     return field
-
-
-#: Entry keys of a training field (see :func:`_load`).
-ENTRY_KEYS = frozenset({"path", "paths", "variable", "satellite", "isel", "region", "time", "exclude"})
-
-
-def _load(entry: dict[str, Any], folder: Path, dem: Path | None = None
-          ) -> tuple[np.ndarray, np.ndarray, float, np.ndarray | None]:
-    """``(values [T, R, C], valid [T, R, C], spread, elevation [R, C] m or None)`` of one training-field entry.
-
-    Keys: ``path`` (or ``paths``: files concatenated along time, e.g. daily files), ``variable``;
-    optional ``satellite`` (true, or ``open_satellite`` keywords such as ``{valid_mask: mask}``:
-    product QC applied and the valid area from the product), ``region`` (a named region or
-    ``[south, north, west, east]`` in degrees, :func:`geonp.data.regions.get_region`: the part of
-    the field to use, e.g. the training region of a region-transfer run), ``time`` (``[first,
-    last]`` dates, both included: the steps to use, e.g. its training period), ``isel``
-    (``{dim: [start, stop]}``: the same by index) and ``exclude`` (a list of such boxes, in the
-    dims of the selected part, whose cells are never used: e.g. the cells an evaluation hides).
-    ``dem``: a DEM regridded onto the field (:func:`geonp.data.elevation.attach_elevation`).
-    """
-    from geonp.data.cube import open_cube
-    from geonp.data.elevation import attach_elevation
-    from geonp.data.regions import crop_to_region, get_region, select_time
-    from geonp.data.satellite import open_satellite
-
-    unknown = sorted(set(entry) - ENTRY_KEYS)
-    if unknown:
-        raise ValueError(f"training field {entry.get('path', entry.get('paths'))}: unknown key(s) "
-                         f"{', '.join(unknown)}; known: {', '.join(sorted(ENTRY_KEYS))}")
-
-    paths = [Path(p) for p in (entry["paths"] if "paths" in entry else [entry["path"]])]
-    paths = [p if p.is_absolute() else folder / p for p in paths]
-    variable, satellite = entry["variable"], entry.get("satellite", False)
-    parts = []
-    for path in paths:
-        if satellite:
-            ds = open_satellite(path, variable, **(satellite if isinstance(satellite, dict) else {}))
-        else:
-            ds = open_cube(path, [variable])
-        if "region" in entry:
-            ds = crop_to_region(ds, get_region(entry["region"]))
-        if "time" in entry:
-            ds = select_time(ds, entry["time"], str(path))
-        ds = ds.isel({d: slice(*v) for d, v in entry.get("isel", {}).items()})
-        if dem is not None:
-            ds = attach_elevation(ds, dem)
-        da = canonical(ds, variable, str(path))
-        da = da.isel({d: 0 for d in da.dims[:-3] if da.sizes[d] == 1})  # one level or member chosen
-        if da.ndim > 3:
-            raise ValueError(f"{path}: {variable!r} has extra dimensions {list(da.dims[:-3])}; choose one value "
-                             f"of each for training with isel: {{{da.dims[0]}: [i, i + 1]}}")
-        valid = np.ones(da.shape[1:], bool) if "valid" not in ds else np.asarray(ds["valid"].values, bool)
-        height = None if dem is None else np.nan_to_num(np.asarray(ds["elevation"].transpose(*da.dims[1:]).values,
-                                                                    np.float64))
-        parts.append((np.asarray(da.values, np.float64), valid, da.dims, height))
-    values = np.concatenate([v for v, _, _, _ in parts])
-    dims = parts[0][2]
-    for box in entry.get("exclude", []):
-        values[tuple(slice(*box[d]) if d in box else slice(None) for d in dims)] = np.nan
-    if satellite:
-        valid = np.broadcast_to(parts[0][1], values.shape)
-    else:  # land of an SST field stays out
-        valid = np.broadcast_to(np.isfinite(values).any(0), values.shape)
-    return values, valid, float(np.nanstd(values)) or 1.0, parts[0][3]
 
 
 def windows_checkpoint_meta(spec: WindowSpec, covariates: list[str], elevation: bool) -> dict:
@@ -164,6 +100,10 @@ class WindowSource:
             field: the model then takes elevation (km) as a fourth input, as in the TE-TNP paper's
             ERA5 set-up, and infill asks for ``--elevation``. Synthetic fields lie at sea level
             (elevation 0: their values owe nothing to height). None: three inputs.
+        workers: processes that read the real fields and compute their history covariates side by
+            side (each field's folds draw from their own seed, so the fields come out the same
+            whatever the count). None: one per four cores when there are covariates (DINEOF
+            is what takes minutes; :func:`geonp.tasks.real_fields.prepare_fields`), else 1.
     """
 
     dim_y = 1
@@ -171,7 +111,7 @@ class WindowSource:
     def __init__(self, files: list[dict] | None = None, val_files: list[dict] | None = None,
                  synthetic: float = 0.5, window: dict | None = None, seed: int = 0,
                  real_clouds: float = 0.0, wide_clouds: float = 0.0, covariates: list[str] | None = None,
-                 history_folds: int = 0, elevation: str | None = None) -> None:
+                 history_folds: int = 0, elevation: str | None = None, workers: int | None = None) -> None:
         self.spec = WindowSpec.from_dict(window or {})
         self.covariates = list(covariates or [])
         if not isinstance(history_folds, int) or isinstance(history_folds, bool) or history_folds < 0:
@@ -187,26 +127,12 @@ class WindowSource:
             dem = Path(elevation) if Path(elevation).is_absolute() else folder / elevation
             if not files:
                 raise ValueError("data.elevation needs real training files (data.files): synthetic fields have none")
-        self.fields = [self._with_history(*_load(e, folder, dem)) for e in files or []]
-        self.val_fields = [self._with_history(*_load(e, folder, dem)) for e in val_files or []]
+        entries = [*(files or []), *(val_files or [])]
+        prepared = prepare_fields(entries, folder, dem, self.covariates, history_folds, workers)
+        self.fields, self.val_fields = prepared[:len(files or [])], prepared[len(files or []):]
         self.synthetic = synthetic if self.fields else 1.0
         self.real_clouds, self.wide_clouds = real_clouds, wide_clouds
         self.checkpoint_meta = windows_checkpoint_meta(self.spec, self.covariates, self.elevation)
-
-    def _with_history(self, values: np.ndarray, valid: np.ndarray, spread: float,
-                      elevation: np.ndarray | None) -> tuple:
-        """A field as ``(values, valid, spread, history [P, T, R, C] or None, folds, elevation [R, C] or
-        None)``: ``folds`` the :class:`~geonp.tasks.history.HistoryFold` list, empty without folds or
-        without a history."""
-        if not self.covariates:
-            return values, valid, spread, None, [], elevation
-        from geonp.tasks.history import has_history, history_covariates, history_folds
-
-        if self.history_folds and has_history(values, valid):  # flat covariates leak nothing: no folds
-            folds = history_folds(values, valid, self.covariates, self.history_folds)
-            return values, valid, spread, None, folds, elevation
-        history, _ = history_covariates(values, valid, self.covariates)
-        return values, valid, spread, history, [], elevation
 
     def _window(self, rng: np.random.Generator, fields: list, synthetic: float) -> WindowTask:
         while True:

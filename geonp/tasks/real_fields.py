@@ -26,10 +26,12 @@ from geonp.tasks.windows import canonical
 #: folds, elevation [R, C] or None)``, as :meth:`geonp.tasks.window_source.WindowSource` draws from.
 Prepared = tuple
 
-#: Cores per worker process by default. DINEOF's eigendecompositions run several times faster on
-#: a few threads, and the run waits for its largest field (an hourly month of ERA5 takes six
-#: minutes on one core), so fewer workers with a few threads each start a run sooner than one
-#: single-threaded worker per core.
+#: Cores per worker process by default. A run waits for its largest fields (an hourly month of
+#: ERA5 took six minutes on one core here, a monthly reanalysis seconds), so the cores go to
+#: threads for their eigendecompositions rather than to more workers that would sit idle once
+#: the small fields are done. On a 16-core GPU machine (four workers of four cores) the 20 fields
+#: of ``history-folds-small`` were ready about 250 s after the run started
+#: (``pipelines/weights/README.md``).
 CORES_PER_WORKER = 4
 
 

@@ -10,6 +10,7 @@ for it: a run on a 16-core GPU machine starts in the time of its largest field r
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -147,7 +148,40 @@ def prepare_fields(entries: list[dict[str, Any]], folder: Path, dem: Path | None
     # Spawned, not forked: a fork of a process that already runs torch's threads can deadlock.
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_share_cores,
                              initargs=(max(1, cores // workers),)) as pool:
-        return list(pool.map(prepare_field, *zip(*jobs)))
+        return [_unpacked(field) for field in pool.map(_prepare_packed, *zip(*jobs))]
+
+
+def _prepare_packed(*job: Any) -> Prepared:
+    """:func:`prepare_field` in a worker, its broadcast views sent back as their one stored row.
+
+    A pickled view is sent whole: the valid mask repeated over every step, or the flat covariates
+    of a field too large for a history (:func:`~geonp.tasks.history.flat_covariates`, one number
+    viewed as ``[P, T, R, C]``), would arrive as full arrays, gigabytes for the largest fields."""
+    return _mapped(prepare_field(*job), _packed)
+
+
+def _unpacked(field: Prepared) -> Prepared:
+    return _mapped(field, _unpacked_array)
+
+
+def _mapped(field: Prepared, f: Any) -> Prepared:
+    """``field`` with ``f`` applied to each of its arrays and to each fold's."""
+    values, valid, spread, history, folds, elevation = field
+    folds = [dataclasses.replace(fold, hidden=f(fold.hidden), covariates=f(fold.covariates)) for fold in folds]
+    return f(values), f(valid), spread, f(history), folds, f(elevation)
+
+
+def _packed(a: np.ndarray | None) -> Any:
+    if a is None or 0 not in a.strides or a.size == 0:
+        return a
+    stored = a[tuple(slice(None) if stride else slice(0, 1) for stride in a.strides)]
+    return "broadcast", np.ascontiguousarray(stored), a.shape
+
+
+def _unpacked_array(a: Any) -> np.ndarray | None:
+    if isinstance(a, tuple) and a[0] == "broadcast":
+        return np.broadcast_to(a[1], a[2])
+    return a
 
 
 def _share_cores(threads: int) -> None:

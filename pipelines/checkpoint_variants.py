@@ -4,6 +4,8 @@ resumable run's weights as a checkpoint infill reads, before the run is finished
 
     python -m pipelines.checkpoint_variants pipelines/weights/resume/accuracy/history-folds-small \
         runs/history-folds-small-now.safetensors --model-args '{"kriging_slope_prior": "empirical"}'
+
+``--covariates '["dineof", "spread"]'`` gives those weights another history drift (no weight in it).
 """
 
 from __future__ import annotations
@@ -145,12 +147,23 @@ def main() -> None:
     parser.add_argument("run", type=Path, help="a resumable windows run's folder (config.yaml, state.safetensors)")
     parser.add_argument("out", type=Path, help="the checkpoint to write")
     parser.add_argument("--model-args", default="{}", help="JSON: architecture arguments that hold no weights")
+    parser.add_argument("--covariates", default=None,
+                        help='JSON list: the history covariates of the kriging drift instead of the run\'s '
+                             '(e.g. \'["dineof", "spread"]\'; the drift holds no weight)')
     args = parser.parse_args()
     try:
         model_args = json.loads(args.model_args)
+        covariates = None if args.covariates is None else json.loads(args.covariates)
     except json.JSONDecodeError as err:
-        raise SystemExit(f"--model-args: not JSON ({err})") from None
-    step = read_checkpoint(state_checkpoint(args.run, args.out, model_args))[1]["step"]
+        raise SystemExit(f"--model-args / --covariates: not JSON ({err})") from None
+    out = state_checkpoint(args.run, args.out, model_args)
+    if covariates is not None:
+        try:
+            variant_checkpoint(out, out, covariates=covariates)
+        except ValueError as err:
+            out.unlink()  # no checkpoint that looks like the one asked for
+            raise SystemExit(f"--covariates: {err}") from None
+    step = read_checkpoint(out)[1]["step"]
     print(f"{args.out}: {args.run.name} at step {step}")
 
 

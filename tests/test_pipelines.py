@@ -318,3 +318,21 @@ def test_history_reuse_keeps_the_scenes_not_run_now():
     moved = [scene("olci", "crop b", ["new"])]  # a scene whose crop changed replaces its earlier copy
     assert [r["source"] for r in with_earlier(moved, earlier)][1] == "olci: v, validation crop b"
     assert len(with_earlier(moved, earlier)) == 3
+
+
+def test_a_checkpoint_can_be_given_another_drift_in_place(tmp_path):
+    """``checkpoint_variants --covariates`` rewrites the exported file itself: same tensors, new header."""
+    import shutil
+
+    import torch
+
+    from geonp.checkpoint import read_checkpoint
+    from geonp.fill.predictor import bundled_checkpoint
+    from pipelines.checkpoint_variants import variant_checkpoint
+
+    path = tmp_path / "te.safetensors"
+    shutil.copy(bundled_checkpoint("te-pt-tnp"), path)
+    before = read_checkpoint(path)[0]
+    tensors, meta = read_checkpoint(variant_checkpoint(path, path, covariates=["dineof"]))
+    assert meta["infill"]["covariates"] == ["dineof"] and meta["model"]["kwargs"]["kriging_covariates"] == 1
+    assert tensors.keys() == before.keys() and all(torch.equal(tensors[k], before[k]) for k in before)

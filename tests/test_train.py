@@ -163,6 +163,21 @@ def test_training_on_windows_of_a_cube_resumes_exactly_and_records_the_infill_in
     assert exported["model"]["kwargs"]["kriging_neighbours"] == 8
     with pytest.raises(SystemExit, match="no config.yaml"):
         state_checkpoint(tmp_path, tmp_path / "none.safetensors")
+    # From the command line with another drift, refused for a model without the kriging head that
+    # takes it, and then no file is left that looks like the checkpoint asked for.
+    import sys
+
+    from pipelines.checkpoint_variants import main as export
+
+    argv = sys.argv
+    try:
+        sys.argv = ["checkpoint_variants", str(straight.out_dir), str(tmp_path / "drift.safetensors"),
+                    "--covariates", '["dineof", "spread"]']
+        with pytest.raises(SystemExit, match="--covariates: .*kriging_covariates needs the local kriging head"):
+            export()
+        assert not (tmp_path / "drift.safetensors").exists()
+    finally:
+        sys.argv = argv
 
 
 def test_the_readme_era5_config_writes_a_checkpoint_that_fills_another_regions_gaps(tmp_path):

@@ -30,7 +30,7 @@ Prepared = tuple
 #: Cores per worker process by default. A run waits for its largest fields (an hourly month of
 #: ERA5 took six minutes on one core here, a monthly reanalysis seconds), so the cores go to
 #: threads for their eigendecompositions rather than to more workers that would sit idle once
-#: the small fields are done. On a 16-core GPU machine (four workers of four cores) the 20 fields
+#: the small fields are done. On a 16-core GPU machine (four workers of four cores) the 17 fields
 #: of ``history-folds-small`` were ready about 250 s after the run started
 #: (``pipelines/weights/README.md``).
 CORES_PER_WORKER = 4

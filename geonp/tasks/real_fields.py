@@ -41,7 +41,7 @@ ENTRY_KEYS = frozenset({"path", "paths", "variable", "satellite", "isel", "regio
 
 
 def load_field(entry: dict[str, Any], folder: Path, dem: Path | None = None
-          ) -> tuple[np.ndarray, np.ndarray, float, np.ndarray | None]:
+               ) -> tuple[np.ndarray, np.ndarray, float, np.ndarray | None]:
     """``(values [T, R, C], valid [T, R, C], spread, elevation [R, C] m or None)`` of one training-field entry.
 
     Keys: ``path`` (or ``paths``: files concatenated along time, e.g. daily files), ``variable``;

@@ -118,7 +118,6 @@ class WindowSource:
             raise ValueError(f"data.history_folds must be a whole number >= 0, got {history_folds!r}")
         if history_folds and not self.covariates:
             raise ValueError("data.history_folds needs data.covariates (folds of what?)")
-        self.history_folds = history_folds
         self.elevation = elevation is not None
         self.dim_x = 3 + self.elevation + len(self.covariates)
         folder = data_folder()

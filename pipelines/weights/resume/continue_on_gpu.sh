@@ -25,9 +25,11 @@ sed -e 's#^out_dir: .*#out_dir: /tmp/run#' -e 's#^device: .*#device: cuda#' \
     -e 's#^checkpoint_every: .*#checkpoint_every: 50#' "$run/config.yaml" > /tmp/run/config.yaml
 # Copies taken as it goes: what is in $out comes back even if the call is cut short.
 ( while sleep 20; do cp /tmp/run/state.safetensors /tmp/run/log.csv "$out"/ 2>/dev/null; done ) &
+copier=$!
 left=$(( limit - ($(date +%s) - t0) ))
 echo "training for at most $left s of wall clock (fold building included)"
 timeout -s INT "$left" python3 -m geonp train /tmp/run/config.yaml --resume --no-progress > "$out/train.log" 2>&1
 echo "train exit $? (124: stopped at the time limit)"
+kill "$copier" 2>/dev/null
 cp /tmp/run/state.safetensors /tmp/run/log.csv "$out"/
 tail -4 /tmp/run/log.csv; echo "wall $(( $(date +%s) - t0 )) s"

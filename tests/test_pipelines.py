@@ -336,3 +336,35 @@ def test_a_checkpoint_can_be_given_another_drift_in_place(tmp_path):
     tensors, meta = read_checkpoint(variant_checkpoint(path, path, covariates=["dineof"]))
     assert meta["infill"]["covariates"] == ["dineof"] and meta["model"]["kwargs"]["kriging_covariates"] == 1
     assert tensors.keys() == before.keys() and all(torch.equal(tensors[k], before[k]) for k in before)
+
+
+def test_sigma_shape_finds_the_scale_and_the_tail():
+    import numpy as np
+
+    from pipelines.experiments.sigma_shape import crps_scale, kurtosis, score
+
+    rng = np.random.default_rng(0)
+    z = 2.0 * rng.standard_normal(20000)
+    assert abs(crps_scale(z) - 2.0) < 0.05  # a normal's CRPS is lowest at its own scale
+    assert abs(kurtosis(z) - 3.0) < 0.2 and kurtosis(rng.standard_t(5, 20000)) > 5.0
+    # Truths twice as far from the mean as sigma says, all one distance bin: the best normal
+    # doubles sigma and covers 90%; the shipped sigma covers about 59%.
+    y = 2.0 * rng.standard_normal(5000)
+    cells = {"y": y, "mean": np.zeros_like(y), "sigma": np.ones_like(y), "bins": np.zeros(y.size, int),
+             "z": y, "zbins": np.zeros(y.size, int)}
+    ways = score(cells)
+    assert abs(ways["shipped"][1][0] - 0.59) < 0.03 and abs(ways["best normal"][1][0] - 0.90) < 0.02
+    assert ways["best normal"][0] < ways["shipped"][0] and ways["windows, coverage"][1][0] > 0.87
+
+
+def test_sigma_shape_leaves_calibration_as_it_was():
+    import numpy as np
+
+    import geonp.fill.calibrate as calibration
+    from pipelines.experiments.sigma_shape import calibration_errors
+
+    original = calibration.fit_scales
+    with calibration_errors({}) as seen:
+        assert calibration.fit_scales(np.array([3.0, -1.0]), np.array([0, 1])).tolist() == [1.0] * 5
+        assert seen["z"].tolist() == [3.0, -1.0]
+    assert calibration.fit_scales is original

@@ -351,10 +351,11 @@ def test_sigma_shape_finds_the_scale_and_the_tail():
     # doubles sigma and covers 90%; the shipped sigma covers about 59%.
     y = 2.0 * rng.standard_normal(5000)
     cells = {"y": y, "mean": np.zeros_like(y), "sigma": np.ones_like(y), "bins": np.zeros(y.size, int),
-             "z": y, "zbins": np.zeros(y.size, int)}
+             "z": y, "zbins": np.zeros(y.size, int), "again_z": y[:0], "again_bins": np.zeros(0, int)}
     ways = score(cells)
     assert abs(ways["shipped"][1][0] - 0.59) < 0.03 and abs(ways["best normal"][1][0] - 0.90) < 0.02
     assert ways["best normal"][0] < ways["shipped"][0] and ways["windows, coverage"][1][0] > 0.87
+    assert ways["filled days, CRPS"][0] == ways["shipped"][0]  # no re-hidden cells: sigma as shipped
 
 
 def test_sigma_shape_leaves_calibration_as_it_was():

@@ -10,11 +10,15 @@ standardised errors ``z = (y - mean) / sigma`` of the calibration's windows: the
 observed cells hidden under its own gap patterns (:mod:`geonp.fill.calibrate`). The calibration's
 scales are then *not* applied (the fill is the uncalibrated one, the shipped row); instead the
 same means are scored with sigma rescaled per distance bin (:data:`geonp.metrics.DISTANCE_BINS`)
-in five ways:
+in seven ways:
 
 - ``shipped``: sigma as the model gives it (the history benchmark's ``dineof-spread @30`` row);
 - ``windows, coverage``: ``q90(|z|) / 1.645`` of the scene's windows (``--calibrate-sigma``);
 - ``windows, CRPS``: the scale minimising the windows' mean Gaussian CRPS, shrunk the same way;
+- ``filled days, coverage`` and ``filled days, CRPS``: the same two fits on the days being filled
+  themselves, their remaining observed cells hidden once more under other steps' real gaps
+  (``hide_cells`` again, another seed) and filled by a second run: an estimate that, like the
+  windows, never looks at the scored cells' truths, but sees the clouded days' own departures;
 - ``best normal``: the scale minimising the hidden cells' own mean CRPS (it knows the truths: a
   ceiling for any per-bin scale, not a method);
 - ``best t5``: a Student-t predictive with 5 degrees of freedom at its own CRPS-optimal scale on
@@ -43,7 +47,7 @@ from geonp.data.readers import data_folder
 from geonp.evaluate import evaluate
 from geonp.fill.engine import infill
 from geonp.metrics import DISTANCE_BINS, distance_bin
-from geonp.tasks.hidden import distance_to_context
+from geonp.tasks.hidden import distance_to_context, hide_cells
 from pipelines.benchmarks.history_cv import SCENES, split_steps
 from pipelines.provenance import REPO, header
 
@@ -85,7 +89,9 @@ def crps_scale(z: np.ndarray, dof: float | None = None) -> float:
 
 def window_scales(z: np.ndarray, bins: np.ndarray, per_bin) -> np.ndarray:
     """Scales per distance bin from the windows' ``z``: ``per_bin(z of a bin)``, shrunk towards all
-    bins' together and clipped as :func:`geonp.fill.calibrate.fit_scales` does."""
+    bins' together and clipped as :func:`geonp.fill.calibrate.fit_scales` does (no ``z``: ones)."""
+    if z.size == 0:
+        return np.ones(len(DISTANCE_BINS))
     overall = per_bin(z)
     scales = np.full(len(DISTANCE_BINS), overall)
     for b in range(len(DISTANCE_BINS)):
@@ -103,7 +109,7 @@ def hidden_cells(ds: xr.Dataset, variable: str, steps: list[int]) -> dict[str, n
 
     def keep(masked: xr.Dataset, var: str, model: str, **options: Any) -> xr.Dataset:
         out = infill(masked, var, model, **options)
-        seen.update(masked=masked[var].compute(), valid=options["valid_mask"], out=out)
+        seen.update(masked=masked[var].compute(), valid=options["valid_mask"], out=out, options=options)
         return out
 
     with calibration_errors(seen):
@@ -115,20 +121,39 @@ def hidden_cells(ds: xr.Dataset, variable: str, steps: list[int]) -> dict[str, n
     y = truth.values[hide]
     distance = distance_to_context(seen["masked"], seen["valid"])[hide]
     ok = np.isfinite(y) & np.isfinite(mean) & np.isfinite(sigma) & (sigma > 0)
+    again_z, again_bins = rehidden_errors(ds, variable, seen, steps)
     return {"y": y[ok], "mean": mean[ok], "sigma": sigma[ok], "bins": distance_bin(distance[ok]),
-            "z": seen["z"], "zbins": seen["bins"]}
+            "z": seen["z"], "zbins": seen["bins"], "again_z": again_z, "again_bins": again_bins}
+
+
+def rehidden_errors(ds: xr.Dataset, variable: str, seen: dict, steps: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """``z`` and distance bins of the days being filled, their remaining observed cells hidden once
+    more under other steps' gaps and filled by a second, uncalibrated run with the same options."""
+    masked, valid = seen["masked"], seen["valid"]
+    again, hidden = hide_cells(masked, valid, np.random.default_rng(1), steps=steps)
+    options = {**seen["options"], "calibrate_sigma": False}
+    out = infill(ds.assign({variable: again}), variable, "te-pt-tnp", **options)
+    hide = hidden.values
+    mean, sigma = (out[v].transpose(*masked.dims).values[hide] for v in (variable, f"{variable}_std"))
+    z = (masked.values[hide] - mean) / sigma
+    bins = distance_bin(distance_to_context(again, valid)[hide])
+    ok = np.isfinite(z)
+    return z[ok], bins[ok]
 
 
 def score(cells: dict[str, np.ndarray]) -> dict[str, tuple[float, list[float]]]:
-    """``{way: (mean CRPS, 90% coverage per distance bin)}`` for the five ways of the module's docstring."""
+    """``{way: (mean CRPS, 90% coverage per distance bin)}`` for the ways of the module's docstring."""
     y, mean, sigma, bins = cells["y"], cells["mean"], cells["sigma"], cells["bins"]
     z = (y - mean) / sigma
     nbins = len(DISTANCE_BINS)
     present = [b for b in range(nbins) if (bins == b).sum() >= MIN_CELLS]
+    by_coverage = lambda a: np.quantile(a, 0.9) / Z90  # noqa: E731
     normal = {
         "shipped": np.ones(nbins),
-        "windows, coverage": window_scales(np.abs(cells["z"]), cells["zbins"], lambda a: np.quantile(a, 0.9) / Z90),
+        "windows, coverage": window_scales(np.abs(cells["z"]), cells["zbins"], by_coverage),
         "windows, CRPS": window_scales(np.abs(cells["z"]), cells["zbins"], crps_scale),
+        "filled days, coverage": window_scales(np.abs(cells["again_z"]), cells["again_bins"], by_coverage),
+        "filled days, CRPS": window_scales(np.abs(cells["again_z"]), cells["again_bins"], crps_scale),
         "best normal": np.array([crps_scale(z[bins == b]) if b in present else 1.0 for b in range(nbins)]),
     }
     out = {}

@@ -159,7 +159,7 @@ class _SPDSolve(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float32)  # Cholesky needs float32 or wider
     def forward(ctx, k: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-        chol = torch.linalg.cholesky(k)
+        chol = robust_cholesky(k)
         x = torch.cholesky_solve(r, chol)
         ctx.save_for_backward(chol, x)
         return x
@@ -171,6 +171,28 @@ class _SPDSolve(torch.autograd.Function):
         chol, x = ctx.saved_tensors
         g_r = torch.cholesky_solve(g, chol)  # K^-1 g (K symmetric)
         return -g_r @ x.transpose(-1, -2), g_r
+
+
+def robust_cholesky(k: torch.Tensor, tries: int = 6) -> torch.Tensor:
+    """Lower Cholesky factor of symmetric ``K [..., n, n]``; a matrix that float rounding left not
+    quite positive definite (a large sill over a tiny nugget, near-duplicate neighbours) gets
+    jitter on its diagonal, 1e-6 of its mean diagonal and ten times more on each retry, so one
+    degenerate target does not stop a training run. Well-conditioned matrices are untouched."""
+    chol, info = torch.linalg.cholesky_ex(k)
+    failed = info > 0  # [...]
+    if not bool(failed.any()):
+        return chol
+    scale = k.diagonal(dim1=-2, dim2=-1).abs().mean(-1, keepdim=True)  # [..., 1]
+    eye = torch.eye(k.shape[-1], dtype=k.dtype, device=k.device)
+    for attempt in range(tries):
+        jitter = scale * 1e-6 * 10.0**attempt
+        retry, info = torch.linalg.cholesky_ex(k + (jitter * failed[..., None].to(k.dtype))[..., None] * eye)
+        chol = torch.where(failed[..., None, None], retry, chol)
+        failed = failed & (info > 0)
+        if not bool(failed.any()):
+            return chol
+    raise torch.linalg.LinAlgError("kriging covariance not positive definite even with jitter of "
+                                   f"{1e-6 * 10.0 ** (tries - 1):g} of its diagonal")
 
 
 def spd_solve(k: torch.Tensor, r: torch.Tensor) -> torch.Tensor:

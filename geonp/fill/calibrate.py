@@ -18,6 +18,7 @@ truths look closer than a real gap's are.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -58,19 +59,26 @@ def distance_bins(distance: torch.Tensor) -> torch.Tensor:
     return torch.bucketize(distance, edges)
 
 
-def fit_scales(z: np.ndarray, bins: np.ndarray) -> np.ndarray:
-    """Sigma scale per distance bin ``[len(DISTANCE_BINS)]`` from standardised errors ``z`` and
-    their bin indices: the 90% quantile of ``|z|`` over 1.645, shrunk towards all bins' together
-    by :data:`SHRINK_CELLS` pseudo-cells, within :data:`SCALE_LIMITS`. No cells: all ones."""
+def coverage_scale(abs_z: np.ndarray) -> float:
+    """The sigma scale that puts 90% of errors ``|z| [n]`` inside the central 90% interval."""
+    return float(np.quantile(abs_z, 0.9) / Z90)
+
+
+def fit_scales(z: np.ndarray, bins: np.ndarray,
+               per_bin: Callable[[np.ndarray], float] = coverage_scale) -> np.ndarray:
+    """Sigma scale per distance bin ``[len(DISTANCE_BINS)]`` from standardised errors ``z [n]`` and
+    their bin indices ``[n]``: ``per_bin(|z| of the bin)`` (by default :func:`coverage_scale`),
+    shrunk towards all bins' together by :data:`SHRINK_CELLS` pseudo-cells, within
+    :data:`SCALE_LIMITS`. No cells: all ones."""
     z = np.abs(np.asarray(z, np.float64))
     if z.size == 0:
         return np.ones(len(DISTANCE_BINS))
-    overall = np.quantile(z, 0.9) / Z90
+    overall = per_bin(z)
     scales = np.full(len(DISTANCE_BINS), overall)
     for b in range(len(DISTANCE_BINS)):
         here = z[bins == b]
         if here.size:
-            scales[b] = (here.size * np.quantile(here, 0.9) / Z90 + SHRINK_CELLS * overall) / (here.size + SHRINK_CELLS)
+            scales[b] = (here.size * per_bin(here) + SHRINK_CELLS * overall) / (here.size + SHRINK_CELLS)
     return np.clip(scales, *SCALE_LIMITS)
 
 

@@ -34,7 +34,7 @@ what keeps that bin out of range: the scale estimated on the scene's windows is.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -91,22 +91,6 @@ def crps_scale(z: np.ndarray, dof: float | None = None) -> float:
     return float(np.exp(minimize_scalar(loss, bounds=(-3.0, 3.0), method="bounded").x))
 
 
-def window_scales(z: np.ndarray, bins: np.ndarray, per_bin: Callable[[np.ndarray], float]) -> np.ndarray:
-    """Scales ``[len(DISTANCE_BINS)]`` from standardised errors ``z [n]`` and their distance bins
-    ``bins [n]``: ``per_bin(|z| of a bin)``, shrunk towards all
-    bins' together and clipped as :func:`geonp.fill.calibrate.fit_scales` does (no ``z``: ones)."""
-    if z.size == 0:
-        return np.ones(len(DISTANCE_BINS))
-    overall = per_bin(z)
-    scales = np.full(len(DISTANCE_BINS), overall)
-    for b in range(len(DISTANCE_BINS)):
-        here = z[bins == b]
-        if here.size:
-            scales[b] = (here.size * per_bin(here) + calibration.SHRINK_CELLS * overall) / (
-                here.size + calibration.SHRINK_CELLS)
-    return np.clip(scales, *calibration.SCALE_LIMITS)
-
-
 def hidden_cells(ds: xr.Dataset, variable: str, steps: list[int]) -> dict[str, np.ndarray]:
     """The shipped fill of the benchmark's hidden cells, each ``[n]``: truths ``y``, ``mean`` and
     ``sigma`` (the variable's units), distance ``bins``; the calibration windows' ``z`` and ``zbins``
@@ -155,13 +139,13 @@ def score(cells: dict[str, np.ndarray]) -> dict[str, tuple[float, list[float]]]:
     z = (y - mean) / sigma
     nbins = len(DISTANCE_BINS)
     present = [b for b in range(nbins) if (bins == b).sum() >= MIN_CELLS]
-    by_coverage = lambda a: np.quantile(a, 0.9) / Z90  # noqa: E731
+    fit = calibration.fit_scales  # shrunk and clipped as --calibrate-sigma does
     normal = {
         "shipped": np.ones(nbins),
-        "windows, coverage": window_scales(np.abs(cells["z"]), cells["zbins"], by_coverage),
-        "windows, CRPS": window_scales(np.abs(cells["z"]), cells["zbins"], crps_scale),
-        "filled days, coverage": window_scales(np.abs(cells["again_z"]), cells["again_bins"], by_coverage),
-        "filled days, CRPS": window_scales(np.abs(cells["again_z"]), cells["again_bins"], crps_scale),
+        "windows, coverage": fit(cells["z"], cells["zbins"]),
+        "windows, CRPS": fit(cells["z"], cells["zbins"], crps_scale),
+        "filled days, coverage": fit(cells["again_z"], cells["again_bins"]),
+        "filled days, CRPS": fit(cells["again_z"], cells["again_bins"], crps_scale),
         "best normal": np.array([crps_scale(z[bins == b]) if b in present else 1.0 for b in range(nbins)]),
     }
     out = {}

@@ -9,7 +9,7 @@ sigma calibration asked for so that its windows are drawn), and keeps the standa
 ``z = (y - mean) / sigma`` of the calibration's windows: the scene's own observed cells hidden under its
 own gap patterns (:mod:`geonp.fill.calibrate`). The calibration's scales are then *not* applied (the
 fill is the uncalibrated one, the shipped row); instead the same means are scored with sigma
-rescaled per distance bin (:data:`geonp.metrics.DISTANCE_BINS`) in seven ways:
+rescaled per distance bin (:data:`geonp.metrics.DISTANCE_BINS`) in nine ways:
 
 - ``shipped``: sigma as the model gives it (the history benchmark's ``dineof-spread @30`` row);
 - ``windows, coverage``: ``q90(|z|) / 1.645`` of the scene's windows (``--calibrate-sigma``);
@@ -19,6 +19,8 @@ rescaled per distance bin (:data:`geonp.metrics.DISTANCE_BINS`) in seven ways:
   and the first round's; ``hide_cells`` again, another seed) and filled by a second run: an estimate
   that, like the windows, never looks at the scored cells' truths, but sees the clouded days' own
   departures;
+- ``pooled, coverage`` and ``pooled, CRPS``: the same two fits on the windows' and the filled days'
+  ``z`` together (two self-supervised estimates that erred in opposite directions on the two splits);
 - ``best normal``: the scale minimising the hidden cells' own mean CRPS (it knows the truths: a
   ceiling for any per-bin scale, not a method);
 - ``best t5``: a Student-t predictive with 5 degrees of freedom at its own CRPS-optimal scale on
@@ -66,27 +68,32 @@ MIN_CELLS = 20
 
 @contextmanager
 def calibration_errors(into: dict) -> Iterator[dict]:
-    """While open, sigma calibration records its windows' ``z`` and distance bins in ``into`` and
-    scales nothing (every scale 1), so the fill is the uncalibrated one."""
-    original = calibration.fit_scales
+    """While open, sigma calibration records its windows' ``z`` and distance bins in ``into``,
+    skips its refill of the gappy steps (:func:`hidden_cells` refills them its own way) and scales
+    nothing (every scale 1), so the fill is the uncalibrated one."""
+    import geonp.fill.refill as refill
 
-    def record(z: np.ndarray, bins: np.ndarray) -> np.ndarray:
+    measure, fit, refilled = calibration.measure, calibration.fit_scales, refill.refill_errors
+
+    def record(*args: Any, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
+        z, bins = measure(*args, **kwargs)
         into["z"], into["bins"] = np.asarray(z, np.float64), np.asarray(bins)
-        return np.ones(len(DISTANCE_BINS))
+        return z, bins
 
-    calibration.fit_scales = record
+    calibration.measure = record
+    calibration.fit_scales = lambda z, bins, per_bin=None: np.ones(len(DISTANCE_BINS))
+    refill.refill_errors = lambda p: (np.empty(0), np.empty(0, int))
     try:
         yield into
     finally:
-        calibration.fit_scales = original
+        calibration.measure, calibration.fit_scales, refill.refill_errors = measure, fit, refilled
 
 
-def crps_scale(z: np.ndarray, dof: float | None = None) -> float:
-    """The scale ``s`` minimising the mean CRPS of ``N(0, s^2)`` (or a Student-t with ``dof``
-    degrees of freedom and scale ``s``) at standardised errors ``z``."""
+def t_scale(z: np.ndarray, dof: float = DOF) -> float:
+    """The scale ``s`` minimising the mean CRPS of a Student-t with ``dof`` degrees of freedom and
+    scale ``s`` at standardised errors ``z`` (the normal's: :func:`geonp.fill.calibrate.crps_scale`)."""
     def loss(log_s: float) -> float:
-        s = np.exp(log_s)
-        return float(np.mean(sr.crps_normal(z, 0.0, s) if dof is None else sr.crps_t(z, dof, 0.0, s)))
+        return float(np.mean(sr.crps_t(z, dof, 0.0, np.exp(log_s))))
 
     return float(np.exp(minimize_scalar(loss, bounds=(-3.0, 3.0), method="bounded").x))
 
@@ -140,19 +147,24 @@ def score(cells: dict[str, np.ndarray]) -> dict[str, tuple[float, list[float]]]:
     nbins = len(DISTANCE_BINS)
     present = [b for b in range(nbins) if (bins == b).sum() >= MIN_CELLS]
     fit = calibration.fit_scales  # shrunk and clipped as --calibrate-sigma does
+    crps_scale, coverage_scale = calibration.crps_scale, calibration.coverage_scale
+    pooled_z = np.concatenate([cells["z"], cells["again_z"]])
+    pooled_bins = np.concatenate([cells["zbins"], cells["again_bins"]])
     normal = {
         "shipped": np.ones(nbins),
-        "windows, coverage": fit(cells["z"], cells["zbins"]),
+        "windows, coverage": fit(cells["z"], cells["zbins"], coverage_scale),
         "windows, CRPS": fit(cells["z"], cells["zbins"], crps_scale),
-        "filled days, coverage": fit(cells["again_z"], cells["again_bins"]),
+        "filled days, coverage": fit(cells["again_z"], cells["again_bins"], coverage_scale),
         "filled days, CRPS": fit(cells["again_z"], cells["again_bins"], crps_scale),
+        "pooled, coverage": fit(pooled_z, pooled_bins, coverage_scale),
+        "pooled, CRPS": fit(pooled_z, pooled_bins, crps_scale),
         "best normal": np.array([crps_scale(z[bins == b]) if b in present else 1.0 for b in range(nbins)]),
     }
     out = {}
     for way, scales in normal.items():
         s = sigma * scales[bins]
         out[way] = (float(np.mean(sr.crps_normal(y, mean, s))), _coverage(np.abs(y - mean) <= Z90 * s, bins))
-    t_scales = np.array([crps_scale(z[bins == b], DOF) if b in present else 1.0 for b in range(nbins)])
+    t_scales = np.array([t_scale(z[bins == b]) if b in present else 1.0 for b in range(nbins)])
     s = sigma * t_scales[bins]
     out[f"best t{DOF}"] = (float(np.mean(sr.crps_t(y, DOF, mean, s))),
                            _coverage(np.abs(y - mean) <= student_t.ppf(0.95, DOF) * s, bins))
@@ -199,15 +211,25 @@ def main() -> None:
     parser.add_argument("--split", choices=["validation", "test"], required=True)
     parser.add_argument("--scenes", nargs="*", default=list(SCENES), choices=list(SCENES))
     parser.add_argument("--out", default=None)
+    parser.add_argument("--cells", default=None, help="folder keeping each product's filled cells "
+                        "(<split>_<product>.npz): reused when there, so new ways of fitting sigma "
+                        "score without filling again")
     args = parser.parse_args()
     out = Path(args.out or REPO / "pipelines" / "results" / f"sigma_shape_{args.split}.md")
     folder = data_folder()
     results, kurt = {}, {}
     for name in args.scenes:
-        variable, opener, by_place = SCENES[name]
-        ds = opener(folder, args.split)
-        steps = list(range(ds.sizes["time"])) if by_place else split_steps(ds.sizes["time"], args.split)
-        cells = hidden_cells(ds, variable, steps)
+        cache = Path(args.cells) / f"{args.split}_{name}.npz" if args.cells else None
+        if cache is not None and cache.exists():
+            cells = dict(np.load(cache))
+        else:
+            variable, opener, by_place = SCENES[name]
+            ds = opener(folder, args.split)
+            steps = list(range(ds.sizes["time"])) if by_place else split_steps(ds.sizes["time"], args.split)
+            cells = hidden_cells(ds, variable, steps)
+            if cache is not None:
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                np.savez(cache, **cells)
         results[name] = score(cells)
         z = (cells["y"] - cells["mean"]) / cells["sigma"]
         kurt[name] = [kurtosis(z[cells["bins"] == b]) for b in range(len(DISTANCE_BINS))]

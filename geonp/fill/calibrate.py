@@ -69,37 +69,44 @@ def distance_bins(distance: torch.Tensor) -> torch.Tensor:
     return torch.bucketize(distance, edges)
 
 
-def coverage_scale(abs_z: np.ndarray) -> float:
-    """The sigma scale that puts 90% of errors ``|z| [n]`` inside the central 90% interval."""
-    return float(np.quantile(abs_z, 0.9) / Z90)
+def coverage_scale(abs_z: np.ndarray, weights: np.ndarray | None = None) -> float:
+    """The sigma scale that puts 90% of errors ``|z| [n]`` (of ``weights [n]``, default equal)
+    inside the central 90% interval."""
+    method = "linear" if weights is None else "inverted_cdf"  # numpy weighs only the latter
+    return float(np.quantile(abs_z, 0.9, weights=weights, method=method) / Z90)
 
 
-def crps_scale(z: np.ndarray) -> float:
-    """The scale ``s`` minimising the mean CRPS of ``N(0, s^2)`` at standardised errors ``z [n]``:
-    sigma times ``s`` is the best normal sigma for these errors (``s`` within e^-3 to e^3)."""
+def crps_scale(z: np.ndarray, weights: np.ndarray | None = None) -> float:
+    """The scale ``s`` minimising the (``weights``-weighted) mean CRPS of ``N(0, s^2)`` at
+    standardised errors ``z [n]``: sigma times ``s`` is the best normal sigma for these errors
+    (``s`` within e^-3 to e^3)."""
     z = np.asarray(z, np.float64)
 
     def loss(log_s: float) -> float:
-        return float(np.mean(sr.crps_normal(z, 0.0, np.exp(log_s))))
+        return float(np.average(sr.crps_normal(z, 0.0, np.exp(log_s)), weights=weights))
 
     return float(np.exp(minimize_scalar(loss, bounds=(-3.0, 3.0), method="bounded").x))
 
 
-def fit_scales(z: np.ndarray, bins: np.ndarray,
-               per_bin: Callable[[np.ndarray], float] = crps_scale) -> np.ndarray:
-    """Sigma scale per distance bin ``[len(DISTANCE_BINS)]`` from standardised errors ``z [n]`` and
-    their bin indices ``[n]``: ``per_bin(|z| of the bin)`` (by default :func:`crps_scale`),
-    shrunk towards all bins' together by :data:`SHRINK_CELLS` pseudo-cells, within
+def fit_scales(z: np.ndarray, bins: np.ndarray, per_bin: Callable[..., float] = crps_scale,
+               weights: np.ndarray | None = None) -> np.ndarray:
+    """Sigma scale per distance bin ``[len(DISTANCE_BINS)]`` from standardised errors ``z [n]``,
+    their bin indices ``[n]`` and ``weights [n]`` (default equal): ``per_bin(|z|, weights)`` of the
+    bin (by default :func:`crps_scale`), shrunk towards all bins' together by
+    :data:`SHRINK_CELLS` pseudo-cells (a bin's cells counted by their weights), within
     :data:`SCALE_LIMITS`. No cells: all ones."""
     z = np.abs(np.asarray(z, np.float64))
     if z.size == 0:
         return np.ones(len(DISTANCE_BINS))
-    overall = per_bin(z)
+    w = None if weights is None else np.asarray(weights, np.float64)
+    overall = per_bin(z, w)
     scales = np.full(len(DISTANCE_BINS), overall)
     for b in range(len(DISTANCE_BINS)):
-        here = z[bins == b]
-        if here.size:
-            scales[b] = (here.size * per_bin(here) + SHRINK_CELLS * overall) / (here.size + SHRINK_CELLS)
+        here = bins == b
+        n = here.sum() if w is None else w[here].sum()
+        if n > 0:
+            scales[b] = (n * per_bin(z[here], None if w is None else w[here]) + SHRINK_CELLS * overall) \
+                / (n + SHRINK_CELLS)
     return np.clip(scales, *SCALE_LIMITS)
 
 
@@ -122,11 +129,12 @@ def measure(model: NeuralProcess, source, device: torch.device | str, cells_per_
 def calibrate(model: NeuralProcess, fields: list, spec, device: torch.device | str, seed: int = 0,
               elevation: np.ndarray | None = None, covariates: list[str] | None = None,
               windows: int | None = None,
-              refilled: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[SigmaCalibrated, np.ndarray]:
+              refilled: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> tuple[SigmaCalibrated, np.ndarray]:
     """``model`` with sigma calibrated on self-supervised windows of ``fields`` (the input's
     :class:`~geonp.fill.field.Field` list, ``spec`` their :class:`~geonp.tasks.windows.WindowSpec`),
     and the scales per distance bin, from ``windows`` windows (None: :data:`CALIBRATION_WINDOWS`)
-    and ``refilled``, the ``(z [m], bins [m])`` of :func:`geonp.fill.refill.refill_errors`, pooled.
+    and ``refilled``, the ``(z [m], bins [m], weights [m])`` of :func:`geonp.fill.refill.refill_errors`,
+    pooled (a window's cell weighs 1).
     Windows come from their own random stream (not fine-tuning's); a model with history
     ``covariates`` gets each field's history folds for the duration."""
     from geonp.fill.finetune import FieldWindows
@@ -144,9 +152,10 @@ def calibrate(model: NeuralProcess, fields: list, spec, device: torch.device | s
     finally:
         for f in fields:
             f.folds = []
+    weights = np.ones(z.size)
     if refilled is not None:
-        z, bins = np.concatenate([z, refilled[0]]), np.concatenate([bins, refilled[1]])
-    scales = fit_scales(z, bins)
+        z, bins, weights = (np.concatenate([a, b]) for a, b in zip((z, bins, weights), refilled, strict=True))
+    scales = fit_scales(z, bins, weights=weights)
     return SigmaCalibrated(model, scales, spec.cells_per_unit).to(device), scales
 
 

@@ -73,9 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     infill.add_argument("--fit-steps", type=int, default=FIT_STEPS,
                         help="fine-tune on INPUT's own observations for N steps first (default: %(default)s)")
     infill.add_argument("--calibrate-sigma", action="store_true",
-                        help="scale sigma by distance to the nearest observation to fit INPUT's own cells "
-                             "hidden under its own gap patterns: in 64 windows, and in up to 8 gappy steps "
-                             "per field filled once more (slower by about that second fill)")
+                        help="scale sigma by distance to the nearest observation so that INPUT's own cells, "
+                             "hidden under its own gap patterns, get 90%% coverage (slower by 64 windows' "
+                             "predictions)")
     infill.add_argument("--device", default="auto", help="auto, cpu or cuda (default: %(default)s)")
     infill.add_argument("--batch-size", type=int, default=16, help="windows per model call (default: %(default)s)")
     infill.add_argument("--window", default=None, metavar="T,R,C",

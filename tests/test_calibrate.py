@@ -11,15 +11,7 @@ from conftest import smooth_cube
 from torch.distributions import Normal
 
 import geonp
-from geonp.fill.calibrate import (
-    SHRINK_CELLS,
-    Z90,
-    SigmaCalibrated,
-    coverage_scale,
-    crps_scale,
-    fit_scales,
-    target_distance,
-)
+from geonp.fill.calibrate import SHRINK_CELLS, Z90, SigmaCalibrated, fit_scales, target_distance
 from geonp.metrics import DISTANCE_BINS
 from geonp.models.base import NeuralProcess
 
@@ -43,11 +35,11 @@ def test_target_distance_is_the_nearest_context_cell_of_the_same_step():
             assert got[b, i] == pytest.approx(want, rel=1e-5)
 
 
-def test_coverage_scales_give_90_percent_where_cells_are_many_and_lean_on_all_bins_where_few():
+def test_scales_give_90_percent_coverage_where_cells_are_many_and_lean_on_all_bins_where_few():
     rng = np.random.default_rng(1)
     z = np.concatenate([rng.normal(0, 2.0, 20000), rng.normal(0, 0.5, 20000), rng.normal(0, 0.5, 3)])
     bins = np.concatenate([np.zeros(20000, int), np.ones(20000, int), np.full(3, 4)])
-    s = fit_scales(z, bins, coverage_scale)
+    s = fit_scales(z, bins)
     assert s[0] == pytest.approx(2.0 * (20000 + SHRINK_CELLS * s[2] / 2.0) / (20000 + SHRINK_CELLS), rel=0.03)
     assert np.mean(np.abs(z[:20000]) / s[0] < Z90) == pytest.approx(0.9, abs=0.01)
     overall = np.quantile(np.abs(z), 0.9) / Z90
@@ -55,36 +47,6 @@ def test_coverage_scales_give_90_percent_where_cells_are_many_and_lean_on_all_bi
     assert abs(s[4] - overall) < 0.02 * overall  # three cells barely move it
     assert np.array_equal(fit_scales(np.array([]), np.array([], int)), np.ones(len(DISTANCE_BINS)))
     assert fit_scales(np.full(10, 100.0), np.zeros(10, int))[0] == 4.0  # within the limits
-
-
-def test_the_crps_scale_is_the_errors_own_and_is_the_default_rule():
-    rng = np.random.default_rng(2)
-    z = 2.0 * rng.standard_normal(20000)
-    assert crps_scale(z) == pytest.approx(2.0, abs=0.05)  # a normal's CRPS is lowest at its own scale
-    # Heavier tails than a normal: the CRPS scale sits below the 90%-coverage one.
-    t = rng.standard_t(3, 20000)
-    assert crps_scale(t) < 0.95 * coverage_scale(np.abs(t))
-    bins = np.zeros(z.size, int)
-    assert fit_scales(z, bins)[0] == pytest.approx(crps_scale(z), rel=1e-6)
-
-
-def test_refilled_steps_give_finite_errors_by_distance_and_leave_the_input_alone():
-    from geonp.fill.plan import plan
-    from geonp.fill.refill import refill_errors
-
-    ds = smooth_cube(t=3, r=24, c=30)
-    p = plan(ds, "sst", "te-pt-tnp", fit_steps=0)
-    before = [f.whole().copy() for f in p.fields]
-    z, bins, weights = refill_errors(p)
-    assert z.size > 50 and z.size == bins.size == weights.size and np.isfinite(z).all()
-    assert weights.mean() == pytest.approx(1.0) and (weights > 0).all()
-    assert set(np.unique(bins)) <= set(range(len(DISTANCE_BINS))) and 0 in bins
-    assert np.median(np.abs(z)) < 10.0  # the bundled model, unfitted, on a smooth cube: a few sigma
-    assert all(np.array_equal(f.whole(), b, equal_nan=True) for f, b in zip(p.fields, before, strict=True))
-    again = refill_errors(p)
-    assert np.array_equal(z, again[0]) and np.array_equal(bins, again[1])  # seeded: a rerun agrees
-    whole = plan(ds.fillna(0.0), "sst", "te-pt-tnp", fit_steps=0)
-    assert refill_errors(whole)[0].size == 0  # nothing to fill, nothing refilled
 
 
 class Fixed(NeuralProcess):
@@ -122,16 +84,6 @@ def test_infill_with_calibration_keeps_the_mean_and_records_the_scales(monkeypat
     assert exact.mean() > 0.6
     assert ratio.min() >= min(scales) * 0.99 and ratio.max() <= max(scales) * 1.01
     assert "geonp_sigma_scales" not in plain.attrs
-
-
-def test_the_refilled_errors_are_pooled_with_the_windows(monkeypatch):
-    ds = smooth_cube(t=2, r=24, c=30)
-    monkeypatch.setattr("geonp.fill.calibrate.CALIBRATION_WINDOWS", 8)
-    far_off = (np.full(100000, 50.0), np.zeros(100000, int), np.ones(100000))  # z, bins, weights
-    monkeypatch.setattr("geonp.fill.refill.refill_errors", lambda p: far_off)
-    out = geonp.infill(ds, "sst", model="te-pt-tnp", fit_steps=0, calibrate_sigma=True)
-    scales = [float(part.split(": ")[1]) for part in out.attrs["geonp_sigma_scales"].split(", ")]
-    assert scales[0] == 4.0  # errors of 50 sigma one cell away outweigh the windows' (at the upper limit)
 
 
 def test_the_cli_flag_calibrates_and_records_the_scales_in_the_store(tmp_path, monkeypatch, tiny_checkpoint):

@@ -6,17 +6,9 @@ benchmark measured 90% coverage of 0.72-0.84 one cell from an observation). The 
 by how much: hide some of its observed cells under gap patterns it really has (the windows
 fine-tuning draws, :class:`geonp.fill.finetune.FieldWindows`), predict them, and see how far the
 truths fall in sigmas. Per bin of distance to the nearest context cell of the same step
-(:data:`geonp.metrics.DISTANCE_BINS`), sigma is scaled to where the truths fall best: ``scale_b``
-minimises the mean Gaussian CRPS of the bin's errors (:func:`crps_scale`), leaning on the scale of
-all bins together where a bin holds few cells. The mean is unchanged.
-
-The windows miss how a clouded day departs from its history as a whole, so their errors are pooled
-with those of the days being filled, refilled with some of their own cells hidden
-(:mod:`geonp.fill.refill`). Chosen on history_cv's validation split
-(``python -m pipelines.experiments.sigma_shape``, geometric mean over the five products, against
-the uncalibrated sigma): pooled, fitted by CRPS, CRPS -0.19% and 18 of 23 distance bins with 90%
-coverage in 0.85-0.95 (16 uncalibrated); the windows alone by 90% coverage (the rule before),
-+0.87% and 20; the refilled days alone, by CRPS, -0.17% and 16; pooled by 90% coverage +0.91%, 19.
+(:data:`geonp.metrics.DISTANCE_BINS`), sigma is scaled so that 90% of those hidden cells fall in
+the central 90% interval: ``scale_b = q90(|z| in bin b) / 1.645``, leaning on the scale of all
+bins together where a bin holds few cells. The mean is unchanged.
 
 For a model with history covariates the windows hide the cells of history folds
 (:func:`geonp.tasks.history.history_folds`): covariates computed with the hidden cells would make the
@@ -29,9 +21,7 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-import scoringrules as sr
 import torch
-from scipy.optimize import minimize_scalar
 from torch.distributions import Normal
 
 from geonp.metrics import DISTANCE_BINS
@@ -69,44 +59,26 @@ def distance_bins(distance: torch.Tensor) -> torch.Tensor:
     return torch.bucketize(distance, edges)
 
 
-def coverage_scale(abs_z: np.ndarray, weights: np.ndarray | None = None) -> float:
-    """The sigma scale that puts 90% of errors ``|z| [n]`` (of ``weights [n]``, default equal)
-    inside the central 90% interval."""
-    method = "linear" if weights is None else "inverted_cdf"  # numpy weighs only the latter
-    return float(np.quantile(abs_z, 0.9, weights=weights, method=method) / Z90)
+def coverage_scale(abs_z: np.ndarray) -> float:
+    """The sigma scale that puts 90% of errors ``|z| [n]`` inside the central 90% interval."""
+    return float(np.quantile(abs_z, 0.9) / Z90)
 
 
-def crps_scale(z: np.ndarray, weights: np.ndarray | None = None) -> float:
-    """The scale ``s`` minimising the (``weights``-weighted) mean CRPS of ``N(0, s^2)`` at
-    standardised errors ``z [n]``: sigma times ``s`` is the best normal sigma for these errors
-    (``s`` within e^-3 to e^3)."""
-    z = np.asarray(z, np.float64)
-
-    def loss(log_s: float) -> float:
-        return float(np.average(sr.crps_normal(z, 0.0, np.exp(log_s)), weights=weights))
-
-    return float(np.exp(minimize_scalar(loss, bounds=(-3.0, 3.0), method="bounded").x))
-
-
-def fit_scales(z: np.ndarray, bins: np.ndarray, per_bin: Callable[..., float] = crps_scale,
-               weights: np.ndarray | None = None) -> np.ndarray:
-    """Sigma scale per distance bin ``[len(DISTANCE_BINS)]`` from standardised errors ``z [n]``,
-    their bin indices ``[n]`` and ``weights [n]`` (default equal): ``per_bin(|z|, weights)`` of the
-    bin (by default :func:`crps_scale`), shrunk towards all bins' together by
-    :data:`SHRINK_CELLS` pseudo-cells (a bin's cells counted by their weights), within
+def fit_scales(z: np.ndarray, bins: np.ndarray,
+               per_bin: Callable[[np.ndarray], float] = coverage_scale) -> np.ndarray:
+    """Sigma scale per distance bin ``[len(DISTANCE_BINS)]`` from standardised errors ``z [n]`` and
+    their bin indices ``[n]``: ``per_bin(|z| of the bin)`` (by default :func:`coverage_scale`),
+    shrunk towards all bins' together by :data:`SHRINK_CELLS` pseudo-cells, within
     :data:`SCALE_LIMITS`. No cells: all ones."""
     z = np.abs(np.asarray(z, np.float64))
     if z.size == 0:
         return np.ones(len(DISTANCE_BINS))
-    w = None if weights is None else np.asarray(weights, np.float64)
-    overall = per_bin(z, w)
+    overall = per_bin(z)
     scales = np.full(len(DISTANCE_BINS), overall)
     for b in range(len(DISTANCE_BINS)):
-        here = bins == b
-        n = here.sum() if w is None else w[here].sum()
-        if n > 0:
-            scales[b] = (n * per_bin(z[here], None if w is None else w[here]) + SHRINK_CELLS * overall) \
-                / (n + SHRINK_CELLS)
+        here = z[bins == b]
+        if here.size:
+            scales[b] = (here.size * per_bin(here) + SHRINK_CELLS * overall) / (here.size + SHRINK_CELLS)
     return np.clip(scales, *SCALE_LIMITS)
 
 
@@ -128,13 +100,10 @@ def measure(model: NeuralProcess, source, device: torch.device | str, cells_per_
 
 def calibrate(model: NeuralProcess, fields: list, spec, device: torch.device | str, seed: int = 0,
               elevation: np.ndarray | None = None, covariates: list[str] | None = None,
-              windows: int | None = None,
-              refilled: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> tuple[SigmaCalibrated, np.ndarray]:
+              windows: int | None = None) -> tuple[SigmaCalibrated, np.ndarray]:
     """``model`` with sigma calibrated on self-supervised windows of ``fields`` (the input's
     :class:`~geonp.fill.field.Field` list, ``spec`` their :class:`~geonp.tasks.windows.WindowSpec`),
-    and the scales per distance bin, from ``windows`` windows (None: :data:`CALIBRATION_WINDOWS`)
-    and ``refilled``, the ``(z [m], bins [m], weights [m])`` of :func:`geonp.fill.refill.refill_errors`,
-    pooled (a window's cell weighs 1).
+    and the scales per distance bin, from ``windows`` windows (None: :data:`CALIBRATION_WINDOWS`).
     Windows come from their own random stream (not fine-tuning's); a model with history
     ``covariates`` gets each field's history folds for the duration."""
     from geonp.fill.finetune import FieldWindows
@@ -152,10 +121,7 @@ def calibrate(model: NeuralProcess, fields: list, spec, device: torch.device | s
     finally:
         for f in fields:
             f.folds = []
-    weights = np.ones(z.size)
-    if refilled is not None:
-        z, bins, weights = (np.concatenate([a, b]) for a, b in zip((z, bins, weights), refilled, strict=True))
-    scales = fit_scales(z, bins, weights=weights)
+    scales = fit_scales(z, bins)
     return SigmaCalibrated(model, scales, spec.cells_per_unit).to(device), scales
 
 

@@ -51,18 +51,15 @@ def _finetune(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None
         save(p.choice.model, saved, extra={"infill": {"fit_steps": p.fit_steps}})
 
 def _calibrate(p: Plan, say: Callable[[str], None] | None) -> None:
-    """Sigma scaled per distance bin on the input's own hidden cells (:mod:`geonp.fill.calibrate`:
-    windows, and the gappy steps refilled, :mod:`geonp.fill.refill`), when the plan asks for it and
-    the model is a trained neural process."""
+    """Sigma scaled per distance bin on the input's own hidden cells (:mod:`geonp.fill.calibrate`),
+    when the plan asks for it and the model is a trained neural process."""
     if not p.calibrate_sigma or p.choice.model is None or not p.choice.model.trainable \
             or all(f.gaps == 0 for f in p.fields):
         return
     from geonp.fill.calibrate import calibrate, describe
-    from geonp.fill.refill import refill_errors
 
-    refilled = refill_errors(p)  # by the model as it is, before it is wrapped
     p.choice.model, scales = calibrate(p.choice.model, p.fields, p.spec, p.device, p.seed, p.elevation,
-                                       p.choice.covariates, refilled=refilled)
+                                       p.choice.covariates)
     p.sigma_scales = describe(scales)
     if say:
         say(f"sigma calibrated on the input's own cells, scale by distance to an observation: {p.sigma_scales}")

@@ -68,32 +68,27 @@ MIN_CELLS = 20
 
 @contextmanager
 def calibration_errors(into: dict) -> Iterator[dict]:
-    """While open, sigma calibration records its windows' ``z`` and distance bins in ``into``,
-    skips its refill of the gappy steps (:func:`hidden_cells` refills them its own way) and scales
-    nothing (every scale 1), so the fill is the uncalibrated one."""
-    import geonp.fill.refill as refill
+    """While open, sigma calibration records its windows' ``z`` and distance bins in ``into`` and
+    scales nothing (every scale 1), so the fill is the uncalibrated one."""
+    original = calibration.fit_scales
 
-    measure, fit, refilled = calibration.measure, calibration.fit_scales, refill.refill_errors
-
-    def record(*args: Any, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
-        z, bins = measure(*args, **kwargs)
+    def record(z: np.ndarray, bins: np.ndarray) -> np.ndarray:
         into["z"], into["bins"] = np.asarray(z, np.float64), np.asarray(bins)
-        return z, bins
+        return np.ones(len(DISTANCE_BINS))
 
-    calibration.measure = record
-    calibration.fit_scales = lambda z, bins, per_bin=None: np.ones(len(DISTANCE_BINS))
-    refill.refill_errors = lambda p: (np.empty(0), np.empty(0, int), np.empty(0))
+    calibration.fit_scales = record
     try:
         yield into
     finally:
-        calibration.measure, calibration.fit_scales, refill.refill_errors = measure, fit, refilled
+        calibration.fit_scales = original
 
 
-def t_scale(z: np.ndarray, dof: float = DOF) -> float:
-    """The scale ``s`` minimising the mean CRPS of a Student-t with ``dof`` degrees of freedom and
-    scale ``s`` at standardised errors ``z`` (the normal's: :func:`geonp.fill.calibrate.crps_scale`)."""
+def crps_scale(z: np.ndarray, dof: float | None = None) -> float:
+    """The scale ``s`` minimising the mean CRPS of ``N(0, s^2)`` (or a Student-t with ``dof``
+    degrees of freedom and scale ``s``) at standardised errors ``z``."""
     def loss(log_s: float) -> float:
-        return float(np.mean(sr.crps_t(z, dof, 0.0, np.exp(log_s))))
+        s = np.exp(log_s)
+        return float(np.mean(sr.crps_normal(z, 0.0, s) if dof is None else sr.crps_t(z, dof, 0.0, s)))
 
     return float(np.exp(minimize_scalar(loss, bounds=(-3.0, 3.0), method="bounded").x))
 
@@ -147,16 +142,17 @@ def score(cells: dict[str, np.ndarray]) -> dict[str, tuple[float, list[float]]]:
     nbins = len(DISTANCE_BINS)
     present = [b for b in range(nbins) if (bins == b).sum() >= MIN_CELLS]
     fit = calibration.fit_scales  # shrunk and clipped as --calibrate-sigma does
-    crps_scale, coverage_scale = calibration.crps_scale, calibration.coverage_scale
+    # The filled days' refill here knows which steps are scored (it hides cells in those alone);
+    # geonp infill cannot, and pooled with every gappy step refilled it lost on validation.
     pooled_z = np.concatenate([cells["z"], cells["again_z"]])
     pooled_bins = np.concatenate([cells["zbins"], cells["again_bins"]])
     normal = {
         "shipped": np.ones(nbins),
-        "windows, coverage": fit(cells["z"], cells["zbins"], coverage_scale),
+        "windows, coverage": fit(cells["z"], cells["zbins"]),
         "windows, CRPS": fit(cells["z"], cells["zbins"], crps_scale),
-        "filled days, coverage": fit(cells["again_z"], cells["again_bins"], coverage_scale),
+        "filled days, coverage": fit(cells["again_z"], cells["again_bins"]),
         "filled days, CRPS": fit(cells["again_z"], cells["again_bins"], crps_scale),
-        "pooled, coverage": fit(pooled_z, pooled_bins, coverage_scale),
+        "pooled, coverage": fit(pooled_z, pooled_bins),
         "pooled, CRPS": fit(pooled_z, pooled_bins, crps_scale),
         "best normal": np.array([crps_scale(z[bins == b]) if b in present else 1.0 for b in range(nbins)]),
     }
@@ -164,7 +160,7 @@ def score(cells: dict[str, np.ndarray]) -> dict[str, tuple[float, list[float]]]:
     for way, scales in normal.items():
         s = sigma * scales[bins]
         out[way] = (float(np.mean(sr.crps_normal(y, mean, s))), _coverage(np.abs(y - mean) <= Z90 * s, bins))
-    t_scales = np.array([t_scale(z[bins == b]) if b in present else 1.0 for b in range(nbins)])
+    t_scales = np.array([crps_scale(z[bins == b], DOF) if b in present else 1.0 for b in range(nbins)])
     s = sigma * t_scales[bins]
     out[f"best t{DOF}"] = (float(np.mean(sr.crps_t(y, DOF, mean, s))),
                            _coverage(np.abs(y - mean) <= student_t.ppf(0.95, DOF) * s, bins))

@@ -49,5 +49,8 @@ FIT_HISTORY_FOLDS = 0
 #: its neighbours (Alboran beyond 12 cells, test: 0.63 as shipped and with the windows' scale,
 #: 0.95 with the best). Scales fitted on the filled days themselves, their cells hidden once more,
 #: came closest on test (by coverage: -0.52%, 17 of 23 bins) but not on validation (+0.48%, 15 of
-#: 23 against 16), where variants are chosen. Still off, by the rule.
+#: 23 against 16), where variants are chosen; pooled with the windows' they won on both (by CRPS
+#: -0.19% / -0.62%, 18 / 14 bins), but only while the refill hid the scored days alone: refilling
+#: every gappy step, as infill must, lost on validation (+1.6% to +1.9%; docs/results/history_cv_test.md).
+#: Still off, by the rule.
 CALIBRATE_SIGMA = False

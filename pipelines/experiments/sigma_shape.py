@@ -29,11 +29,13 @@ rescaled per distance bin (:data:`geonp.metrics.DISTANCE_BINS`) in nine ways:
 
 A bin with fewer than :data:`MIN_CELLS` hidden cells keeps the shipped sigma in the two ``best``
 ways; every bin counts in "bins in 0.85-0.95", as in the history benchmark's goal (Alaska's 4-6
-cells bin holds a handful). ``--cells DIR`` keeps each product's filled cells
-(``<split>_<product>.npz``) and reuses them as they are, so new ways score without filling again;
-nothing checks that they are stale: delete them when the fill changes. If the best normal covers 0.85-0.95 in a bin, the normal's shape is not
-what keeps that bin out of range: the scale estimated on the scene's windows is. Writes
+cells bin holds a handful). If the best normal covers 0.85-0.95 in a bin, the normal's shape is
+not what keeps that bin out of range: the scale estimated on the scene's windows is. Writes
 ``pipelines/results/sigma_shape_<split>.md``.
+
+``--cells DIR`` keeps each product's filled cells (``<split>_<product>.npz``) and reuses them as
+they are, so new ways score without filling again; nothing checks that they are stale: delete
+them when the fill changes.
 """
 
 from __future__ import annotations

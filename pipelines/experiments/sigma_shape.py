@@ -222,7 +222,8 @@ def main() -> None:
     for name in args.scenes:
         cache = Path(args.cells) / f"{args.split}_{name}.npz" if args.cells else None
         if cache is not None and cache.exists():
-            cells = dict(np.load(cache))
+            with np.load(cache) as saved:  # an npz holds its file open until closed
+                cells = dict(saved)
         else:
             variable, opener, by_place = SCENES[name]
             ds = opener(folder, args.split)

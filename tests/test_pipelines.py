@@ -369,3 +369,39 @@ def test_sigma_shape_leaves_calibration_as_it_was():
         assert calibration.fit_scales(np.array([3.0, -1.0]), np.array([0, 1])).tolist() == [1.0] * 5
         assert seen["z"].tolist() == [3.0, -1.0]
     assert calibration.fit_scales is original
+
+
+def test_kriging_lead_changes_the_head_only_while_open_and_fills_in_log_space(monkeypatch):
+    import math
+
+    import numpy as np
+    import torch
+    import xarray as xr
+
+    import pipelines.experiments.kriging_lead as lead
+    from geonp.models.local_kriging import LocalKriging
+
+    head = LocalKriging(dim_model=4, dim_x=2, kernel="exponential")
+    zt, xt = torch.zeros(1, 1, 4), torch.zeros(1, 1, 2)
+    xc, yc = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]]]), torch.tensor([[[1.0], [2.0], [3.0]]])
+    index, valid = torch.arange(3).view(1, 1, 3), torch.ones(1, 1, 3, dtype=torch.bool)
+    before = head(zt, xt, xc, yc, index, valid)
+    used = []
+    with lead.head_covariance(nugget_share=0.3, lengthscale=2.0, record=used):
+        during = head(zt, xt, xc, yc, index, valid)
+    ell, sill, nugget = used[0][0, :2], used[0][0, 2], used[0][0, 3]
+    assert np.allclose(ell, 2 * 2.0) and math.isclose(nugget / (sill + nugget), 0.3, rel_tol=1e-4)
+    assert during[1].item() > before[1].item()  # a larger nugget: a larger kriging variance
+    after = head(zt, xt, xc, yc, index, valid)
+    assert torch.equal(after[0], before[0]) and "covariance" not in head.__dict__
+
+    # Log space: a fill of log(y) with mean mu, s.d. s comes back as the lognormal's moments.
+    def fake_infill(ds, variable, model, **options):
+        assert float(ds[variable].min()) == 0.0  # log(1)
+        return xr.Dataset({variable: ds[variable].fillna(0.0), f"{variable}_std": xr.full_like(ds[variable], 0.5)})
+
+    monkeypatch.setattr(lead, "infill", fake_infill)
+    ds = xr.Dataset({"chl": ("x", np.array([1.0, np.e, -1.0]))})
+    out = lead.log_space_infill(ds, "chl", "linear")
+    mean = np.exp(np.array([0.0, 1.0, 0.0]) + 0.125)
+    assert np.allclose(out["chl"], mean) and np.allclose(out["chl_std"], mean * math.sqrt(math.expm1(0.25)))

@@ -138,6 +138,19 @@ def grid_semivariance(values: np.ndarray, max_lag: int) -> tuple[np.ndarray, np.
     return distinct, gam, cnt
 
 
+def fit_grid_variogram(values: np.ndarray, variogram_model: str, max_lag: int = 64) -> list[float] | None:
+    """The ``variogram_model`` variogram ``[partial sill, range, nugget]`` (range in cells) fitted to
+    every pair of observed cells of ``values [R, C]`` (NaN missing) along its rows, columns and
+    diagonals up to ``max_lag`` cells apart (:func:`grid_semivariance`, :func:`geonp.models.kriging.fit_binned`); None
+    when fewer than three distances have pairs."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # degenerate fits warn; the parameters are bounded anyway
+        lag, gam, cnt = grid_semivariance(values, max_lag)
+        if len(lag) < 3:
+            return None
+        return fit_binned(lag, gam, cnt, variogram_model, float(max(values.shape)))
+
+
 def krige_scene(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, variogram_model: str = "exponential",
                 fit_points: int = 2000, nlags: int = 20, max_lag: int = 64, rng: np.random.Generator | None = None,
                 fallback: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray, list[float] | None]:
@@ -181,14 +194,13 @@ def krige_scene(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, 
         return mean, std, None
     centre, scale = z.mean(), z.std()
     zs = (z - centre) / scale
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # degenerate fits warn; the parameters are bounded anyway
-        lag, gam, cnt = grid_semivariance(np.where(observed, (values - centre) / scale, np.nan), max_lag)
-        if len(lag) >= 3:
-            psill, rng_, nugget = fit_binned(lag, gam, cnt, variogram_model, float(max(values.shape)))
-        else:  # too few pairs on the grid's axes and diagonals: scattered points
-            pick = rng.choice(len(z), size=min(fit_points, len(z)), replace=False)
-            psill, rng_, nugget = fit_variogram(pts[pick], zs[pick], variogram_model, nlags)
+    params = fit_grid_variogram(np.where(observed, (values - centre) / scale, np.nan), variogram_model, max_lag)
+    if params is None:  # too few pairs on the grid's axes and diagonals: scattered points
+        pick = rng.choice(len(z), size=min(fit_points, len(z)), replace=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            params = fit_variogram(pts[pick], zs[pick], variogram_model, nlags)
+    psill, rng_, nugget = params
     from pykrige.ok import OrdinaryKriging
 
     gamma = OrdinaryKriging.variogram_dict[variogram_model]

@@ -6,7 +6,7 @@
 The history benchmark (``pipelines.benchmarks.history_cv``) hides the split's steps under other
 steps' real gaps; this hides the same cells (same seed), fills them with ``linear`` and
 ``kriging`` through infill, and scores each hidden step on its own. For each step it then refits
-the step's variogram (:func:`geonp.models.field_kriging.grid_semivariance`, the baseline's own fit)
+the step's variogram (:func:`geonp.models.field_kriging.fit_grid_variogram`, the baseline's own fit)
 and kriges the same cells with PyKrige from every observed cell of the step, ordinary and
 universal (a regional linear drift in row and column), per variogram family: whether a trend or
 another family would have closed a gap to ``linear``. Global PyKrige systems grow with the
@@ -25,8 +25,7 @@ import torch
 
 from geonp.data.readers import data_folder
 from geonp.evaluate import _engine, evaluate
-from geonp.models.field_kriging import BOUNDED_MODELS, MIN_SCENE_POINTS, grid_semivariance
-from geonp.models.kriging import fit_binned
+from geonp.models.field_kriging import BOUNDED_MODELS, MIN_SCENE_POINTS, fit_grid_variogram
 from pipelines.benchmarks.history_cv import SCENES, split_steps
 from pipelines.provenance import REPO, header
 
@@ -56,12 +55,12 @@ def pykrige_fill(values: np.ndarray, cells: np.ndarray, family: str, trend: bool
         fit = zs - design @ np.linalg.lstsq(design, zs, rcond=None)[0]
     grid = np.full(values.shape, np.nan)
     grid[np.isfinite(values)] = fit
+    params = fit_grid_variogram(grid, family)
+    if params is None:
+        return None
+    psill, rng, nugget = params
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        lag, gam, cnt = grid_semivariance(grid, 64)
-        if len(lag) < 3:
-            return None
-        psill, rng, nugget = fit_binned(lag, gam, cnt, family, float(max(values.shape)))
         args = dict(variogram_model=family, variogram_parameters={"psill": psill, "range": rng, "nugget": nugget})
         if trend:
             krig = UniversalKriging(pts[:, 1], pts[:, 0], zs, drift_terms=["regional_linear"], **args)

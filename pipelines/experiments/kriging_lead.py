@@ -40,8 +40,7 @@ from geonp.data.readers import data_folder
 from geonp.evaluate import evaluate
 from geonp.fill.engine import infill
 from geonp.models import local_kriging
-from geonp.models.field_kriging import MIN_SCENE_POINTS, grid_semivariance
-from geonp.models.kriging import fit_binned
+from geonp.models.field_kriging import MIN_SCENE_POINTS, fit_grid_variogram
 from pipelines.benchmarks.history_cv import SCENES, split_steps
 from pipelines.provenance import REPO, header
 
@@ -103,8 +102,10 @@ def scene_variograms(values: np.ndarray) -> list[str]:
         if seen.sum() < MIN_SCENE_POINTS:
             continue
         centre, scale = np.nanmean(step), np.nanstd(step)
-        lag, gam, cnt = grid_semivariance(np.where(seen, (step - centre) / scale, np.nan), 64)
-        psill, rng, nugget = fit_binned(lag, gam, cnt, "exponential", float(max(step.shape)))
+        params = fit_grid_variogram(np.where(seen, (step - centre) / scale, np.nan), "exponential")
+        if params is None:
+            continue
+        psill, rng, nugget = params
         lines.append(f"| {t} | {int(seen.sum())} | {scale:.4g} | {rng / 3:.1f} | {nugget / (psill + nugget):.2f} |")
     return lines
 

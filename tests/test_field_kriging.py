@@ -104,7 +104,7 @@ def test_quadrant_counts_count_what_the_search_splits():
 
 
 def test_grid_semivariance_counts_every_pair_along_rows_columns_and_diagonals():
-    from geonp.models.field_kriging import grid_semivariance
+    from geonp.variogram import grid_semivariance
 
     rng = np.random.default_rng(2)
     values = rng.normal(size=(9, 11))

@@ -394,6 +394,19 @@ def test_kriging_lead_changes_the_head_only_while_open_and_fills_in_log_space(mo
     assert during[1].item() > before[1].item()  # a larger nugget: a larger kriging variance
     after = head(zt, xt, xc, yc, index, valid)
     assert torch.equal(after[0], before[0]) and "covariance" not in head.__dict__
+    used.clear()  # the scene's variogram: share and spatial lengthscales set, time and sill kept
+    with lead.head_covariance(set_share=0.25, set_space=3.0, record=used):
+        head(zt, xt, xc, yc, index, valid)
+    ell, sill, nugget = used[0][0, :2], used[0][0, 2], used[0][0, 3]
+    assert np.isclose(ell[0], 2.0) and np.isclose(ell[1], 3.0) and math.isclose(nugget / (sill + nugget), 0.25,
+                                                                                  rel_tol=1e-4)
+    # Per-step scores pool as one fill of all their cells would score.
+    part = [{"n": 1, "rmse": 1.0, "crps": 1.0, "coverage_90": 1.0, "rmse_by_distance": {"1": {"n": 1, "rmse": 1.0}}},
+            {"n": 3, "rmse": 3.0, "crps": 2.0, "coverage_90": 0.0, "rmse_by_distance": {"1": {"n": 3, "rmse": 3.0}}}]
+    both = lead.pooled(part)
+    assert math.isclose(both["rmse"], math.sqrt(7.0)) and math.isclose(both["crps"], 1.75)
+    assert math.isclose(both["coverage_90"], 0.25)
+    assert math.isclose(both["rmse_by_distance"]["1"]["rmse"], math.sqrt(7.0))
 
     # Log space: a fill of log(y) with mean mu, s.d. s comes back as the lognormal's moments.
     def fake_infill(ds, variable, model, **options):

@@ -3,8 +3,8 @@
 Per scene (one time step of a field):
 
 * the variogram is fitted once, to every pair of observed cells along the scene's rows, columns
-  and diagonals up to ``max_lag`` cells apart (:func:`grid_semivariance`; PyKrige's variogram
-  families, pair-count then Cressie-weighted least squares, :func:`geonp.models.kriging.fit_binned`),
+  and diagonals up to ``max_lag`` cells apart (:func:`geonp.variogram.grid_semivariance`; PyKrige's variogram
+  families, pair-count then Cressie-weighted least squares, :func:`geonp.variogram.fit_binned`),
   so a gap is filled with the scene's own spatial structure rather than one fitted to the few
   points around it;
 * each gap cell is kriged from its ``neighbours // 4`` nearest observed cells in each quadrant
@@ -30,13 +30,12 @@ import warnings
 import numpy as np
 from scipy.spatial import cKDTree
 
-from geonp.models.kriging import fit_binned, fit_variogram
+from geonp.models.kriging import fit_variogram
 from geonp.tasks.clouds import random_clouds
+from geonp.variogram import MIN_SCENE_POINTS, fit_grid_variogram
 
 #: Variogram families with a sill (the covariance form needs one).
 BOUNDED_MODELS = ("exponential", "spherical", "gaussian")
-#: Observed cells a scene needs for its own variogram; sparser scenes get the field's spread.
-MIN_SCENE_POINTS = 30
 #: Observed cells hidden under random clouds to check the kriging s.d. against (see krige_scene).
 CHECK_POINTS = 1000
 _BATCH = 2048  # targets solved at once: [batch, K, K] float64, 64 MiB at K = 64
@@ -108,49 +107,6 @@ def quadrant_counts(observed: np.ndarray, cells: np.ndarray) -> np.ndarray:
                      box(0, r, c, n_c)], axis=1)  # dr < 0, dc >= 0
 
 
-def grid_semivariance(values: np.ndarray, max_lag: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The experimental variogram of a gridded scene from every pair of observed cells along its
-    rows, columns and both diagonals, ``1..max_lag`` steps apart (``values [R, C]``, NaN missing).
-
-    Returns ``(lag, semivariance, pairs)`` per distinct distance in cells, those with pairs only.
-    Every pair counts, the short lags most of all, which a random sample of points misses (on a
-    1-degree global SST scene, 2000 random cells left the first bin 0-10 cells wide and the nugget
-    three times too large).
-    """
-    rows, cols = values.shape
-    lags, gams, counts = [], [], []
-    for dr, dc in ((0, 1), (1, 0), (1, 1), (1, -1)):
-        for k in range(1, max_lag + 1):
-            r, c = k * dr, k * dc
-            if r >= rows or abs(c) >= cols:
-                break
-            a = values[: rows - r, max(0, -c): cols - max(0, c)]  # cell (i, j) ...
-            b = values[r:, max(0, c): cols - max(0, -c)]  # ... and cell (i + r, j + c)
-            diff = (a - b)[np.isfinite(a) & np.isfinite(b)]
-            if diff.size:
-                lags.append(k * np.hypot(dr, dc))
-                gams.append(0.5 * float(np.mean(diff**2)))
-                counts.append(diff.size)
-    # One bin per distinct distance: rows and columns (and the two diagonals) pooled by pair count.
-    distinct, which = np.unique(np.round(lags, 9), return_inverse=True)
-    cnt = np.bincount(which, counts, len(distinct))
-    gam = np.bincount(which, np.array(gams) * np.array(counts), len(distinct)) / np.maximum(cnt, 1)
-    return distinct, gam, cnt
-
-
-def fit_grid_variogram(values: np.ndarray, variogram_model: str, max_lag: int = 64) -> list[float] | None:
-    """The ``variogram_model`` variogram ``[partial sill, range, nugget]`` (range in cells) fitted to
-    every pair of observed cells of ``values [R, C]`` (NaN missing) along its rows, columns and
-    diagonals up to ``max_lag`` cells apart (:func:`grid_semivariance`, :func:`geonp.models.kriging.fit_binned`); None
-    when fewer than three distances have pairs."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # degenerate fits warn; the parameters are bounded anyway
-        lag, gam, cnt = grid_semivariance(values, max_lag)
-        if len(lag) < 3:
-            return None
-        return fit_binned(lag, gam, cnt, variogram_model, float(max(values.shape)))
-
-
 def krige_scene(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, variogram_model: str = "exponential",
                 fit_points: int = 2000, nlags: int = 20, max_lag: int = 64, rng: np.random.Generator | None = None,
                 fallback: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray, list[float] | None]:
@@ -162,7 +118,7 @@ def krige_scene(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, 
         neighbours: neighbours per gap cell, a quarter from each quadrant.
         variogram_model: one of :data:`BOUNDED_MODELS`.
         max_lag: the experimental variogram's longest lag, in cells along each axis and diagonal
-            (:func:`grid_semivariance`); the nearer neighbours of a kriging system lie well within it.
+            (:func:`geonp.variogram.grid_semivariance`); the nearer neighbours of a kriging system lie well within it.
         fit_points, nlags: for a scene too sparse for pairs on the grid: the variogram of up to
             ``fit_points`` random observed cells in ``nlags`` distance bins.
         rng: draws the fitting cells; default seed 0.

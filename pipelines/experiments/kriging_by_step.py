@@ -6,7 +6,7 @@
 The history benchmark (``pipelines.benchmarks.history_cv``) hides the split's steps under other
 steps' real gaps; this hides the same cells (same seed), fills them with ``linear`` and
 ``kriging`` through infill, and scores each hidden step on its own. For each step it then refits
-the step's variogram (:func:`geonp.models.field_kriging.fit_grid_variogram`, the baseline's own fit)
+the step's variogram (:func:`geonp.variogram.fit_grid_variogram`, the baseline's own fit)
 and kriges the same cells with PyKrige from every observed cell of the step, ordinary and
 universal (a regional linear drift in row and column), per variogram family: whether a trend or
 another family would have closed a gap to ``linear``. Global PyKrige systems grow with the
@@ -25,7 +25,8 @@ import torch
 
 from geonp.data.readers import data_folder
 from geonp.evaluate import _engine, evaluate
-from geonp.models.field_kriging import BOUNDED_MODELS, MIN_SCENE_POINTS, fit_grid_variogram
+from geonp.models.field_kriging import BOUNDED_MODELS
+from geonp.variogram import MIN_SCENE_POINTS, fit_grid_variogram
 from pipelines.benchmarks.history_cv import SCENES, split_steps
 from pipelines.provenance import REPO, header
 

@@ -47,6 +47,7 @@ from geonp.metrics import task_log_likelihood, task_scores
 from geonp.models import build, save
 from geonp.models.base import NeuralProcess
 from geonp.parallel import Group, setup, shutdown
+from geonp.tasks.history import check_nugget_input
 from geonp.tasks.sources import make_task_source
 from geonp.train_config import TrainConfig
 from geonp.train_paths import check_paths
@@ -92,6 +93,7 @@ class _Run:
         if covariates and model.covariate_inputs != len(covariates):
             raise ValueError(f"config: data covariates {covariates} need model_args kriging_covariates: "
                              f"{len(covariates)} (the model takes {model.covariate_inputs})")
+        check_nugget_input(covariates, getattr(model, "kriging_nugget_input", False), "config")
         if not self.model.trainable:
             raise ValueError(f"model {cfg.model!r} has no trainable weights (its hyper-parameters are fitted per task)")
         if cfg.init_from is not None:

@@ -9,7 +9,7 @@ its attributes and in the resumable store's record of the request.
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from geonp.fill.field import Field, select_variables, summarise, valid_cells
 from geonp.fill.predictor import ModelChoice, choose_model
 from geonp.fill.stack import add_history, reconstruct, stack_block
 from geonp.tasks.far_context import FAR_SHARE, MIN_FAR, OPENING
+from geonp.tasks.history import unscaled_count
 from geonp.tasks.windows import WindowSpec, canonical, extra_indices
 from geonp.version import __version__
 
@@ -88,11 +89,11 @@ def _window_spec(window: WindowSpec | tuple | str | None, shape: tuple[int, int,
     # (a model trained on a scene's history needs that history at infill too).
     seen = {k: tuple(trained[k]) if k == "halo" else float(trained[k]) for k in ("halo", "time_cells") if k in trained}
     base = WindowSpec(**{k: v for k, v in scaling.items() if k in ("cells_per_unit", "steps_per_unit")}, **cap,
-                      **seen)
+                      **seen, unscaled_covariates=unscaled_count(scaling.get("covariates", [])))
     if window is None:
         return base.fitted_to(shape)
     if isinstance(window, WindowSpec):
-        spec = window
+        spec = replace(window, unscaled_covariates=base.unscaled_covariates)  # what the model's covariates are
     else:
         parts = [int(p) for p in window.split(",")] if isinstance(window, str) else list(window)
         if len(parts) == 2:
@@ -100,8 +101,7 @@ def _window_spec(window: WindowSpec | tuple | str | None, shape: tuple[int, int,
         if len(parts) != 3:
             raise ValueError(f"--window: expected T,R,C (or R,C), got {window!r}")
         overlap = tuple(min(o, max(c - 1, 0)) for o, c in zip(base.overlap, parts))
-        spec = WindowSpec(tuple(parts), overlap, base.halo, base.max_context, base.cells_per_unit,
-                          base.steps_per_unit, base.time_cells)
+        spec = replace(base, core=tuple(parts), overlap=overlap)
     if any(c > n for c, n in zip(spec.core, shape)):
         raise ValueError(f"--window {','.join(map(str, spec.core))}: larger than the cube "
                          f"({','.join(map(str, shape))} as time,rows,cols)")

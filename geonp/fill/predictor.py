@@ -23,7 +23,7 @@ import torch
 from geonp.models import build
 from geonp.models.base import NeuralProcess
 from geonp.models.registry import available, load_with_meta
-from geonp.tasks.history import HISTORY_COVARIATES
+from geonp.tasks.history import HISTORY_COVARIATES, check_nugget_input
 from geonp.tasks.windows import WindowTask, collate_windows
 
 #: ``--model`` names filled from a field's whole stack rather than window by window (:mod:`geonp.fill.stack`).
@@ -127,6 +127,7 @@ def choose_model(name: str, checkpoint: str | Path | None = None, elevation: boo
     if drift != len(covariates):
         raise ValueError(f"--checkpoint {path}: its header names covariates {covariates} but the model takes "
                          f"{drift} in its kriging drift; the checkpoint is inconsistent")
+    check_nugget_input(covariates, getattr(model, "kriging_nugget_input", False), f"--checkpoint {path}")
     locations = model.dim_x - len(covariates)
     takes_elevation = locations == 4
     if locations not in (3, 4) or model.dim_y != 1:

@@ -75,6 +75,9 @@ SLOPE_INFORMATIVE = 1e-6
 #: all share one covariate value (its own differs) has a large raw entry and no information on the
 #: slope; what the float32 system leaves of it then is rounding.
 SLOPE_IDENTIFIED = 1e-4
+#: A scene's nugget share as the head takes it (``nugget_share``): at least a trace, so the system
+#: stays as well conditioned as with the network's own nugget, and at most most of the variance.
+NUGGET_SHARE_RANGE = (1e-5, 0.9)
 #: The slopes' priors by name (a positive number is a fixed share of each slope's own precision).
 SLOPE_PRIORS = ("none", "empirical")
 
@@ -231,21 +234,23 @@ class LocalKriging(nn.Module):
 
     def forward(self, zt: torch.Tensor, xt: torch.Tensor, xc: torch.Tensor, yc: torch.Tensor,
                 index: torch.Tensor, valid: torch.Tensor, drift_t: torch.Tensor | None = None,
-                drift_c: torch.Tensor | None = None,
-                mask_t: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                drift_c: torch.Tensor | None = None, mask_t: torch.Tensor | None = None,
+                nugget_share: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``drift_t [B, Nt, P]``, ``drift_c [B, Nc, P]``: covariates of the external drift (None:
         ordinary kriging); ``mask_t [B, Nt]``: the real targets (None: all), whose slopes set the
-        slopes' prior (``slope_prior``)."""
+        slopes' prior (``slope_prior``); ``nugget_share [B, Nt]``: each target's nugget as a share
+        of sill + nugget, the scene's own (:func:`geonp.variogram.step_nugget_shares`), in place of
+        the predicted nugget (None: the predicted one)."""
         if drift_c is None:
-            return self._sliced(zt, xt, xc, yc, index, valid)
-        parts = self._sliced(zt, xt, xc, yc, index, valid, drift_t, drift_c)
+            return self._sliced(zt, xt, xc, yc, index, valid, nugget_share=nugget_share)
+        parts = self._sliced(zt, xt, xc, yc, index, valid, drift_t, drift_c, nugget_share)
         if self.slope_prior == "none":  # each target's slopes from its neighbours alone
             return self._drift_solution(parts, DRIFT_RIDGE)
         return self._drift_solution(parts, *self._slope_prior(parts, mask_t))
 
     def _sliced(self, zt: torch.Tensor, xt: torch.Tensor, xc: torch.Tensor, yc: torch.Tensor,
                 index: torch.Tensor, valid: torch.Tensor, drift_t: torch.Tensor | None = None,
-                drift_c: torch.Tensor | None = None):
+                drift_c: torch.Tensor | None = None, nugget_share: torch.Tensor | None = None):
         """:meth:`_targets` a slice of targets at a time, joined along the targets: ``(mean, log
         variance)`` of ordinary kriging, or the drift system's parts (:meth:`_drift_parts`)."""
         # Targets a slice at a time: each step's K x K matrices then stay in cache rather than
@@ -253,9 +258,10 @@ class LocalKriging(nn.Module):
         b, nt, k = index.shape
         step = max(1, _CACHE_ELEMS // (b * k * k))
         if step >= nt:
-            return self._targets(zt, xt, xc, yc, index, valid, drift_t, drift_c)
+            return self._targets(zt, xt, xc, yc, index, valid, drift_t, drift_c, nugget_share)
         parts = [self._targets(zt[:, s:s + step], xt[:, s:s + step], xc, yc, index[:, s:s + step],
-                               valid[:, s:s + step], None if drift_t is None else drift_t[:, s:s + step], drift_c)
+                               valid[:, s:s + step], None if drift_t is None else drift_t[:, s:s + step], drift_c,
+                               None if nugget_share is None else nugget_share[:, s:s + step])
                  for s in range(0, nt, step)]
         if drift_c is not None:
             return {key: torch.cat([part[key] for part in parts], 1) for key in parts[0]}
@@ -263,10 +269,13 @@ class LocalKriging(nn.Module):
 
     def _targets(self, zt: torch.Tensor, xt: torch.Tensor, xc: torch.Tensor, yc: torch.Tensor,
                  index: torch.Tensor, valid: torch.Tensor, drift_t: torch.Tensor | None = None,
-                 drift_c: torch.Tensor | None = None):
+                 drift_c: torch.Tensor | None = None, nugget_share: torch.Tensor | None = None):
         p = self.covariance(zt).float().clamp(-12.0, 8.0)  # [B, Nt, Dx + 2], bounded: exp stays finite
         ell = p[..., :self.dim_x].exp()  # [B, Nt, Dx]
         sill, nugget = p[..., self.dim_x].exp(), p[..., self.dim_x + 1].exp()  # [B, Nt]
+        if nugget_share is not None:  # n / (s + n) = share  <=>  n = s share / (1 - share)
+            share = nugget_share.float().clamp(NUGGET_SHARE_RANGE[0], NUGGET_SHARE_RANGE[1])
+            nugget = sill * share / (1 - share)
         # Absent neighbours may hold anything (NaN padding): zero them so 0 * NaN never arises.
         xg = torch.where(valid[..., None], gather_rows(xc, index), 0.0).float()  # [B, Nt, K, Dx]
         yg = torch.where(valid[..., None], gather_rows(yc, index), 0.0).float()  # [B, Nt, K, Dy]

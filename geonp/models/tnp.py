@@ -193,7 +193,8 @@ class TEPTTNP(_TETransformerNP):
                  neighbour_weights: list[float] | None = None, local_kriging: bool = False,
                  kriging_kernel: str = "exponential", kriging_neighbours: int = 0,
                  kriging_quadrant_dims: list[int] | None = None, kriging_covariates: int = 0,
-                 kriging_trend_dims: list[int] | None = None, kriging_slope_prior: str | float = "none") -> None:
+                 kriging_trend_dims: list[int] | None = None, kriging_slope_prior: str | float = "none",
+                 kriging_nugget_input: bool = False) -> None:
         super().__init__(dim_x, dim_y, dim_model, min_scale)
         with_kriging = local_kriging and num_neighbours > 0
         # kriging_covariates: the last inputs are covariates, not locations (e.g. what the scene's
@@ -206,6 +207,12 @@ class TEPTTNP(_TETransformerNP):
             raise ValueError(f"kriging_covariates must be in 0..{dim_x - 1}, got {kriging_covariates}")
         self.kriging_covariates = self.covariate_inputs = kriging_covariates
         dim_x = dim_x - kriging_covariates  # the location inputs, from here on
+        # kriging_nugget_input: the last covariate is not a drift but the scene's nugget share (the
+        # ``nugget`` covariate, geonp.tasks.history), which sets the head's nugget: the variogram a
+        # geostatistician fits per scene, where the network's own nugget barely varies.
+        if kriging_nugget_input and not kriging_covariates:
+            raise ValueError("kriging_nugget_input needs the nugget as the last of kriging_covariates")
+        self.kriging_nugget_input = bool(kriging_nugget_input)
         # kriging_trend_dims: location inputs (e.g. [1, 2], rows and columns) whose offsets from the
         # target join the drift, a plane fitted by each target's neighbours (universal kriging): deep
         # inside a wide gap the mean follows the trend across it instead of levelling off.
@@ -267,11 +274,16 @@ class TEPTTNP(_TETransformerNP):
             split = xc.shape[-1] - self.kriging_covariates
             xc, drift_c = xc[..., :split], xc[..., split:]
             xt, drift_t = xt[..., :split], xt[..., split:]
+        nugget_t = None
+        if self.kriging_nugget_input:  # [B, Nt, P] -> drift [B, Nt, P - 1], the targets' nugget share [B, Nt]
+            nugget_t, drift_t, drift_c = drift_t[..., -1], drift_t[..., :-1], drift_c[..., :-1]
+            if drift_t.shape[-1] == 0:
+                drift_t = drift_c = None
         near_t, near_k = self._neighbourhoods(xc, xt, mask_c)  # each ([B, Nt, K] indices, mask) or None
         zt = self._encode(xc, yc, xt, mask_c, near_t)  # [B, Nt, Dz]
         if self.kriging is None:
             return self.head(self.decoder(zt))
-        return self._kriging_head(zt, xc, yc, xt, near_k, drift_c, drift_t, mask_t)
+        return self._kriging_head(zt, xc, yc, xt, near_k, drift_c, drift_t, mask_t, nugget_t)
 
     def _neighbourhoods(self, xc: torch.Tensor, xt: torch.Tensor, mask_c: torch.Tensor) -> tuple:
         """The targets' nearest context points for local attention and for the kriging head,
@@ -305,15 +317,16 @@ class TEPTTNP(_TETransformerNP):
 
     def _kriging_head(self, zt: torch.Tensor, xc: torch.Tensor, yc: torch.Tensor, xt: torch.Tensor,
                       near: tuple, drift_c: torch.Tensor | None, drift_t: torch.Tensor | None,
-                      mask_t: torch.Tensor | None = None) -> Normal:
+                      mask_t: torch.Tensor | None = None, nugget_t: torch.Tensor | None = None) -> Normal:
         """The kriging mean as the predicted mean; sigma from tokens that carry the kriging mean and
-        variance. ``xc``/``xt`` are the input locations (``[B, N, Dx]``), not the moved ones."""
+        variance. ``xc``/``xt`` are the input locations (``[B, N, Dx]``), not the moved ones;
+        ``nugget_t [B, Nt]``: each target's nugget share (None: the network's own)."""
         if self.kriging_trend_dims is not None:  # location offsets as drift: [B, N, P + len(dims)]
             trend_c, trend_t = xc[..., self.kriging_trend_dims], xt[..., self.kriging_trend_dims]
             drift_c = trend_c if drift_c is None else torch.cat([drift_c, trend_c], -1)
             drift_t = trend_t if drift_t is None else torch.cat([drift_t, trend_t], -1)
         # [B, Nt, Dy], [B, Nt, 1]
-        k_mean, k_logvar = self.kriging(zt, xt, xc, yc, *near, drift_t, drift_c, mask_t)
+        k_mean, k_logvar = self.kriging(zt, xt, xc, yc, *near, drift_t, drift_c, mask_t, nugget_t)
         raw = self.decoder(zt + self.kriging_in(torch.cat([k_mean, k_logvar], -1).to(zt.dtype)))
         _, pre_scale = raw.float().split(self.dim_y, dim=-1)
         return self.head(torch.cat([k_mean.float(), pre_scale], -1))

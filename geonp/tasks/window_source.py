@@ -24,7 +24,7 @@ import torch
 from geonp.data.readers import data_folder
 from geonp.tasks.batch import Batch
 from geonp.tasks.clouds import random_clouds
-from geonp.tasks.history import flat_covariates
+from geonp.tasks.history import flat_covariates, flat_values, unscaled_count
 from geonp.tasks.real_fields import prepare_fields
 from geonp.tasks.training import training_window
 from geonp.tasks.windows import WindowSpec, WindowTask, collate_windows
@@ -112,8 +112,8 @@ class WindowSource:
                  synthetic: float = 0.5, window: dict | None = None, seed: int = 0,
                  real_clouds: float = 0.0, wide_clouds: float = 0.0, covariates: list[str] | None = None,
                  history_folds: int = 0, elevation: str | None = None, workers: int | None = None) -> None:
-        self.spec = WindowSpec.from_dict(window or {})
         self.covariates = list(covariates or [])
+        self.spec = WindowSpec.from_dict({**(window or {}), "unscaled_covariates": unscaled_count(self.covariates)})
         if not isinstance(history_folds, int) or isinstance(history_folds, bool) or history_folds < 0:
             raise ValueError(f"data.history_folds must be a whole number >= 0, got {history_folds!r}")
         if history_folds and not self.covariates:
@@ -142,7 +142,8 @@ class WindowSource:
                 if self.covariates:
                     # Flat: a view of a few steps holds little history, and the EOFs of so short a stack
                     # would be fitted to the very cells the window then hides.
-                    history = flat_covariates(len(self.covariates), values.shape, float(np.nanmean(values)))
+                    history = flat_covariates(len(self.covariates), values.shape,
+                                              flat_values(self.covariates, float(np.nanmean(values))))
             else:
                 values, valid, spread, history, folds, elevation = fields[int(rng.integers(len(fields)))]
                 if folds:

@@ -24,7 +24,7 @@ spread when the window has few observations.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
@@ -62,6 +62,10 @@ class WindowSpec:
         time_cells: when thinning context, a time step away from the window's centre counts as
             this many cells of distance (0: only the distance in space counts). With a long
             history (a time halo of several steps) this keeps the target day's own cells first.
+        unscaled_covariates: the last this many covariates are shares (the ``nugget``,
+            :data:`geonp.tasks.history.UNSCALED_COVARIATES`) and reach the model as they are; the
+            others are standardised like the values. Set from the covariates' names
+            (:func:`geonp.tasks.history.unscaled_count`), not by hand.
     """
 
     core: tuple[int, int, int] = (1, 16, 16)
@@ -71,6 +75,7 @@ class WindowSpec:
     cells_per_unit: float = 8.0
     steps_per_unit: float = 1.0
     time_cells: float = 0.0
+    unscaled_covariates: int = 0
 
     def __post_init__(self) -> None:
         for name in ("core", "overlap", "halo"):
@@ -83,6 +88,8 @@ class WindowSpec:
             raise ValueError(f"window overlap {self.overlap} cannot exceed the core {self.core}")
         if self.max_context < 1 or self.cells_per_unit <= 0 or self.steps_per_unit <= 0:
             raise ValueError("max_context, cells_per_unit and steps_per_unit must be positive")
+        if int(self.unscaled_covariates) != self.unscaled_covariates or self.unscaled_covariates < 0:
+            raise ValueError(f"window unscaled_covariates must be a whole number >= 0, got {self.unscaled_covariates}")
 
     @property
     def view(self) -> tuple[int, int, int]:
@@ -122,8 +129,7 @@ class WindowSpec:
         core = tuple(min(c, n) for c, n in zip(self.core, shape))
         overlap = tuple(min(o, c - 1 if c > 1 else 0) for o, c in zip(self.overlap, core))
         halo = tuple(min(h, n) for h, n in zip(self.halo, shape))
-        return WindowSpec(core, overlap, halo, self.max_context, self.cells_per_unit, self.steps_per_unit,
-                          self.time_cells)
+        return replace(self, core=core, overlap=overlap, halo=halo)
 
 
 @dataclass(frozen=True)
@@ -230,7 +236,8 @@ def window_task(values: np.ndarray, context: np.ndarray, target: np.ndarray, cen
         history: ``[P, T, R, C]`` what the field's history predicts at each cell, one map per
             covariate (user units, :func:`geonp.tasks.history.history_covariates`), or None when the
             model takes none. They become the last ``P`` inputs, standardised like the values, so a
-            model sees how each cell departs from them; ``far_history [P, Nf]``: at the far points.
+            model sees how each cell departs from them, but for the last ``spec.unscaled_covariates``
+            (shares, as they are); ``far_history [P, Nf]``: at the far points.
     """
     ci = np.flatnonzero(context)
     ti = np.flatnonzero(target)
@@ -253,8 +260,11 @@ def window_task(values: np.ndarray, context: np.ndarray, target: np.ndarray, cen
         flat = history.reshape(len(history), -1)  # [P, T * R * C]
         far_h = np.asarray(far_history, np.float64) if nf else np.zeros((len(history), 0))
         hc = np.concatenate([flat[:, ci], far_h], axis=1)  # [P, Nc]
-        xc = np.concatenate([xc, ((hc.T - offset) / scale).astype(np.float32)], axis=1)
-        xt = np.concatenate([xt, ((flat[:, ti].T - offset) / scale).astype(np.float32)], axis=1)
+        scaled = len(history) - spec.unscaled_covariates  # the shares after them stay as they are
+        shift, div = np.zeros((len(history), 1)), np.ones((len(history), 1))
+        shift[:scaled], div[:scaled] = offset, scale
+        xc = np.concatenate([xc, ((hc - shift) / div).T.astype(np.float32)], axis=1)
+        xt = np.concatenate([xt, ((flat[:, ti] - shift) / div).T.astype(np.float32)], axis=1)
     yt = None if truth is None else ((truth.reshape(-1)[ti] - offset) / scale).astype(np.float32)
     return WindowTask(xc, ((yc - offset) / scale).astype(np.float32), xt, ti, offset, scale, yt)
 

@@ -1,0 +1,115 @@
+"""The scene's own nugget in te-pt-tnp's kriging head: the ``nugget`` covariate, how a window hands it
+over (as a share, not standardised) and how the head takes it (``kriging_nugget_input``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from geonp.models import build
+from geonp.models.local_kriging import NUGGET_SHARE_RANGE, LocalKriging
+from geonp.tasks.history import (
+    check_nugget_input,
+    flat_covariates,
+    flat_values,
+    history_covariates,
+    is_flat,
+    unscaled_count,
+)
+from geonp.tasks.windows import WindowSpec, window_task
+from geonp.variogram import step_nugget_shares
+
+
+def rough_and_smooth(seed: int = 0) -> np.ndarray:
+    """Two steps of one smooth field: the first as it is, the second with white noise of the
+    field's own variance added (a nugget of about half the variance)."""
+    rng = np.random.default_rng(seed)
+    r, c = np.meshgrid(np.arange(60), np.arange(60), indexing="ij")
+    smooth = np.sin(r / 9.0) + np.cos(c / 11.0)
+    return np.stack([smooth, smooth + smooth.std() * rng.standard_normal(smooth.shape)])
+
+
+def test_a_noisy_step_has_a_larger_nugget_share_than_a_smooth_one():
+    values = rough_and_smooth()
+    values[:, :5, :5] = np.nan  # gaps do not stop the fit
+    shares = step_nugget_shares(values)
+    assert shares[0] < 0.05 and 0.15 < shares[1] < 0.7  # the exponential fit gives the smooth part some of it
+    sparse = np.full((1, 60, 60), np.nan)
+    sparse[0, 0, :10] = 1.0  # too few cells for a variogram: NaN, not a guess
+    assert np.isnan(step_nugget_shares(sparse)[0])
+
+
+def test_the_nugget_covariate_is_one_share_per_step_and_the_median_where_a_step_cannot_tell():
+    values = np.concatenate([rough_and_smooth(), np.full((1, 60, 60), np.nan)])
+    values[2, 0, :3] = 1.0  # a step with three cells
+    maps, what = history_covariates(values, None, ["nugget"])
+    shares = step_nugget_shares(values)
+    assert "nugget" in what and maps.shape == (1, 3, 60, 60)
+    for t in range(2):
+        assert np.allclose(maps[0, t], np.float32(shares[t]))
+    assert np.allclose(maps[0, 2], np.float32(np.median(shares[:2])))
+
+
+def test_flat_maps_hold_one_number_per_covariate_and_no_nugget():
+    maps = flat_covariates(2, (3, 4, 5), flat_values(["mean", "nugget"], 7.5))
+    assert is_flat(maps) and is_flat(maps[1]) and maps.shape == (2, 3, 4, 5)
+    assert float(maps[0].flat[0]) == 7.5 and float(maps[1].flat[0]) == 0.0
+    assert not is_flat(np.zeros((2, 3, 4, 5), np.float32))
+
+
+def test_the_nugget_must_come_last_and_match_the_model():
+    assert unscaled_count(["dineof", "nugget"]) == 1 and unscaled_count(["dineof"]) == 0
+    with pytest.raises(ValueError, match="must come last"):
+        unscaled_count(["nugget", "dineof"])
+    check_nugget_input(["dineof", "nugget"], True, "x")
+    with pytest.raises(ValueError, match="--checkpoint m.safetensors: .*kriging_nugget_input: true"):
+        check_nugget_input(["dineof", "nugget"], False, "--checkpoint m.safetensors")
+    with pytest.raises(ValueError, match="config: .*add nugget"):
+        check_nugget_input(["dineof"], True, "config")
+
+
+def test_a_window_standardises_the_drift_covariates_and_leaves_the_share_as_it_is():
+    values = 10.0 + np.arange(2 * 6 * 6, dtype=float).reshape(2, 6, 6)
+    context = np.ones(values.shape, bool)
+    context[1, 2, 2] = False
+    target = ~context
+    history = np.stack([values + 1.0, np.full(values.shape, 0.25)])  # a prediction, a share
+    spec = WindowSpec(core=(1, 4, 4), overlap=(0, 0, 0), halo=(1, 1, 1), unscaled_covariates=1)
+    task = window_task(values, context, target, (1.0, 2.0, 2.0), spec, 5.0, history=history)
+    drift, share = task.xc[:, 3], task.xc[:, 4]
+    assert np.allclose(drift * task.scale + task.offset, values[context] + 1.0, atol=1e-4)
+    assert np.allclose(share, 0.25) and np.allclose(task.xt[:, 4], 0.25)
+    with pytest.raises(ValueError, match="unscaled_covariates"):
+        WindowSpec(unscaled_covariates=-1)
+
+
+def test_the_head_takes_the_scene_nugget_in_place_of_its_own():
+    head = LocalKriging(dim_model=4, dim_x=2, kernel="exponential")
+    zt, xt = torch.zeros(1, 2, 4), torch.zeros(1, 2, 2)
+    xc, yc = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]]]), torch.tensor([[[1.0], [2.0], [4.0]]])
+    index, valid = torch.arange(3).view(1, 1, 3).expand(1, 2, 3), torch.ones(1, 2, 3, dtype=torch.bool)
+    own = head(zt, xt, xc, yc, index, valid)
+    share = torch.tensor([[0.0, 0.5]])
+    mean, logvar = head(zt, xt, xc, yc, index, valid, nugget_share=share)
+    # A share of 0 is floored to a trace below the network's initial nugget: closer to exact interpolation.
+    assert logvar[0, 0] < own[1][0, 0] and logvar[0, 1] > own[1][0, 1]
+    # At a share of one half the nugget equals the sill: the weights spread, the mean moves to the average.
+    assert abs(mean[0, 1] - yc.mean()) < abs(own[0][0, 1] - yc.mean())
+    assert NUGGET_SHARE_RANGE[0] > 0 and NUGGET_SHARE_RANGE[1] < 1
+
+
+def test_the_model_splits_the_nugget_off_its_drift_and_refuses_it_without_covariates():
+    kwargs = dict(preset="tiny", local_kriging=True, num_neighbours=4, kriging_neighbours=4)
+    model = build("te-pt-tnp", dim_x=5, dim_y=1, kriging_covariates=2, kriging_nugget_input=True, **kwargs).eval()
+    g = torch.Generator().manual_seed(0)
+    xc, yc, xt = torch.rand(1, 12, 5, generator=g), torch.randn(1, 12, 1, generator=g), torch.rand(1, 3, 5, generator=g)
+    mask_c, mask_t = torch.ones(1, 12, dtype=torch.bool), torch.ones(1, 3, dtype=torch.bool)
+    low, high = xt.clone(), xt.clone()
+    low[..., -1], high[..., -1] = 0.0, 0.6
+    with torch.no_grad():
+        m_low = model(xc, yc, low, mask_c, mask_t).loc
+        m_high = model(xc, yc, high, mask_c, mask_t).loc
+    assert not torch.allclose(m_low, m_high)  # the share reaches the head: its weights, so its mean, move
+    with pytest.raises(ValueError, match="kriging_nugget_input needs"):
+        build("te-pt-tnp", dim_x=3, dim_y=1, kriging_nugget_input=True, **kwargs)

@@ -93,7 +93,8 @@ class _Run:
         if covariates and model.covariate_inputs != len(covariates):
             raise ValueError(f"config: data covariates {covariates} need model_args kriging_covariates: "
                              f"{len(covariates)} (the model takes {model.covariate_inputs})")
-        check_nugget_input(covariates, getattr(model, "kriging_nugget_input", False), "config")
+        if covariates:  # a fine-tuning source has none of its own: the infill checkpoint was checked
+            check_nugget_input(covariates, getattr(model, "kriging_nugget_input", False), "config")
         if not self.model.trainable:
             raise ValueError(f"model {cfg.model!r} has no trainable weights (its hyper-parameters are fitted per task)")
         if cfg.init_from is not None:

@@ -113,3 +113,22 @@ def test_the_model_splits_the_nugget_off_its_drift_and_refuses_it_without_covari
     assert not torch.allclose(m_low, m_high)  # the share reaches the head: its weights, so its mean, move
     with pytest.raises(ValueError, match="kriging_nugget_input needs"):
         build("te-pt-tnp", dim_x=3, dim_y=1, kriging_nugget_input=True, **kwargs)
+
+
+def test_infill_and_fine_tuning_take_the_nugget_covariate(tmp_path):
+    import xarray as xr
+
+    from geonp.fill.engine import infill
+    from geonp.fill.predictor import bundled_checkpoint
+    from pipelines.checkpoint_variants import variant_checkpoint
+
+    checkpoint = variant_checkpoint(bundled_checkpoint("te-pt-tnp"), tmp_path / "nugget.safetensors",
+                                    covariates=["dineof", "spread", "nugget"],
+                                    model_args={"kriging_nugget_input": True})
+    values = np.concatenate([rough_and_smooth(), rough_and_smooth(1)])[:, :32, :32]
+    values[2, 8:20, 8:20] = np.nan
+    ds = xr.Dataset({"v": (("time", "lat", "lon"), values)},
+                    coords={"time": np.arange(4), "lat": np.arange(32) * 0.1, "lon": np.arange(32) * 0.1})
+    out = infill(ds, "v", "te-pt-tnp", checkpoint=str(checkpoint), fit_steps=2)
+    gap = np.isnan(values[2])
+    assert np.isfinite(out["v"].values[2][gap]).all() and (out["v_std"].values[2][gap] > 0).all()

@@ -132,3 +132,18 @@ def test_infill_and_fine_tuning_take_the_nugget_covariate(tmp_path):
     out = infill(ds, "v", "te-pt-tnp", checkpoint=str(checkpoint), fit_steps=2)
     gap = np.isnan(values[2])
     assert np.isfinite(out["v"].values[2][gap]).all() and (out["v_std"].values[2][gap] > 0).all()
+
+
+def test_the_nugget_is_that_of_what_the_drift_leaves():
+    from geonp.tasks.history import drift_residuals
+
+    smooth = rough_and_smooth()[:1]
+    rng = np.random.default_rng(3)
+    noise = rng.standard_normal(smooth.shape)
+    drift = np.stack([noise])  # a covariate that explains a rough part of the field exactly
+    values = smooth + 2.0 * noise
+    observed = np.ones(values.shape, bool)
+    left = drift_residuals(values, observed, drift)
+    assert np.corrcoef(left.ravel(), smooth.ravel())[0, 1] > 0.99  # the drift's part is gone
+    assert step_nugget_shares(values)[0] > 0.3 > 0.05 > step_nugget_shares(left)[0]
+    assert np.allclose(drift_residuals(values, observed, drift[:0]), values - values.mean())

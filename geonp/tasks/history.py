@@ -266,11 +266,12 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
       the whole step (:func:`geonp.tasks.coarse.coarse_trend`), which carries a wide cloud's rims
       across it;
     * ``nugget``: not a prediction either but the step's own roughness, the nugget share of the
-      variogram fitted to its observed cells (:func:`geonp.variogram.step_nugget_shares`), one
-      number over the step (the median step's where a step has too few cells); te-pt-tnp's
-      kriging head takes it as its nugget (``kriging_nugget_input``), as a geostatistician fits a
-      variogram per scene. A share, not in the field's units: it must come last among the names
-      (:func:`unscaled_count`).
+      variogram fitted to what the covariates before it leave of its observed cells
+      (:func:`drift_residuals`, :func:`geonp.variogram.step_nugget_shares`), one number over the
+      step (the median step's where a step has too few cells); te-pt-tnp's kriging head takes it
+      as its nugget (``kriging_nugget_input``), as a geostatistician fits the variogram of the
+      residuals from the drift per scene. A share, not in the field's units: it must come last
+      among the names (:func:`unscaled_count`).
 
     A field with fewer than :data:`MIN_STEPS` steps holding observations (one scene) gets flat
     history maps (``coarse`` is still computed), and one above :data:`MAX_HISTORY_CELLS` flat
@@ -304,8 +305,8 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
         if name == "coarse":
             pred = coarse_trend(np.where(observed, values, np.nan), valid)
             said.append("coarse")
-        elif name == "nugget":
-            shares = step_nugget_shares(np.where(observed, values, np.nan))
+        elif name == "nugget":  # last (unscaled_count): the drift covariates before it are in out[:i]
+            shares = step_nugget_shares(drift_residuals(values, observed, out[:i]))
             known = np.isfinite(shares)
             out[i] = np.where(known, shares, np.median(shares[known]) if known.any() else 0.0)[:, None, None]
             said.append("nugget")
@@ -396,6 +397,29 @@ def has_history(values: np.ndarray, valid: np.ndarray | None) -> bool:
     """Whether :func:`history_covariates` computes more than flat maps for this ``[T, R, C]`` stack."""
     ok = np.ones(values.shape[1:], bool) if valid is None else np.asarray(valid, bool)
     return _without_history(values, np.isfinite(values) & np.broadcast_to(ok, values.shape)) is None
+
+
+def drift_residuals(values: np.ndarray, observed: np.ndarray, drifts: np.ndarray) -> np.ndarray:
+    """What a linear drift on ``drifts [P, T, R, C]`` leaves of each step of ``values [T, R, C]``
+    at its ``observed`` cells (NaN elsewhere): per step, the least-squares fit of the observed
+    values on ``[1, drifts]`` subtracted. With no drift (``P = 0``), too few observed cells (under
+    ten per coefficient) or a singular fit, the step's mean is subtracted instead. Kriging with an
+    external drift needs the covariance of these residuals, not of the field: where the history
+    explains a day, what is left is rougher (NDVI) or smoother than the day itself."""
+    out = np.full(values.shape, np.nan)
+    for t in range(len(values)):
+        seen = observed[t]
+        y = values[t][seen]
+        if y.size == 0:
+            continue
+        design = np.column_stack([np.ones(y.size), *(d[t][seen] for d in drifts)])
+        fitted = np.full(y.size, y.mean())
+        if len(drifts) and y.size >= 10 * design.shape[1]:
+            coef, _, rank, _ = np.linalg.lstsq(design, y, rcond=None)
+            if rank == design.shape[1]:
+                fitted = design @ coef
+        out[t][seen] = y - fitted
+    return out
 
 
 def flat_covariates(count: int, shape: tuple[int, ...], value: float | list[float]) -> np.ndarray:

@@ -84,19 +84,49 @@ def test_a_window_standardises_the_drift_covariates_and_leaves_the_share_as_it_i
         WindowSpec(unscaled_covariates=-1)
 
 
-def test_the_head_takes_the_scene_nugget_in_place_of_its_own():
-    head = LocalKriging(dim_model=4, dim_x=2, kernel="exponential")
-    zt, xt = torch.zeros(1, 2, 4), torch.zeros(1, 2, 2)
-    xc, yc = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]]]), torch.tensor([[[1.0], [2.0], [4.0]]])
-    index, valid = torch.arange(3).view(1, 1, 3).expand(1, 2, 3), torch.ones(1, 2, 3, dtype=torch.bool)
+def test_the_scene_nugget_sets_the_weights_and_the_variance_stays_the_networks():
+    from geonp.models.local_kriging import _JITTER, INIT_LENGTHSCALES, INIT_NUGGET, INIT_SILL
+
+    head = LocalKriging(dim_model=4, dim_x=2, kernel="exponential")  # untrained: the initial covariance
+    zt, xt = torch.zeros(1, 2, 4), torch.tensor([[[0.2, 0.1], [0.0, 0.0]]])
+    xc = torch.tensor([[[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.5, 0.5]]])
+    yc = torch.tensor([[[1.0], [2.0], [4.0], [0.0]]])
+    index, valid = torch.arange(4).view(1, 1, 4).expand(1, 2, 4), torch.ones(1, 2, 4, dtype=torch.bool)
     own = head(zt, xt, xc, yc, index, valid)
     share = torch.tensor([[0.0, 0.5]])
     mean, logvar = head(zt, xt, xc, yc, index, valid, nugget_share=share)
-    # A share of 0 is floored to a trace below the network's initial nugget: closer to exact interpolation.
-    assert logvar[0, 0] < own[1][0, 0] and logvar[0, 1] > own[1][0, 1]
-    # At a share of one half the nugget equals the sill: the weights spread, the mean moves to the average.
-    assert abs(mean[0, 1] - yc.mean()) < abs(own[0][0, 1] - yc.mean())
-    assert NUGGET_SHARE_RANGE[0] > 0 and NUGGET_SHARE_RANGE[1] < 1
+    pts, ys = xc[0].double().numpy(), yc[0, :, 0].double().numpy()
+    ell = INIT_LENGTHSCALES["exponential"]
+
+    def cov(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return INIT_SILL * np.exp(-np.linalg.norm(a[:, None] - b[None], axis=-1) / ell)
+
+    for i, s in enumerate([NUGGET_SHARE_RANGE[0], 0.5]):
+        target = xt[0, i:i + 1].double().numpy()
+        scene = INIT_SILL * s / (1 - s)
+        big = np.ones((5, 5))  # ordinary kriging, bordered, with the scene's nugget
+        big[:4, :4], big[4, 4] = cov(pts, pts) + (scene + _JITTER) * np.eye(4), 0.0
+        w = np.linalg.solve(big, np.append(cov(target, pts)[0], 1.0))[:4]
+        assert np.isclose(mean[0, i, 0].item(), w @ ys, atol=1e-4)
+        # The same weights' error variance under the network's own covariance (its nugget INIT_NUGGET).
+        net = INIT_SILL + INIT_NUGGET - 2 * w @ cov(target, pts)[0] + w @ (cov(pts, pts) + INIT_NUGGET * np.eye(4)) @ w
+        assert np.isclose(logvar[0, i, 0].exp().item(), net, rtol=2e-3)
+        assert logvar[0, i, 0] >= own[1][0, i, 0] - 1e-4  # no weights beat the network's own under its covariance
+    assert not torch.allclose(mean, own[0])
+
+    # With an external drift (slopes from the neighbours alone): the same, for the drift's weights.
+    dc, dt = torch.tensor([[[0.3], [-1.0], [0.8], [0.1]]]), torch.tensor([[[0.0], [0.2]]])
+    mean, logvar = head(zt, xt, xc, yc, index, valid, dt, dc, nugget_share=share)
+    d = dc[0, :, 0].double().numpy()
+    for i, s in enumerate([NUGGET_SHARE_RANGE[0], 0.5]):
+        target = xt[0, i:i + 1].double().numpy()
+        big = np.zeros((6, 6))
+        big[:4, :4] = cov(pts, pts) + (INIT_SILL * s / (1 - s) + _JITTER) * np.eye(4)
+        big[:4, 4], big[4, :4], big[:4, 5], big[5, :4] = 1.0, 1.0, d, d
+        w = np.linalg.solve(big, np.concatenate([cov(target, pts)[0], [1.0, dt[0, i, 0].item()]]))[:4]
+        assert np.isclose(mean[0, i, 0].item(), w @ ys, atol=2e-3)
+        net = INIT_SILL + INIT_NUGGET - 2 * w @ cov(target, pts)[0] + w @ (cov(pts, pts) + INIT_NUGGET * np.eye(4)) @ w
+        assert np.isclose(logvar[0, i, 0].exp().item(), net, rtol=1e-2)
 
 
 def test_the_model_splits_the_nugget_off_its_drift_and_refuses_it_without_covariates():

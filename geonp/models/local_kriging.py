@@ -203,6 +203,21 @@ def spd_solve(k: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     return _SPDSolve.apply(k, r)
 
 
+def variance_gap(gap: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """How much less the error variance of kriging weights ``w [B, Nt, K]`` is under the network's
+    own covariance than under the scene's, whose nugget is ``gap [B, Nt]`` larger, ``[B, Nt]``.
+
+    The scene's nugget sets the weights, but the decoder that turns the head's log variance into
+    sigma learnt to read variances of the network's own near-zero nugget; given the scene's it
+    widened sigma far too much where the share is large (Alaska's NDVI: CRPS +40%). So the head
+    reports the variance of the same weights under the network's covariance: for weights that
+    solve ``K w = k_* - F l`` (``F^T w = f_*``) with the scene's ``K``, the error variance
+    ``c0 - 2 w^T k_* + w^T K w`` is ``c0 - w^T k_* - l_0``; the network's ``K`` and ``c0`` are the
+    scene's less ``gap`` on the diagonal, which takes ``gap (1 + sum_i w_i^2)`` off.
+    """
+    return gap * (1 + w.square().sum(-1))
+
+
 class LocalKriging(nn.Module):
     """``(zt [B, Nt, Dz], xt [B, Nt, Dx], xc [B, Nc, Dx], yc [B, Nc, Dy], index/valid [B, Nt, K])``
     -> ``(mean [B, Nt, Dy], log variance [B, Nt, 1])`` of ordinary kriging on each target's neighbours.
@@ -240,7 +255,8 @@ class LocalKriging(nn.Module):
         ordinary kriging); ``mask_t [B, Nt]``: the real targets (None: all), whose slopes set the
         slopes' prior (``slope_prior``); ``nugget_share [B, Nt]``: each target's nugget as a share
         of sill + nugget, the scene's own (:func:`geonp.variogram.step_nugget_shares`), in place of
-        the predicted nugget (None: the predicted one)."""
+        the predicted nugget in the weights (None: the predicted one); the log variance stays that
+        of the network's covariance (:func:`variance_gap`)."""
         if drift_c is None:
             return self._sliced(zt, xt, xc, yc, index, valid, nugget_share=nugget_share)
         parts = self._sliced(zt, xt, xc, yc, index, valid, drift_t, drift_c, nugget_share)
@@ -273,9 +289,11 @@ class LocalKriging(nn.Module):
         p = self.covariance(zt).float().clamp(-12.0, 8.0)  # [B, Nt, Dx + 2], bounded: exp stays finite
         ell = p[..., :self.dim_x].exp()  # [B, Nt, Dx]
         sill, nugget = p[..., self.dim_x].exp(), p[..., self.dim_x + 1].exp()  # [B, Nt]
+        gap = torch.zeros_like(nugget)  # the scene's nugget less the network's (variance_gap)
         if nugget_share is not None:  # n / (s + n) = share  <=>  n = s share / (1 - share)
             share = nugget_share.float().clamp(NUGGET_SHARE_RANGE[0], NUGGET_SHARE_RANGE[1])
-            nugget = sill * share / (1 - share)
+            gap = sill * share / (1 - share) - nugget
+            nugget = nugget + gap
         # Absent neighbours may hold anything (NaN padding): zero them so 0 * NaN never arises.
         xg = torch.where(valid[..., None], gather_rows(xc, index), 0.0).float()  # [B, Nt, K, Dx]
         yg = torch.where(valid[..., None], gather_rows(yc, index), 0.0).float()  # [B, Nt, K, Dy]
@@ -284,7 +302,7 @@ class LocalKriging(nn.Module):
         k_tn = sill[..., None] * correlation(scaled.square().sum(-1), self.kernel) * ok  # [B, Nt, K]
         k_nn = _Covariance.apply(scaled, sill, nugget, ok, self.kernel)  # [B, Nt, K, K]
         if drift_c is not None:
-            return self._drift_parts(k_nn, k_tn, ok, yg, sill, nugget, drift_t, drift_c, index, valid)
+            return {**self._drift_parts(k_nn, k_tn, ok, yg, sill, nugget, drift_t, drift_c, index, valid), "gap": gap}
         # Ordinary kriging through one Cholesky factor: w = K^-1 (k_* - m 1) with the Lagrange
         # multiplier m = (1^T K^-1 k_* - 1) / (1^T K^-1 1) making the weights sum to one.
         rhs = torch.stack([k_tn, ok], -1)  # [B, Nt, K, 2]
@@ -292,7 +310,7 @@ class LocalKriging(nn.Module):
         lagrange = ((ok * a).sum(-1) - 1) / (ok * b).sum(-1).clamp(min=1e-12)  # [B, Nt]
         w = a - lagrange[..., None] * b
         mean = torch.einsum("btk,btky->bty", w, yg)  # [B, Nt, Dy]
-        var = sill + nugget - (w * k_tn).sum(-1) - lagrange  # [B, Nt]
+        var = sill + nugget - (w * k_tn).sum(-1) - lagrange - variance_gap(gap, w)  # [B, Nt]
         return mean, var.clamp(min=1e-6).log()[..., None]
 
     @staticmethod
@@ -349,6 +367,8 @@ class LocalKriging(nn.Module):
             if centre is not None:
                 mean = mean - torch.einsum("btk,btkp,bpy->bty", w, f[..., 1:], centre.float())
         var = parts["c0"] - (w * parts["k_tn"]).sum(-1) - lagrange[..., 0]  # [B, Nt]
+        if "gap" in parts:
+            var = var - variance_gap(parts["gap"], w)
         return mean, var.clamp(min=1e-6).log()[..., None]
 
     def _slope_prior(self, parts: dict[str, torch.Tensor],

@@ -519,3 +519,17 @@ def test_a_grib_file_without_its_reader_names_the_extra_to_install(tmp_path, mon
     (tmp_path / "t2m.grib").write_bytes(b"GRIB")
     with pytest.raises(ValueError, match=r"t2m.grib: cannot read it .*pip install 'geonp\[grib\]'"):
         open_raw(str(tmp_path / "t2m.grib"))
+
+
+def test_a_dataset_outside_the_convention_is_refused_in_one_line() -> None:
+    import pytest
+    import xarray as xr
+
+    import geonp
+
+    values = np.random.default_rng(0).random((3, 20, 20))
+    values[1, 5:9, 5:9] = np.nan
+    ds = xr.Dataset({"t2m": (("time", "y", "x"), values)},
+                    coords={"time": np.arange(3), "y": np.arange(20.0), "x": np.arange(20.0)})
+    with pytest.raises(ValueError, match=r"no lat coordinate on dims \('time', 'y', 'x'\).*open_cube"):
+        geonp.infill(ds, "t2m", "linear")

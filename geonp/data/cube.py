@@ -289,8 +289,17 @@ def _projected_grid(ds: xr.Dataset) -> xr.Dataset:
 
 
 def horizontal_dims(ds: xr.Dataset) -> tuple[str, str]:
-    """The two horizontal dimensions: ``("lat", "lon")`` on a regular grid, else the projected ``(y, x)``."""
-    return ("lat", "lon") if "lat" in ds.dims else tuple(ds["lat"].dims)  # type: ignore[return-value]
+    """The two horizontal dimensions: ``("lat", "lon")`` on a regular grid, else the projected ``(y, x)``.
+
+    Raises ValueError (one line) for a dataset not in geonp's convention (no ``lat``): one opened
+    with xarray and handed to :func:`geonp.infill` as it is, say.
+    """
+    if "lat" in ds.dims:
+        return ("lat", "lon")
+    if "lat" not in ds.variables:
+        raise ValueError(f"no lat coordinate on dims {tuple(ds.dims)}: geonp takes cubes in its coordinate convention; "
+                         "open the file with geonp.data.open_cube, or call ds.geonp.infill(...), which converts it")
+    return tuple(ds["lat"].dims)  # type: ignore[return-value]
 
 
 def field_variables(ds: xr.Dataset) -> list[str]:

@@ -47,7 +47,7 @@ from geonp.metrics import task_log_likelihood, task_scores
 from geonp.models import build, save
 from geonp.models.base import NeuralProcess
 from geonp.parallel import Group, setup, shutdown
-from geonp.tasks.history import check_nugget_input
+from geonp.tasks.covariate_maps import check_nugget_input
 from geonp.tasks.sources import make_task_source
 from geonp.train_config import TrainConfig
 from geonp.train_paths import check_paths

@@ -9,14 +9,8 @@ import torch
 
 from geonp.models import build
 from geonp.models.local_kriging import NUGGET_SHARE_RANGE, LocalKriging
-from geonp.tasks.history import (
-    check_nugget_input,
-    flat_covariates,
-    flat_values,
-    history_covariates,
-    is_flat,
-    unscaled_count,
-)
+from geonp.tasks.covariate_maps import check_nugget_input, flat_covariates, flat_values, is_flat, unscaled_count
+from geonp.tasks.history import history_covariates
 from geonp.tasks.windows import WindowSpec, window_task
 from geonp.variogram import step_nugget_shares
 

@@ -220,7 +220,7 @@ def test_history_folds_are_computed_only_for_fields_with_a_history(tmp_path):
         np.testing.assert_array_equal(mine.hidden, theirs.hidden)
         np.testing.assert_array_equal(mine.covariates, theirs.covariates)
     # Views come back as views: the valid mask over every step, the single scene's flat covariates.
-    from geonp.tasks.history import is_flat
+    from geonp.tasks.covariate_maps import is_flat
 
     assert src.fields[0][1].strides[0] == 0 and is_flat(src.fields[1][3])
     with pytest.raises(ValueError, match="data.workers must be a whole number >= 1, got 0"):

@@ -292,7 +292,7 @@ def horizontal_dims(ds: xr.Dataset) -> tuple[str, str]:
     """The two horizontal dimensions: ``("lat", "lon")`` on a regular grid, else the projected ``(y, x)``.
 
     Raises ValueError (one line) for a dataset not in geonp's convention (no ``lat``): one opened
-    with xarray and handed to :func:`geonp.infill` as it is, say.
+    with xarray and handed to ``geonp.infill`` as it is, say.
     """
     if "lat" in ds.dims:
         return ("lat", "lon")

@@ -24,8 +24,8 @@ from geonp.fill.field import Field
 from geonp.fill.output import FLAG_INFILLED, FLAG_OBSERVED, FLAG_OUTSIDE
 from geonp.fill.predictor import predict_windows
 from geonp.models.base import NeuralProcess
+from geonp.tasks.covariate_maps import is_flat
 from geonp.tasks.far_context import FAR_SHARE, Slab, far_points, finest_level, slab_margin
-from geonp.tasks.history import is_flat
 from geonp.tasks.windows import WindowSpec, WindowTask, axes, inputs, window_task
 
 #: Windows encoded at a time, in units of the batch size: bounds the memory of pending tasks.

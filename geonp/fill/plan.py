@@ -24,8 +24,8 @@ from geonp.fill.blocks import BlockResult, fill_block
 from geonp.fill.field import Field, select_variables, summarise, valid_cells
 from geonp.fill.predictor import ModelChoice, choose_model
 from geonp.fill.stack import add_history, reconstruct, stack_block
+from geonp.tasks.covariate_maps import unscaled_count
 from geonp.tasks.far_context import FAR_SHARE, MIN_FAR, OPENING
-from geonp.tasks.history import unscaled_count
 from geonp.tasks.windows import WindowSpec, canonical, extra_indices
 from geonp.version import __version__
 

@@ -23,7 +23,8 @@ import torch
 from geonp.models import build
 from geonp.models.base import NeuralProcess
 from geonp.models.registry import available, load_with_meta
-from geonp.tasks.history import HISTORY_COVARIATES, check_nugget_input
+from geonp.tasks.covariate_maps import check_nugget_input
+from geonp.tasks.history import HISTORY_COVARIATES
 from geonp.tasks.windows import WindowTask, collate_windows
 
 #: ``--model`` names filled from a field's whole stack rather than window by window (:mod:`geonp.fill.stack`).

@@ -23,7 +23,8 @@ from geonp.fill.predictor import STACK_METHODS
 def add_history(field: Field, covariates: list[str], seed: int = 0) -> str:
     """Keep on ``field`` the history covariates a model takes (:func:`geonp.tasks.history.history_covariates`);
     returns a few words on what they are (for provenance)."""
-    from geonp.tasks.history import MAX_HISTORY_CELLS, flat_covariates, flat_values, history_covariates
+    from geonp.tasks.covariate_maps import flat_covariates, flat_values
+    from geonp.tasks.history import MAX_HISTORY_CELLS, history_covariates
 
     cells = int(np.prod(field.shape))
     if cells > MAX_HISTORY_CELLS:  # decided before reading: the field is never loaded whole
@@ -37,7 +38,8 @@ def add_history_folds(field: Field, covariates: list[str], folds: int, seed: int
     """Keep on ``field`` its :func:`geonp.tasks.history.history_folds` (for fine-tuning), when it has
     a history its covariates come from; ``folds`` DINEOF runs more (0: none, fine-tuning hides
     cells under clouds as for a model without covariates)."""
-    from geonp.tasks.history import has_history, history_folds, is_flat
+    from geonp.tasks.covariate_maps import is_flat
+    from geonp.tasks.history import has_history, history_folds
 
     if folds == 0 or field.history is None or is_flat(field.history):
         return  # no history (flat maps): nothing a window could learn to overtrust

@@ -31,6 +31,7 @@ from geonp.tasks.analogs import analog_prediction
 from geonp.tasks.cell_history import nearest_steps, other_steps_mean, other_steps_spread
 from geonp.tasks.clouds import borrow_gaps
 from geonp.tasks.coarse import coarse_trend
+from geonp.tasks.covariate_maps import flat_covariates, flat_values
 from geonp.variogram import step_nugget_shares
 
 #: Upper edges (grid cells) of the distance bins the 1-sigma is estimated in.
@@ -237,11 +238,6 @@ MAX_HISTORY_CELLS = 50_000_000
 HISTORY_COVARIATES = ("dineof", "nearest_steps", "analogs", "mean", "spread", "coarse", "nugget")
 #: Of those, the ones that come from a step itself, not its history: computed for one scene too.
 STEP_COVARIATES = ("coarse", "nugget")
-#: Of those, the ones that are not in the field's units but shares (0 to 1): a window gives them
-#: to a model as they are instead of standardised like its values (:func:`unscaled_count`).
-UNSCALED_COVARIATES = ("nugget",)
-
-
 def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list[str] | tuple[str, ...], *,
                        rng: np.random.Generator | None = None) -> tuple[np.ndarray, str]:
     """What a field's own history predicts at each of its cells, as model covariates.
@@ -271,7 +267,7 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
       step (the median step's where a step has too few cells); te-pt-tnp's kriging head takes it
       as its nugget (``kriging_nugget_input``), as a geostatistician fits the variogram of the
       residuals from the drift per scene. A share, not in the field's units: it must come last
-      among the names (:func:`unscaled_count`).
+      among the names (:func:`geonp.tasks.covariate_maps.unscaled_count`).
 
     A field with fewer than :data:`MIN_STEPS` steps holding observations (one scene) gets flat
     history maps (``coarse`` is still computed), and one above :data:`MAX_HISTORY_CELLS` flat
@@ -420,43 +416,3 @@ def drift_residuals(values: np.ndarray, observed: np.ndarray, drifts: np.ndarray
                 fitted = design @ coef
         out[t][seen] = y - fitted
     return out
-
-
-def flat_covariates(count: int, shape: tuple[int, ...], value: float | list[float]) -> np.ndarray:
-    """``count`` flat maps of ``shape`` holding ``value`` (one number, or one per map:
-    :func:`flat_values`), as a read-only view of those numbers: a field too large for its history
-    costs no memory for it."""
-    per_map = np.broadcast_to(np.asarray(value, np.float32), (count,))
-    return np.broadcast_to(per_map.reshape(count, *(1,) * len(shape)), (count, *shape))
-
-
-def flat_values(names: list[str] | tuple[str, ...], mean: float) -> list[float]:
-    """What each covariate holds where nothing is known: the field's ``mean`` (the drift is then the
-    ordinary-kriging constant), a share 0 (``nugget``: no nugget, as the head learned without one)."""
-    return [0.0 if name in UNSCALED_COVARIATES else mean for name in names]
-
-
-def unscaled_count(names: list[str] | tuple[str, ...]) -> int:
-    """How many of the covariates ``names`` are shares a window gives a model as they are
-    (:data:`UNSCALED_COVARIATES`); they must be the last ones (ValueError otherwise)."""
-    count = sum(name in UNSCALED_COVARIATES for name in names)
-    if count and any(name not in UNSCALED_COVARIATES for name in names[len(names) - count:]):
-        raise ValueError(f"covariates {list(names)}: {', '.join(UNSCALED_COVARIATES)} must come last")
-    return count
-
-
-def check_nugget_input(names: list[str] | tuple[str, ...], takes_nugget: bool, where: str) -> None:
-    """ValueError (one line, naming ``where``) unless the covariates ``names`` end with ``nugget``
-    exactly when the model takes its last covariate as the head's nugget (``kriging_nugget_input``):
-    a share read as a drift, or a drift read as a share, would fill without a word of warning."""
-    has = unscaled_count(names) > 0
-    if has != bool(takes_nugget):
-        raise ValueError(f"{where}: covariates {list(names)} " + (
-            "end with the nugget share, which needs model_args kriging_nugget_input: true" if has else
-            "lack the nugget share the model takes (kriging_nugget_input); add nugget as the last covariate"))
-
-
-def is_flat(maps: np.ndarray) -> bool:
-    """Whether ``maps`` (``[P, T, R, C]`` or one ``[T, R, C]`` map) is :func:`flat_covariates`'
-    view of one number per map (no history in it)."""
-    return all(step == 0 for step in maps.strides[-3:])

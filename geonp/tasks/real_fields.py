@@ -155,7 +155,7 @@ def _prepare_packed(*job: Any) -> Prepared:
     """:func:`prepare_field` in a worker, its broadcast views sent back as their one stored row.
 
     A pickled view is sent whole: the valid mask repeated over every step, or the flat covariates
-    of a field too large for a history (:func:`~geonp.tasks.history.flat_covariates`, one number
+    of a field too large for a history (:func:`~geonp.tasks.covariate_maps.flat_covariates`, one number
     viewed as ``[P, T, R, C]``), would arrive as full arrays, gigabytes for the largest fields."""
     return _mapped(prepare_field(*job), _packed)
 

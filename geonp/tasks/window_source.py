@@ -24,7 +24,7 @@ import torch
 from geonp.data.readers import data_folder
 from geonp.tasks.batch import Batch
 from geonp.tasks.clouds import random_clouds
-from geonp.tasks.history import flat_covariates, flat_values, unscaled_count
+from geonp.tasks.covariate_maps import flat_covariates, flat_values, unscaled_count
 from geonp.tasks.real_fields import prepare_fields
 from geonp.tasks.training import training_window
 from geonp.tasks.windows import WindowSpec, WindowTask, collate_windows

@@ -63,9 +63,9 @@ class WindowSpec:
             this many cells of distance (0: only the distance in space counts). With a long
             history (a time halo of several steps) this keeps the target day's own cells first.
         unscaled_covariates: the last this many covariates are shares (the ``nugget``,
-            :data:`geonp.tasks.history.UNSCALED_COVARIATES`) and reach the model as they are; the
+            :data:`geonp.tasks.covariate_maps.UNSCALED_COVARIATES`) and reach the model as they are; the
             others are standardised like the values. Set from the covariates' names
-            (:func:`geonp.tasks.history.unscaled_count`), not by hand.
+            (:func:`geonp.tasks.covariate_maps.unscaled_count`), not by hand.
     """
 
     core: tuple[int, int, int] = (1, 16, 16)

@@ -1,6 +1,7 @@
 """Variograms of gridded scenes: the experimental variogram from every pair of observed cells
 along a scene's rows, columns and diagonals, PyKrige's variogram families fitted to it, and the
-nugget share a scene's fit gives each of a field's steps.
+nugget share a scene's fit gives each of a field's steps (of what a linear drift leaves of them,
+:func:`drift_residuals`, where there is one).
 
 The kriging baselines (:mod:`geonp.models.field_kriging`, :mod:`geonp.models.kriging`) fit their
 variograms here, and so does the ``nugget`` covariate (:mod:`geonp.tasks.history`), which hands a
@@ -84,25 +85,57 @@ def fit_grid_variogram(values: np.ndarray, variogram_model: str, max_lag: int = 
         return fit_binned(lag, gam, cnt, variogram_model, float(max(values.shape)))
 
 
+def step_variograms(values: np.ndarray, valid: np.ndarray | None = None,
+                    max_lag: int = 64) -> list[tuple[int, float, list[float]] | None]:
+    """The exponential variogram fitted to each step of ``values [T, R, C]`` (NaN missing;
+    ``valid [R, C]`` or ``[T, R, C]``, None: everywhere), standardised per step as the ``kriging``
+    baseline fits it: per step ``(observed cells, s.d., [partial sill, range in cells, nugget])``
+    (sill and nugget in units of the step's variance), None for a step with fewer than
+    :data:`MIN_SCENE_POINTS` observed cells or too few lags to fit."""
+    values = np.asarray(values, np.float64)
+    ok = np.ones(values.shape, bool) if valid is None else np.broadcast_to(np.asarray(valid, bool), values.shape)
+    fits: list[tuple[int, float, list[float]] | None] = []
+    for t, step in enumerate(values):
+        seen = np.isfinite(step) & ok[t]
+        params = None
+        if seen.sum() >= MIN_SCENE_POINTS:
+            scale = float(step[seen].std()) or 1.0
+            params = fit_grid_variogram(np.where(seen, (step - step[seen].mean()) / scale, np.nan), "exponential",
+                                        max_lag)
+        fits.append(None if params is None else (int(seen.sum()), scale, params))
+    return fits
+
+
 def step_nugget_shares(values: np.ndarray, valid: np.ndarray | None = None, max_lag: int = 64) -> np.ndarray:
-    """The nugget's share of the variance, ``nugget / (partial sill + nugget)``, of the exponential
-    variogram fitted to each step of ``values [T, R, C]`` (NaN missing; ``valid [R, C]`` or
-    ``[T, R, C]``, None: everywhere), as the ``kriging`` baseline fits it (standardised per step).
+    """The nugget's share of the variance, ``nugget / (partial sill + nugget)``, of each step's
+    :func:`step_variograms` fit (same arguments).
 
     A share near 0 says the scene is smooth at the grid's scale (a neighbour one cell away is a
     near-copy), near 1 that a cell's own noise or microscale dominates. Returns ``float64 [T]``,
     NaN for a step with fewer than :data:`MIN_SCENE_POINTS` observed cells or too few lags to fit.
     """
-    values = np.asarray(values, np.float64)
-    ok = np.ones(values.shape, bool) if valid is None else np.broadcast_to(np.asarray(valid, bool), values.shape)
-    shares = np.full(len(values), np.nan)
-    for t, step in enumerate(values):
-        seen = np.isfinite(step) & ok[t]
-        if seen.sum() < MIN_SCENE_POINTS:
+    return np.array([np.nan if fit is None else fit[2][2] / (fit[2][0] + fit[2][2])
+                     for fit in step_variograms(values, valid, max_lag)], np.float64)
+
+
+def drift_residuals(values: np.ndarray, observed: np.ndarray, drifts: np.ndarray) -> np.ndarray:
+    """What a linear drift on ``drifts [P, T, R, C]`` leaves of each step of ``values [T, R, C]``
+    at its ``observed`` cells (NaN elsewhere): per step, the least-squares fit of the observed
+    values on ``[1, drifts]`` subtracted. With no drift (``P = 0``), too few observed cells (under
+    ten per coefficient) or a singular fit, the step's mean is subtracted instead. Kriging with an
+    external drift needs the covariance of these residuals, not of the field: where the history
+    explains a day, what is left is rougher (NDVI) or smoother than the day itself."""
+    out = np.full(values.shape, np.nan)
+    for t in range(len(values)):
+        seen = observed[t]
+        y = values[t][seen]
+        if y.size == 0:
             continue
-        scale = float(step[seen].std()) or 1.0
-        params = fit_grid_variogram(np.where(seen, (step - step[seen].mean()) / scale, np.nan), "exponential", max_lag)
-        if params is not None:
-            psill, _, nugget = params
-            shares[t] = nugget / (psill + nugget)
-    return shares
+        design = np.column_stack([np.ones(y.size), *(d[t][seen] for d in drifts)])
+        fitted = np.full(y.size, y.mean())
+        if len(drifts) and y.size >= 10 * design.shape[1]:
+            coef, _, rank, _ = np.linalg.lstsq(design, y, rcond=None)
+            if rank == design.shape[1]:
+                fitted = design @ coef
+        out[t][seen] = y - fitted
+    return out

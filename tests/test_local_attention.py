@@ -235,7 +235,7 @@ def test_the_kriging_mean_is_the_prediction_and_the_exponential_kernel_interpola
 def test_spd_solve_gradients_match_autograd_through_cholesky():
     """The kriging head's solve has its backward written out (one more solve, no differentiation
     of the Cholesky factor): it must give autograd's gradients."""
-    from geonp.models.local_kriging import spd_solve
+    from geonp.models.kriging_linalg import spd_solve
 
     torch.manual_seed(0)
     a = torch.randn(2, 3, 6, 6, dtype=torch.float64)
@@ -254,7 +254,9 @@ def test_spd_solve_gradients_match_autograd_through_cholesky():
 def test_kriging_covariance_gradients_match_autograd(kernel):
     """The covariance build has its backward written out; it must match autograd through the
     plain chain of steps, absent neighbours included."""
-    from geonp.models.local_kriging import _JITTER, _Covariance, correlation
+    from geonp.models.kriging_linalg import JITTER as _JITTER
+    from geonp.models.kriging_linalg import NeighbourCovariance as _Covariance
+    from geonp.models.kriging_linalg import correlation
 
     torch.manual_seed(1)
     scaled = torch.randn(2, 3, 5, 3, dtype=torch.float64, requires_grad=True)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from geonp.models.local_kriging import robust_cholesky, spd_solve
+from geonp.models.kriging_linalg import robust_cholesky, spd_solve
 
 
 def test_spd_solve_jitters_a_matrix_rounding_left_not_positive_definite():

@@ -79,7 +79,8 @@ def test_a_window_standardises_the_drift_covariates_and_leaves_the_share_as_it_i
 
 
 def test_the_scene_nugget_sets_the_weights_and_the_variance_stays_the_networks():
-    from geonp.models.local_kriging import _JITTER, INIT_LENGTHSCALES, INIT_NUGGET, INIT_SILL
+    from geonp.models.kriging_linalg import JITTER as _JITTER
+    from geonp.models.local_kriging import INIT_LENGTHSCALES, INIT_NUGGET, INIT_SILL
 
     head = LocalKriging(dim_model=4, dim_x=2, kernel="exponential")  # untrained: the initial covariance
     zt, xt = torch.zeros(1, 2, 4), torch.tensor([[[0.2, 0.1], [0.0, 0.0]]])
@@ -159,7 +160,7 @@ def test_infill_and_fine_tuning_take_the_nugget_covariate(tmp_path):
 
 
 def test_the_nugget_is_that_of_what_the_drift_leaves():
-    from geonp.tasks.history import drift_residuals
+    from geonp.variogram import drift_residuals
 
     smooth = rough_and_smooth()[:1]
     rng = np.random.default_rng(3)

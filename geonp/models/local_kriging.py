@@ -37,9 +37,9 @@ kriging solution as a feature and lets it learn where to trust it and by how muc
 Only differences of inputs enter, so the head keeps translation equivariance. Cost: one
 ``k x k`` Cholesky factorisation per target, ``O(Nt k^3)``; the ``k x k`` steps run a
 cache-sized slice of targets at a time, and the covariance and the solve have their backward
-passes written out (measured on one thread, te_speed's flagship batches, the three together:
-training step 3.2-3.4 -> 1.2 s, infill 1.42 -> 0.69-0.71 s per 16 windows; the slicing alone
-1.92 -> 1.14 s and 1.19 -> 0.68 s).
+passes written out (:mod:`geonp.models.kriging_linalg`; measured on one thread, te_speed's
+flagship batches, the three together: training step 3.2-3.4 -> 1.2 s, infill 1.42 -> 0.69-0.71 s
+per 16 windows; the slicing alone 1.92 -> 1.14 s and 1.19 -> 0.68 s).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ import math
 import torch
 from torch import nn
 
+from geonp.models.kriging_linalg import NeighbourCovariance, correlation, spd_solve
 from geonp.models.layers import mlp
 from geonp.models.local_attention import gather_rows
 
@@ -57,7 +58,6 @@ from geonp.models.local_attention import gather_rows
 #: (16 cells) gave RMSE within 2-8% of per-window fitted kriging on the validation crops (untrained).
 INIT_LENGTHSCALES = {"gaussian": 0.25, "matern32": 1.0, "exponential": 2.0}
 INIT_SILL, INIT_NUGGET = 1.0, 0.05
-_JITTER = 1e-4
 _CACHE_ELEMS = 2**18  # K x K entries processed at once (1 MiB of float32): one slice of targets
 #: Ridge on each drift slope, relative to that slope's own entry of ``F^T K^-1 F`` (a tiny floor
 #: keeps a covariate flat among a target's neighbours solvable: its slope then goes to 0).
@@ -80,127 +80,6 @@ SLOPE_IDENTIFIED = 1e-4
 NUGGET_SHARE_RANGE = (1e-5, 0.9)
 #: The slopes' priors by name (a positive number is a fixed share of each slope's own precision).
 SLOPE_PRIORS = ("none", "empirical")
-
-
-def correlation(d2: torch.Tensor, kernel: str) -> torch.Tensor:
-    """Correlation at squared scaled distance ``d2`` (distance in lengthscales, squared).
-
-    ``exponential`` (Matern 1/2) suits rough fields such as 1 km land surface temperature,
-    ``matern32`` fields with some smoothness, ``gaussian`` smooth ones (and conditions badly).
-    """
-    if kernel == "gaussian":
-        return torch.exp(-0.5 * d2)
-    d = (d2 + 1e-12).sqrt()  # the epsilon keeps the gradient finite at distance 0
-    if kernel == "exponential":
-        return torch.exp(-d)
-    if kernel == "matern32":
-        return (1 + math.sqrt(3) * d) * torch.exp(-math.sqrt(3) * d)
-    raise ValueError(f"local kriging kernel must be exponential, matern32 or gaussian, got {kernel!r}")
-
-
-def _correlation_slope(d2: torch.Tensor, corr: torch.Tensor, kernel: str) -> torch.Tensor:
-    """``d corr / d d2`` from ``d2`` and ``corr`` (masked entries of ``corr`` stay 0), as
-    :func:`correlation` computes it (same epsilon)."""
-    if kernel == "gaussian":
-        return -0.5 * corr
-    d = (d2 + 1e-12).sqrt()
-    if kernel == "exponential":  # exp(-d)
-        return -0.5 * corr / d
-    return -1.5 * corr / (1 + math.sqrt(3) * d)  # matern32: (1 + sqrt3 d) exp(-sqrt3 d)
-
-
-class _Covariance(torch.autograd.Function):
-    """The neighbours' covariance matrix of each target, with the backward pass written out.
-
-    ``scaled [B, Nt, K, Dx]`` (neighbour offsets in lengthscales), ``sill``/``nugget`` ``[B, Nt]``,
-    ``ok [B, Nt, K]`` (1 present, 0 absent) -> ``K [B, Nt, K, K]``: ``sill * corr(|s_i - s_j|^2)``
-    between present neighbours, ``nugget + jitter`` added on their diagonal, a unit diagonal and
-    no tie for absent ones (their weight then solves to 0). Autograd through the same chain of
-    elementwise steps made and kept a dozen ``K x K`` tensors per target; this keeps two.
-    """
-
-    @staticmethod
-    @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float32)  # kriging in float32 under autocast
-    def forward(ctx, scaled: torch.Tensor, sill: torch.Tensor, nugget: torch.Tensor, ok: torch.Tensor,
-                kernel: str) -> torch.Tensor:
-        # Squared distances as |a|^2 + |b|^2 - 2 a.b: one batched matmul, no [.., K, K, Dx] tensor
-        # (offsets are centred on the target, so the cancellation is small).
-        norm = scaled.square().sum(-1)  # [B, Nt, K]
-        d2 = (norm[..., :, None] + norm[..., None, :] - 2 * scaled @ scaled.transpose(-1, -2)).clamp_(min=0)
-        corr = correlation(d2, kernel).mul_(ok[..., :, None]).mul_(ok[..., None, :])  # [B, Nt, K, K]
-        k = corr * sill[..., None, None]
-        k.diagonal(dim1=-2, dim2=-1).add_((nugget[..., None] + _JITTER) * ok + (1 - ok))
-        ctx.kernel = kernel
-        ctx.save_for_backward(scaled, sill, ok, d2, corr)
-        return k
-
-    @staticmethod
-    @torch.amp.custom_bwd(device_type="cuda")
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, g: torch.Tensor) -> tuple:
-        scaled, sill, ok, d2, corr = ctx.saved_tensors
-        g_sill = (g * corr).sum((-2, -1))
-        g_nugget = (g.diagonal(dim1=-2, dim2=-1) * ok).sum(-1)
-        g_d2 = g * _correlation_slope(d2, corr, ctx.kernel) * sill[..., None, None]
-        both = g_d2 + g_d2.transpose(-1, -2)  # d2_ij depends on s_i and s_j alike
-        both.diagonal(dim1=-2, dim2=-1).zero_()  # d2_ii is 0 whatever s_i (and its slope huge for rough kernels)
-        # d/ds_a sum_ij g_ij |s_i - s_j|^2 = 2 sum_j (g_aj + g_ja) (s_a - s_j)
-        g_scaled = 2 * (both.sum(-1, keepdim=True) * scaled - both @ scaled)
-        return g_scaled, g_sill, g_nugget, None, None
-
-
-class _SPDSolve(torch.autograd.Function):
-    """``x = K^-1 r`` for symmetric positive definite ``K [..., n, n]`` and ``r [..., n, m]``, by one
-    Cholesky factor, with the backward pass written out.
-
-    Autograd through ``cholesky`` and ``cholesky_solve`` differentiates the factor itself: triangular
-    solves and masks on whole ``n x n`` matrices, ``O(n^3)`` per system, and most of the local
-    kriging head's time (64 neighbours). The gradient of the solution needs only one more solve
-    with the saved factor: ``dL/dr = K^-1 g`` and ``dL/dK = -(K^-1 g) x^T``, ``O(n^2 m)``.
-    """
-
-    @staticmethod
-    @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float32)  # Cholesky needs float32 or wider
-    def forward(ctx, k: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-        chol = robust_cholesky(k)
-        x = torch.cholesky_solve(r, chol)
-        ctx.save_for_backward(chol, x)
-        return x
-
-    @staticmethod
-    @torch.amp.custom_bwd(device_type="cuda")
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        chol, x = ctx.saved_tensors
-        g_r = torch.cholesky_solve(g, chol)  # K^-1 g (K symmetric)
-        return -g_r @ x.transpose(-1, -2), g_r
-
-
-def robust_cholesky(k: torch.Tensor, tries: int = 6) -> torch.Tensor:
-    """Lower Cholesky factor of symmetric ``K [..., n, n]``; a matrix that float rounding left not
-    quite positive definite (a large sill over a tiny nugget, near-duplicate neighbours) gets
-    jitter on its diagonal, 1e-6 of its mean diagonal and ten times more on each retry, so one
-    degenerate target does not stop a training run. Well-conditioned matrices are untouched."""
-    chol, info = torch.linalg.cholesky_ex(k)
-    failed = info > 0  # [...]
-    if not bool(failed.any()):
-        return chol
-    scale = k.diagonal(dim1=-2, dim2=-1).abs().mean(-1, keepdim=True)  # [..., 1]
-    eye = torch.eye(k.shape[-1], dtype=k.dtype, device=k.device)
-    for attempt in range(tries):
-        jitter = scale * 1e-6 * 10.0**attempt
-        retry, info = torch.linalg.cholesky_ex(k + (jitter * failed[..., None].to(k.dtype))[..., None] * eye)
-        chol = torch.where(failed[..., None, None], retry, chol)
-        failed = failed & (info > 0)
-        if not bool(failed.any()):
-            return chol
-    raise torch.linalg.LinAlgError("kriging covariance not positive definite even with jitter of "
-                                   f"{1e-6 * 10.0 ** (tries - 1):g} of its diagonal")
-
-
-def spd_solve(k: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
-    """``K^-1 r`` for symmetric positive definite ``K [..., n, n]``, ``r [..., n, m]`` -> ``[..., n, m]``."""
-    return _SPDSolve.apply(k, r)
 
 
 def variance_gap(gap: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -289,7 +168,7 @@ class LocalKriging(nn.Module):
         p = self.covariance(zt).float().clamp(-12.0, 8.0)  # [B, Nt, Dx + 2], bounded: exp stays finite
         ell = p[..., :self.dim_x].exp()  # [B, Nt, Dx]
         sill, nugget = p[..., self.dim_x].exp(), p[..., self.dim_x + 1].exp()  # [B, Nt]
-        gap = torch.zeros_like(nugget)  # the scene's nugget less the network's (variance_gap)
+        gap = None  # the scene's nugget less the network's (variance_gap)
         if nugget_share is not None:  # n / (s + n) = share  <=>  n = s share / (1 - share)
             share = nugget_share.float().clamp(NUGGET_SHARE_RANGE[0], NUGGET_SHARE_RANGE[1])
             gap = sill * share / (1 - share) - nugget
@@ -300,9 +179,10 @@ class LocalKriging(nn.Module):
         ok = valid.float()  # [B, Nt, K]
         scaled = (xg - xt.float()[:, :, None, :]) / ell[:, :, None, :]  # [B, Nt, K, Dx]: offsets in lengthscales
         k_tn = sill[..., None] * correlation(scaled.square().sum(-1), self.kernel) * ok  # [B, Nt, K]
-        k_nn = _Covariance.apply(scaled, sill, nugget, ok, self.kernel)  # [B, Nt, K, K]
+        k_nn = NeighbourCovariance.apply(scaled, sill, nugget, ok, self.kernel)  # [B, Nt, K, K]
         if drift_c is not None:
-            return {**self._drift_parts(k_nn, k_tn, ok, yg, sill, nugget, drift_t, drift_c, index, valid), "gap": gap}
+            parts = self._drift_parts(k_nn, k_tn, ok, yg, sill, nugget, drift_t, drift_c, index, valid)
+            return parts if gap is None else {**parts, "gap": gap}
         # Ordinary kriging through one Cholesky factor: w = K^-1 (k_* - m 1) with the Lagrange
         # multiplier m = (1^T K^-1 k_* - 1) / (1^T K^-1 1) making the weights sum to one.
         rhs = torch.stack([k_tn, ok], -1)  # [B, Nt, K, 2]
@@ -310,7 +190,9 @@ class LocalKriging(nn.Module):
         lagrange = ((ok * a).sum(-1) - 1) / (ok * b).sum(-1).clamp(min=1e-12)  # [B, Nt]
         w = a - lagrange[..., None] * b
         mean = torch.einsum("btk,btky->bty", w, yg)  # [B, Nt, Dy]
-        var = sill + nugget - (w * k_tn).sum(-1) - lagrange - variance_gap(gap, w)  # [B, Nt]
+        var = sill + nugget - (w * k_tn).sum(-1) - lagrange  # [B, Nt]
+        if gap is not None:
+            var = var - variance_gap(gap, w)
         return mean, var.clamp(min=1e-6).log()[..., None]
 
     @staticmethod

@@ -32,7 +32,7 @@ from geonp.tasks.cell_history import nearest_steps, other_steps_mean, other_step
 from geonp.tasks.clouds import borrow_gaps
 from geonp.tasks.coarse import coarse_trend
 from geonp.tasks.covariate_maps import flat_covariates, flat_values
-from geonp.variogram import step_nugget_shares
+from geonp.variogram import drift_residuals, step_nugget_shares
 
 #: Upper edges (grid cells) of the distance bins the 1-sigma is estimated in.
 SIGMA_BINS = (1.0, 2.0, 3.0, 5.0, 8.0, 12.0, 18.0, 25.0, 40.0, np.inf)
@@ -263,7 +263,7 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
       across it;
     * ``nugget``: not a prediction either but the step's own roughness, the nugget share of the
       variogram fitted to what the covariates before it leave of its observed cells
-      (:func:`drift_residuals`, :func:`geonp.variogram.step_nugget_shares`), one number over the
+      (:func:`geonp.variogram.drift_residuals`, :func:`geonp.variogram.step_nugget_shares`), one number over the
       step (the median step's where a step has too few cells); te-pt-tnp's kriging head takes it
       as its nugget (``kriging_nugget_input``), as a geostatistician fits the variogram of the
       residuals from the drift per scene. A share, not in the field's units: it must come last
@@ -393,26 +393,3 @@ def has_history(values: np.ndarray, valid: np.ndarray | None) -> bool:
     """Whether :func:`history_covariates` computes more than flat maps for this ``[T, R, C]`` stack."""
     ok = np.ones(values.shape[1:], bool) if valid is None else np.asarray(valid, bool)
     return _without_history(values, np.isfinite(values) & np.broadcast_to(ok, values.shape)) is None
-
-
-def drift_residuals(values: np.ndarray, observed: np.ndarray, drifts: np.ndarray) -> np.ndarray:
-    """What a linear drift on ``drifts [P, T, R, C]`` leaves of each step of ``values [T, R, C]``
-    at its ``observed`` cells (NaN elsewhere): per step, the least-squares fit of the observed
-    values on ``[1, drifts]`` subtracted. With no drift (``P = 0``), too few observed cells (under
-    ten per coefficient) or a singular fit, the step's mean is subtracted instead. Kriging with an
-    external drift needs the covariance of these residuals, not of the field: where the history
-    explains a day, what is left is rougher (NDVI) or smoother than the day itself."""
-    out = np.full(values.shape, np.nan)
-    for t in range(len(values)):
-        seen = observed[t]
-        y = values[t][seen]
-        if y.size == 0:
-            continue
-        design = np.column_stack([np.ones(y.size), *(d[t][seen] for d in drifts)])
-        fitted = np.full(y.size, y.mean())
-        if len(drifts) and y.size >= 10 * design.shape[1]:
-            coef, _, rank, _ = np.linalg.lstsq(design, y, rcond=None)
-            if rank == design.shape[1]:
-                fitted = design @ coef
-        out[t][seen] = y - fitted
-    return out

@@ -47,7 +47,7 @@ from geonp.data.readers import data_folder
 from geonp.evaluate import evaluate
 from geonp.fill.engine import infill
 from geonp.models import local_kriging
-from geonp.variogram import MIN_SCENE_POINTS, fit_grid_variogram
+from geonp.variogram import step_variograms
 from pipelines.benchmarks.history_cv import SCENES, split_steps
 from pipelines.provenance import REPO, header
 
@@ -118,15 +118,10 @@ def scene_variograms(values: np.ndarray) -> dict[int, tuple[int, float, float, f
     lengthscale in cells, nugget share)`` of the exponential variogram the baseline would fit (on
     the whole step, hidden cells included: the scene's structure, not the baseline's exact fit)."""
     found = {}
-    for t, step in enumerate(values):
-        seen = np.isfinite(step)
-        if seen.sum() < MIN_SCENE_POINTS:
-            continue
-        centre, scale = np.nanmean(step), np.nanstd(step)
-        params = fit_grid_variogram(np.where(seen, (step - centre) / scale, np.nan), "exponential")
-        if params is not None:
-            psill, rng, nugget = params
-            found[t] = (int(seen.sum()), float(scale), rng / 3, nugget / (psill + nugget))
+    for t, fit in enumerate(step_variograms(values)):
+        if fit is not None:
+            n, scale, (psill, rng, nugget) = fit
+            found[t] = (n, scale, rng / 3, nugget / (psill + nugget))
     return found
 
 

@@ -21,6 +21,21 @@ def test_the_kernel_builds_where_a_compiler_and_ninja_exist():
     assert te_fused.cpu_kernel() is not None
 
 
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_first_build_is_announced_on_stderr_a_cached_one_is_not(cached, monkeypatch, tmp_path, capsys):
+    import torch.utils.cpp_extension as cpp
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    name = "geonp_te_attention_cpu" + ("_avx2" if "-mavx2" in te_fused._cpu_flags() else "")
+    if cached:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / f"{name}.so").write_bytes(b"")
+    built = object()
+    monkeypatch.setattr(cpp, "load", lambda *a, **k: built)  # no compiler run in this test
+    assert te_fused.cpu_kernel.__wrapped__() is built
+    assert ("building the fused TE attention kernel" in capsys.readouterr().err) is not cached
+
+
 def layer_inputs(nq: int, nk: int, dx: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     zq, zk = torch.randn(3, nq, 16, generator=g), torch.randn(3, nk, 16, generator=g)

@@ -8,7 +8,8 @@ time, in tiles of 16 keys held in registers, so no pair tensor ever exists and m
 ``O(threads * H * Nk)`` whatever the sizes.
 
 It is compiled on first use with ``torch.utils.cpp_extension`` (needs a C++ compiler and
-``ninja``; cached under ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``).
+``ninja``; cached under ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``). That
+first build takes about 45 s here and is announced on stderr; later processes load it in a second.
 Where it cannot be built :func:`cpu_kernel` returns None and TEAttention keeps its Python path:
 same function, slower. Whether TEAttention asks for it at all is chosen in one place,
 :func:`geonp.models.te_attention.attention_backend` (``GEONP_FUSED=0`` in the environment starts
@@ -21,6 +22,8 @@ for the same reason).
 from __future__ import annotations
 
 import functools
+import os
+import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -48,6 +51,19 @@ def _cpu_flags() -> list[str]:
     return flags
 
 
+def _built_before(name: str) -> bool:
+    """Whether a build of extension ``name`` is cached, so loading it takes a second, not a minute.
+
+    Looks where ``torch.utils.cpp_extension`` keeps builds: ``TORCH_EXTENSIONS_DIR/name``, else a
+    folder per Python and accelerator under the default root. A cached build of older source is
+    rebuilt all the same; this only decides whether to say that a build is coming."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    pattern = f"{name}/{name}.so" if root else f"*/{name}/{name}.so"
+    return any(Path(root or get_default_build_root()).glob(pattern))
+
+
 @functools.cache
 def cpu_kernel() -> ModuleType | None:
     """The compiled kernel module, or None (no compiler, no ninja, a failed build)."""
@@ -56,6 +72,9 @@ def cpu_kernel() -> ModuleType | None:
     try:
         from torch.utils.cpp_extension import load
 
+        if not _built_before(name):  # the first fill on a machine would otherwise sit silent for ~40 s
+            print("geonp: note: building the fused TE attention kernel for this CPU, once (about a "
+                  "minute; then cached)", file=sys.stderr, flush=True)
         return load(name, [str(_SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as err:  # no compiler, no ninja, a failed build: the Python path still works
         warnings.warn(f"geonp: fused TE attention kernel unavailable ({type(err).__name__}: "

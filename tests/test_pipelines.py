@@ -418,3 +418,23 @@ def test_kriging_lead_changes_the_head_only_while_open_and_fills_in_log_space(mo
     out = lead.log_space_infill(ds, "chl", "linear")
     mean = np.exp(np.array([0.0, 1.0, 0.0]) + 0.125)
     assert np.allclose(out["chl"], mean) and np.allclose(out["chl_std"], mean * math.sqrt(math.expm1(0.25)))
+
+
+def test_validation_nll_scores_a_checkpoint_as_trained_whatever_its_inference_header(tmp_path):
+    import math
+
+    import yaml
+
+    from geonp.fill.predictor import bundled_checkpoint
+    from pipelines.checkpoint_variants import variant_checkpoint
+    from pipelines.release.validation_nll import validation_nll
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"model": "te-pt-tnp", "preset": "small", "out_dir": str(tmp_path / "r"),
+                                   "data": {"name": "windows", "covariates": ["dineof"]},
+                                   "val_tasks": 4, "batch_size": 2, "val_seed": 7}))
+    bundled = bundled_checkpoint("te-pt-tnp")
+    other = variant_checkpoint(bundled, tmp_path / "other.safetensors", covariates=["dineof", "mean", "spread"],
+                               model_args={"kriging_slope_prior": 1.0})
+    scores = validation_nll(cfg, [bundled, other])
+    assert math.isfinite(scores[str(bundled)]) and scores[str(bundled)] == scores[str(other)]

@@ -14,7 +14,7 @@ import sys
 import warnings
 from typing import NoReturn
 
-from geonp.fill import FIT_STEPS
+from geonp.fill import FIT_STEPS, NUGGET_CHOICES
 from geonp.version import __version__
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -76,6 +76,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="scale sigma by distance to the nearest observation so that INPUT's own cells, "
                              "hidden under its own gap patterns, get 90%% coverage (slower by 64 windows' "
                              "predictions)")
+    infill.add_argument("--nugget", choices=NUGGET_CHOICES, default="auto",
+                        help="for weights whose kriging head takes the scene's nugget: choose it per field on "
+                             "INPUT's own hidden cells, or always the scene's, or always the network's "
+                             "(default: %(default)s)")
     infill.add_argument("--device", default="auto", help="auto, cpu or cuda (default: %(default)s)")
     infill.add_argument("--batch-size", type=int, default=16, help="windows per model call (default: %(default)s)")
     infill.add_argument("--window", default=None, metavar="T,R,C",
@@ -175,9 +179,9 @@ def _run(args: argparse.Namespace) -> int:
 
         infill_file(args.input, args.out, args.var, args.model, satellite=args.satellite, checkpoint=args.checkpoint,
                     elevation=args.elevation, valid_mask=args.valid_mask, fit_steps=args.fit_steps,
-                    calibrate_sigma=args.calibrate_sigma or None, device=args.device, batch_size=args.batch_size,
-                    window=args.window, scheduler=args.scheduler, workers=args.workers, seed=args.seed,
-                    zarr_format=args.zarr_format, overwrite=args.overwrite,
+                    calibrate_sigma=args.calibrate_sigma or None, nugget=args.nugget, device=args.device,
+                    batch_size=args.batch_size, window=args.window, scheduler=args.scheduler, workers=args.workers,
+                    seed=args.seed, zarr_format=args.zarr_format, overwrite=args.overwrite,
                     progress=not args.quiet, command=args.command_line)
     elif args.command == "evaluate":
         from geonp.evaluate import run_evaluate

@@ -143,6 +143,7 @@ def evaluate(
         try:
             out = infill_fn(masked_ds, variable, model, checkpoint=checkpoint, valid_mask=valid,
                             fit_steps=steps, seed=seed, **extra, **(options or {}))
+            chosen = {"nugget": out.attrs["geonp_nugget"]} if "geonp_nugget" in out.attrs else {}
             out = out[[variable, f"{variable}_std"]].compute()  # a lazy result's work is part of the time
             wall = time.perf_counter() - start
             mean, std = (_like(out[v], da).values[hide] for v in (variable, f"{variable}_std"))
@@ -155,7 +156,7 @@ def evaluate(
                              f"of {variable!r}") from None
         # The diagnostics score the points gaussian_skill scored: a cell without a usable std counts nowhere.
         usable = np.isfinite(truth) & np.isfinite(mean) & np.isfinite(std) & (std > 0)
-        rows.append({"model": model, **scores,
+        rows.append({"model": model, **scores, **chosen,
                      "rmse_by_distance": binned_rmse(np.where(usable, mean - truth, np.nan), distance, distance_bins),
                      "coverage_90_by_distance": binned_coverage(np.where(usable, mean - truth, np.nan), std,
                                                                 distance, bins=distance_bins),

@@ -9,7 +9,14 @@ import torch
 
 from geonp.models import build
 from geonp.models.local_kriging import NUGGET_SHARE_RANGE, LocalKriging
-from geonp.tasks.covariate_maps import check_nugget_input, flat_covariates, flat_values, is_flat, unscaled_count
+from geonp.tasks.covariate_maps import (
+    OWN_NUGGET,
+    check_nugget_input,
+    flat_covariates,
+    flat_values,
+    is_flat,
+    unscaled_count,
+)
 from geonp.tasks.history import history_covariates
 from geonp.tasks.windows import WindowSpec, window_task
 from geonp.variogram import step_nugget_shares
@@ -45,10 +52,10 @@ def test_the_nugget_covariate_is_one_share_per_step_and_the_median_where_a_step_
     assert np.allclose(maps[0, 2], np.float32(np.median(shares[:2])))
 
 
-def test_flat_maps_hold_one_number_per_covariate_and_no_nugget():
+def test_flat_maps_hold_one_number_per_covariate_and_the_networks_nugget():
     maps = flat_covariates(2, (3, 4, 5), flat_values(["mean", "nugget"], 7.5))
     assert is_flat(maps) and is_flat(maps[1]) and maps.shape == (2, 3, 4, 5)
-    assert float(maps[0].flat[0]) == 7.5 and float(maps[1].flat[0]) == 0.0
+    assert float(maps[0].flat[0]) == 7.5 and float(maps[1].flat[0]) == OWN_NUGGET  # the network's own
     assert not is_flat(np.zeros((2, 3, 4, 5), np.float32))
 
 

@@ -55,3 +55,7 @@ FIT_HISTORY_FOLDS = 0
 #: every gappy step, as infill must, lost on validation (+1.6% to +1.9%; docs/results/history_cv_test.md).
 #: Still off, by the rule.
 CALIBRATE_SIGMA = False
+#: ``--nugget`` / ``nugget`` values, for weights whose kriging head takes the scene's nugget
+#: (:mod:`geonp.fill.nugget`): choose per field on the input's own hidden cells (default), always the
+#: scene's fitted share, always the network's own.
+NUGGET_CHOICES = ("auto", "scene", "model")

@@ -143,7 +143,8 @@ def infill_to_zarr(ds: xr.Dataset, out: str | Path, variables: str | list[str] |
     layout = ds if like is None else like
     # Summed over every block in the store, those of an earlier run included; the store is then
     # rewritten in the input's layout, without the resume bookkeeping.
-    totals = store.finish(attrs={"geonp_sigma_scales": p.sigma_scales} if p.sigma_scales else None,
+    chosen = {"geonp_sigma_scales": p.sigma_scales, "geonp_nugget": p.nugget_chosen}
+    totals = store.finish(attrs={k: v for k, v in chosen.items() if v is not None} or None,
                           restore=lambda work: restore_layout(work, layout, renamed_from(ds)))
     message = f"gap cells filled with the global mean (no observation in reach): {_without_context_text(totals)}"
     if say:

@@ -89,6 +89,11 @@ class Field:
             self._pyramids[key] = build_pyramid(cov, self.valid, finest)
         return self._pyramids[key]
 
+    def set_history(self, maps: np.ndarray) -> None:
+        """Replace the history covariates (``[P, time, rows, cols]``), forgetting their block summaries."""
+        self.history = maps
+        self._pyramids = {key: pyr for key, pyr in self._pyramids.items() if not isinstance(key, tuple)}
+
     def valid_slab(self, key: tuple[slice, slice, slice]) -> np.ndarray:
         """The valid mask over ``key``, broadcast to ``[T, R, C]``."""
         sub = self.valid[key] if self.valid.ndim == 3 else self.valid[key[1:]][None]

@@ -19,9 +19,10 @@ import xarray as xr
 
 import geonp.fill as fill_defaults
 from geonp.device import resolve_device
-from geonp.fill import FIT_STEPS
+from geonp.fill import FIT_STEPS, NUGGET_CHOICES
 from geonp.fill.blocks import BlockResult, fill_block
 from geonp.fill.field import Field, select_variables, summarise, valid_cells
+from geonp.fill.nugget import takes_nugget
 from geonp.fill.predictor import ModelChoice, choose_model
 from geonp.fill.stack import add_history, reconstruct, stack_block
 from geonp.tasks.covariate_maps import unscaled_count
@@ -45,10 +46,12 @@ class Plan:
     seed: int
     fit_steps: int
     calibrate_sigma: bool = False  # scale sigma on the input's own cells (geonp.fill.calibrate)
+    nugget: str = "auto"  # the kriging head's nugget, for a model that takes the scene's (geonp.fill.nugget)
     command: str = "geonp.infill(...) (Python)"
     notes: list[str] = field(default_factory=list)
     history: str | None = None  # the history covariates each field got, when the model takes them
     sigma_scales: str | None = None  # the calibration's sigma scale per distance bin, when calibrated
+    nugget_chosen: str | None = None  # which nugget each field's kriging got, and why
 
     def fill(self, f: Field, key: tuple[slice, slice, slice]) -> BlockResult:
         if self.choice.model is None:  # a stack method: the field was reconstructed when planned
@@ -111,8 +114,14 @@ def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = 
          checkpoint: str | Path | None = None, valid_mask: str | Path | xr.DataArray | None = None,
          elevation: str | Path | None = None, window: WindowSpec | tuple | str | None = None,
          device: str = "auto", batch_size: int = 16, seed: int = 0, fit_steps: int = FIT_STEPS,
-         calibrate_sigma: bool | None = None, source: str = "the input", command: str | None = None) -> Plan:
-    """Check the request against the cube and load the model; raises ValueError with one line."""
+         calibrate_sigma: bool | None = None, nugget: str = "auto", source: str = "the input",
+         command: str | None = None) -> Plan:
+    """Check the request against the cube and load the model; raises ValueError with one line.
+
+    ``nugget``: for a model whose kriging head takes the scene's nugget share, which nugget it uses
+    (:data:`geonp.fill.nugget.NUGGET_CHOICES`; ``auto`` chooses per field on the input's own cells)."""
+    if nugget not in NUGGET_CHOICES:
+        raise ValueError(f"--nugget must be one of {', '.join(NUGGET_CHOICES)}, got {nugget!r}")
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
     if fit_steps < 0:
@@ -133,6 +142,9 @@ def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = 
     summarise(fields, source)
     use_elevation = elevation is not None
     choice = choose_model(model, checkpoint, use_elevation, dev)
+    if nugget != "auto" and not takes_nugget(choice.model):
+        raise ValueError(f"--nugget {nugget}: model {model!r} takes no scene nugget (its kriging head has no "
+                         "nugget input); drop --nugget")
     elev = None
     if choice.elevation:
         if "elevation" not in ds.coords:
@@ -140,7 +152,7 @@ def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = 
         elev = np.nan_to_num(ds["elevation"].transpose(*fields[0].data.dims[1:]).values.astype(np.float64))
     spec = _window_spec(window, largest, choice.scaling, choice.model is not None and choice.model.supports_gridded)
     result = Plan(fields, choice, spec, cubes, largest, elev, dev, batch_size, seed, fit_steps,
-                  fill_defaults.CALIBRATE_SIGMA if calibrate_sigma is None else bool(calibrate_sigma))
+                  fill_defaults.CALIBRATE_SIGMA if calibrate_sigma is None else bool(calibrate_sigma), nugget)
     if choice.covariates:
         result.history = "; ".join(add_history(f, choice.covariates, seed) for f in fields if f.observed)
     if choice.model is None:
@@ -183,6 +195,8 @@ def provenance(p: Plan, source: str) -> dict[str, Any]:
         attrs["geonp_history"] = p.history
     if p.sigma_scales is not None:
         attrs["geonp_sigma_scales"] = p.sigma_scales
+    if p.nugget_chosen is not None:
+        attrs["geonp_nugget"] = p.nugget_chosen
     if p.notes:
         attrs["geonp_notes"] = "; ".join(p.notes)
     return attrs
@@ -192,6 +206,7 @@ def request(p: Plan, source: str) -> dict[str, Any]:
     return {"source": str(source), "variables": p.names, "model": p.choice.name,
             "checkpoint_sha256": p.choice.sha256, "fit_steps": p.fit_steps, "window": p.spec.as_dict(),
             "seed": p.seed, "elevation": p.elevation is not None, "calibrate_sigma": p.calibrate_sigma,
+            "nugget": p.nugget,
             "valid_cells": [int(f.valid.sum()) for f in p.fields],
             # How windows reach beyond their halo: a store filled under another rule is not resumed.
             "far_context": {"min_far": MIN_FAR, "opening": OPENING, "share": FAR_SHARE}}

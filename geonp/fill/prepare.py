@@ -1,7 +1,8 @@
-"""The model made ready for one cube before its blocks are filled: fine-tuned on the cube's own
-observations (``--fit-steps``) and, when asked, its sigma calibrated on them (``--calibrate-sigma``).
+"""The model made ready for one cube before its blocks are filled: its kriging nugget chosen on
+the cube's own observations (``--nugget``, for a model that takes the scene's), fine-tuned on
+them (``--fit-steps``) and, when asked, its sigma calibrated on them (``--calibrate-sigma``).
 
-Both run once per run, before the blocks, so every block (and every dask worker) fills with the
+All run once per run, before the blocks, so every block (and every dask worker) fills with the
 same weights; a resumable store keeps the fine-tuned weights, so a killed run resumes with them.
 """
 
@@ -11,20 +12,32 @@ from collections.abc import Callable
 from pathlib import Path
 
 import geonp.fill as fill_defaults
+from geonp.fill.nugget import choose_nugget, takes_nugget
 from geonp.fill.plan import Plan
 from geonp.fill.stack import add_history_folds
 
 
 def prepare(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None) -> None:
-    """Fine-tune, then calibrate, the plan's model in place (each only when the plan asks for it).
+    """Choose the nugget, fine-tune, then calibrate the plan's model in place (each only when the
+    plan asks for it).
 
     Args:
         p: the run's plan; ``p.choice.model`` is replaced by the prepared model.
         store_dir: the resumable output store, where the fine-tuned weights are kept (None: in memory).
         say: progress messages, or None for quiet.
     """
+    _choose_nugget(p, say)
     _finetune(p, store_dir, say)
     _calibrate(p, say)
+
+
+def _choose_nugget(p: Plan, say: Callable[[str], None] | None) -> None:
+    """``--nugget``: the scene's nugget or the network's own in the kriging head, per field
+    (:mod:`geonp.fill.nugget`), for a model that takes the scene's."""
+    if not takes_nugget(p.choice.model):
+        return
+    p.nugget_chosen = choose_nugget(p.choice.model, p.fields, p.spec, p.device, p.nugget, p.seed, p.elevation,
+                                    p.choice.covariates, say)
 
 
 def _finetune(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None) -> None:

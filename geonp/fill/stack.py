@@ -38,7 +38,7 @@ def add_history_folds(field: Field, covariates: list[str], folds: int, seed: int
     """Keep on ``field`` its :func:`geonp.tasks.history.history_folds` (for fine-tuning), when it has
     a history its covariates come from; ``folds`` DINEOF runs more (0: none, fine-tuning hides
     cells under clouds as for a model without covariates)."""
-    from geonp.tasks.covariate_maps import is_flat
+    from geonp.tasks.covariate_maps import OWN_NUGGET, is_flat, unscaled_count
     from geonp.tasks.history import has_history, history_folds
 
     if folds == 0 or field.history is None or is_flat(field.history):
@@ -47,6 +47,9 @@ def add_history_folds(field: Field, covariates: list[str], folds: int, seed: int
     if not has_history(values, field.valid):  # one scene whose only covariate is its own (coarse)
         return
     field.folds = history_folds(values, field.valid, covariates, folds, rng=np.random.default_rng([seed, 6151]))
+    if unscaled_count(covariates) and float(field.history[-1].flat[0]) == OWN_NUGGET:
+        for fold in field.folds:  # the network's own nugget was chosen for the field (geonp.fill.nugget)
+            fold.covariates[-1] = OWN_NUGGET
 
 
 def reconstruct(field: Field, name: str, seed: int = 0) -> str:

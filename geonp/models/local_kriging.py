@@ -134,7 +134,8 @@ class LocalKriging(nn.Module):
         ordinary kriging); ``mask_t [B, Nt]``: the real targets (None: all), whose slopes set the
         slopes' prior (``slope_prior``); ``nugget_share [B, Nt]``: each target's nugget as a share
         of sill + nugget, the scene's own (:func:`geonp.variogram.step_nugget_shares`), in place of
-        the predicted nugget in the weights (None: the predicted one); the log variance stays that
+        the predicted nugget in the weights (None, or a negative share for a target: the predicted
+        one); the log variance stays that
         of the network's covariance (:func:`variance_gap`)."""
         if drift_c is None:
             return self._sliced(zt, xt, xc, yc, index, valid, nugget_share=nugget_share)
@@ -171,7 +172,8 @@ class LocalKriging(nn.Module):
         gap = None  # the scene's nugget less the network's (variance_gap)
         if nugget_share is not None:  # n / (s + n) = share  <=>  n = s share / (1 - share)
             share = nugget_share.float().clamp(NUGGET_SHARE_RANGE[0], NUGGET_SHARE_RANGE[1])
-            gap = sill * share / (1 - share) - nugget
+            # A negative share keeps the network's own nugget for that target (no gap).
+            gap = torch.where(nugget_share < 0, 0.0, sill * share / (1 - share) - nugget)
             nugget = nugget + gap
         # Absent neighbours may hold anything (NaN padding): zero them so 0 * NaN never arises.
         xg = torch.where(valid[..., None], gather_rows(xc, index), 0.0).float()  # [B, Nt, K, Dx]

@@ -11,6 +11,10 @@ import numpy as np
 #: but shares (0 to 1): a window gives them to a model as they are instead of standardised like its
 #: values (:func:`unscaled_count`).
 UNSCALED_COVARIATES = ("nugget",)
+#: A ``nugget`` share below 0 tells te-pt-tnp's kriging head to keep its network's own nugget (the
+#: one it was trained with) instead of taking a scene's: where nothing is known of the scene's
+#: variogram, and where infill chose the network's on the input's own cells (:mod:`geonp.fill.nugget`).
+OWN_NUGGET = -1.0
 
 
 def flat_covariates(count: int, shape: tuple[int, ...], value: float | list[float]) -> np.ndarray:
@@ -23,8 +27,9 @@ def flat_covariates(count: int, shape: tuple[int, ...], value: float | list[floa
 
 def flat_values(names: list[str] | tuple[str, ...], mean: float) -> list[float]:
     """What each covariate holds where nothing is known: the field's ``mean`` (the drift is then the
-    ordinary-kriging constant), a share 0 (``nugget``: no nugget, as the head learned without one)."""
-    return [0.0 if name in UNSCALED_COVARIATES else mean for name in names]
+    ordinary-kriging constant), :data:`OWN_NUGGET` (``nugget``: the network's own, as the head learned
+    without one)."""
+    return [OWN_NUGGET if name in UNSCALED_COVARIATES else mean for name in names]
 
 
 def unscaled_count(names: list[str] | tuple[str, ...]) -> int:

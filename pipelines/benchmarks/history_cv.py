@@ -19,7 +19,10 @@ without a history drift): ``te-pt-tnp+dineof@30`` is the bundled
 te-pt-tnp weights with the ``dineof`` history covariate in its kriging head's drift
 (``geonp.tasks.history.history_covariates``), fine-tuned 30 steps on the scene. The covariate
 checkpoints are made here from the bundled weights (the drift adds no weight). ``--calibrated
-LABEL`` runs that label's rows with sigma calibrated on the scene (``geonp.fill.calibrate``).
+LABEL`` runs that label's rows with sigma calibrated on the scene (``geonp.fill.calibrate``);
+``--nugget LABEL=CHOICE`` gives a variant whose kriging head takes the scene's nugget infill's
+``nugget`` option (``geonp.fill.nugget``: ``auto``, the default since it exists, ``scene`` or
+``model``; rows before it, such as ``small-nugget``'s, always took the scene's).
 Writes ``pipelines/results/history_cv_<split>.md`` and ``.json``.
 """
 
@@ -137,12 +140,15 @@ def main() -> None:
                              '{"covariates": [...], "model_args": {...}, "window": {...}}')
     parser.add_argument("--calibrated", nargs="*", default=[], metavar="LABEL",
                         help="rows LABEL[@FIT] run with sigma calibrated on the scene (infill's calibrate_sigma)")
+    parser.add_argument("--nugget", action="append", default=[], metavar="LABEL=CHOICE",
+                        help="rows LABEL[@FIT] run with infill's nugget option CHOICE (auto, scene, model)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     out = Path(args.out or REPO / "pipelines" / "results" / f"history_cv_{args.split}.md")
     earlier = _earlier(out.with_suffix(".json")) if args.reuse else {}
     folder, commit = data_folder(), git_commit()
     trained = dict(item.split("=", 1) for item in args.checkpoint)
+    nuggets = dict(item.split("=", 1) for item in args.nugget)
     results: list[dict] = []
     skipped: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -157,10 +163,12 @@ def main() -> None:
                 checkpoints = {model: str(covariate_checkpoint(model, covariates, Path(tmp)))} if covariates else None
                 if row.partition("@")[0] in trained:
                     model, checkpoints = "te-pt-tnp", {"te-pt-tnp": trained[row.partition("@")[0]]}
-                calibrate = row.partition("@")[0] in args.calibrated
+                options = {"device": "auto", "calibrate_sigma": row.partition("@")[0] in args.calibrated}
+                if row.partition("@")[0] in nuggets:
+                    options["nugget"] = nuggets[row.partition("@")[0]]
                 try:
                     part = evaluate(ds, variable, [model], checkpoints=checkpoints, fit_steps=fit, seed=args.seed,
-                                    options={"device": "auto", "calibrate_sigma": calibrate}, hide_steps=steps)
+                                    options=options, hide_steps=steps)
                 except ValueError as err:  # e.g. dineof on a stack with too short a history: say so, go on
                     print(f"{name} {row}: not scored: {err}", flush=True)
                     skipped.append(f"{name} {row}: {err}")
@@ -173,7 +181,7 @@ def main() -> None:
                     res["rows"] += part["rows"]
                 r = part["rows"][0]
                 print(f"{name} {row}: RMSE {r['rmse']:.4g} CRPS {r['crps']:.4g} cov90 {r['coverage_90']:.3f} "
-                      f"({r['wall_s']:.0f} s)", flush=True)
+                      f"({r['wall_s']:.0f} s)" + (f"; nugget {r['nugget']}" if "nugget" in r else ""), flush=True)
             if res is None:
                 continue
             where = f"{args.split} crop {_crop(ds)}" if by_place else \

@@ -1,0 +1,121 @@
+"""Which nugget te-pt-tnp's kriging head uses on this input: the scene's or the network's own.
+
+A model that takes the ``nugget`` covariate (``kriging_nugget_input``) can weigh its kriging
+neighbours with the nugget share of the variogram fitted to each step of the input
+(:func:`geonp.variogram.step_nugget_shares`), as a geostatistician would, or with the near-zero
+nugget its network predicts. Neither wins everywhere: on history_cv the scene's nugget lowered
+CRPS on noisy NDVI (Sentinel-2 -3.5%, Alaska -4.8%, validation) and raised it on smooth SST and
+soil moisture (+1.2%, +0.9%). So, like a geostatistician cross-validating a variogram, infill
+asks the input: hide some of its observed cells under gap patterns it really has (the windows
+calibration draws, :func:`geonp.fill.calibrate.calibrate`), predict them both ways, and keep the
+nugget whose mean CRPS over the same hidden cells is lower (the network's own on a tie or when
+nothing can be hidden). Chosen once per field, before fine-tuning, which then trains with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from geonp.fill import NUGGET_CHOICES
+from geonp.fill.field import Field
+from geonp.models.base import NeuralProcess
+from geonp.tasks.covariate_maps import OWN_NUGGET, flat_covariates, is_flat
+
+#: Windows each option is scored on (in batches of :data:`BATCH`): each hides 100-400 cells.
+CHOICE_WINDOWS = 64
+BATCH = 8
+#: History folds the windows hide cells from (their covariates computed without those cells).
+CHOICE_FOLDS = 3
+
+
+def takes_nugget(model: NeuralProcess | None) -> bool:
+    """Whether ``model`` reads its last covariate as its kriging head's nugget share."""
+    return bool(getattr(model, "kriging_nugget_input", False))
+
+
+def with_own_nugget(x: torch.Tensor) -> torch.Tensor:
+    """Inputs ``x [B, N, Dx]`` whose last channel (the nugget share) says: the network's own."""
+    x = x.clone()
+    x[..., -1] = OWN_NUGGET
+    return x
+
+
+@torch.no_grad()
+def paired_crps(model: NeuralProcess, source, device: torch.device | str,
+                windows: int = CHOICE_WINDOWS) -> tuple[np.ndarray, np.ndarray]:
+    """CRPS (in each window's standardised units) of every hidden cell of ``windows`` windows drawn
+    by ``source``, ``(scene's nugget [n], network's own [n])``: the same cells both ways."""
+    import scoringrules as sr
+
+    scene, own = [], []
+    for _ in range(max(1, windows // BATCH)):
+        b = source.sample(BATCH).to(device)
+        for xc, xt, out in ((b.xc, b.xt, scene), (with_own_nugget(b.xc), with_own_nugget(b.xt), own)):
+            dist = model(xc, b.yc, xt, b.mask_c, b.mask_t)
+            keep = b.mask_t.cpu().numpy()
+            out.append(sr.crps_normal(b.yt[..., 0].cpu().numpy()[keep], dist.loc[..., 0].float().cpu().numpy()[keep],
+                                      dist.scale[..., 0].float().cpu().numpy()[keep]))
+    return np.concatenate(scene), np.concatenate(own)
+
+
+def choose_nugget(model: NeuralProcess, fields: list[Field], spec, device: torch.device | str, choice: str = "auto",
+                  seed: int = 0, elevation: np.ndarray | None = None, covariates: list[str] | None = None,
+                  say: Callable[[str], None] | None = None) -> str:
+    """Set each field's nugget map (the last of ``field.history``) to the nugget ``choice`` gives
+    (:data:`NUGGET_CHOICES`; ``auto``: the lower CRPS on the field's own hidden cells) and return
+    a few words per field on what was chosen and why, for provenance.
+
+    ``model`` must take the nugget (:func:`takes_nugget`); ``covariates`` are the names of its
+    history covariates (the folds' windows need them). A field whose nugget map is flat (no
+    step could be fitted) keeps the network's own.
+    """
+    from geonp.fill.finetune import FieldWindows
+    from geonp.fill.stack import add_history_folds
+
+    if choice not in NUGGET_CHOICES:
+        raise ValueError(f"--nugget must be one of {', '.join(NUGGET_CHOICES)}, got {choice!r}")
+    said = []
+    for f in fields:
+        if f.history is None:
+            continue
+        if is_flat(f.history[-1]):
+            _use_own(f)
+            said.append(f"{f.label}: the network's (no step's variogram)")
+            continue
+        if choice != "auto":
+            if choice == "model":
+                _use_own(f)
+            said.append(f"{f.label}: {'the scene' if choice == 'scene' else 'the network'}'s (asked)")
+            continue
+        add_history_folds(f, list(covariates or []), CHOICE_FOLDS, seed)
+        try:
+            source = FieldWindows([f], spec, seed + 15485863, model.dim_x, elevation)
+            scene, own = paired_crps(model, source, device)
+        except ValueError:  # too few observed cells to hide any: keep what the network learnt
+            scene = own = np.zeros(0)
+        finally:
+            f.folds = []
+        if scene.size and scene.mean() < own.mean():
+            said.append(f"{f.label}: the scene's (CRPS {scene.mean():.4g} against {own.mean():.4g} on "
+                        f"{scene.size} hidden cells)")
+        else:
+            _use_own(f)
+            said.append(f"{f.label}: the network's (CRPS {own.mean():.4g} against the scene's {scene.mean():.4g} on "
+                        f"{scene.size} hidden cells)" if scene.size else f"{f.label}: the network's (no cell to hide)")
+        if say:
+            say(f"nugget: {said[-1]}")
+    return "; ".join(said)
+
+
+def _use_own(f: Field) -> None:
+    """``f``'s nugget map set to the network's own (its other covariate maps untouched)."""
+    if is_flat(f.history):  # one number per map: stays a view, whatever the field's size
+        values = [float(m.flat[0]) for m in f.history]
+        f.set_history(flat_covariates(len(values), f.shape, values[:-1] + [OWN_NUGGET]))
+        return
+    history = f.history if f.history.flags.writeable else np.array(f.history, np.float32)
+    history[-1] = OWN_NUGGET
+    f.set_history(history)

@@ -1,0 +1,94 @@
+"""Which nugget te-pt-tnp's kriging head uses on an input (``--nugget``, :mod:`geonp.fill.nugget`):
+a negative share is the network's own, ``auto`` picks per field by CRPS on the input's own hidden
+cells, and the choice is recorded and refused for weights that take no nugget."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import xarray as xr
+
+import geonp.fill.nugget as nugget_module
+from geonp.fill.engine import infill
+from geonp.fill.predictor import bundled_checkpoint
+from geonp.models import build
+from geonp.tasks.covariate_maps import OWN_NUGGET
+from pipelines.checkpoint_variants import variant_checkpoint
+
+
+@pytest.fixture(scope="module")
+def nugget_weights(tmp_path_factory) -> str:
+    """The bundled te-pt-tnp reading the scene's nugget (the same tensors)."""
+    out = tmp_path_factory.mktemp("nugget") / "nugget.safetensors"
+    return str(variant_checkpoint(bundled_checkpoint("te-pt-tnp"), out, covariates=["dineof", "spread", "nugget"],
+                                  model_args={"kriging_nugget_input": True}))
+
+
+def cube(noise: float, seed: int = 0) -> xr.Dataset:
+    """Four steps of a smooth moving pattern plus white noise of s.d. ``noise``, two with a square gap."""
+    rng = np.random.default_rng(seed)
+    r, c = np.meshgrid(np.arange(32), np.arange(32), indexing="ij")
+    values = np.stack([np.sin(r / 7.0 + t) + np.cos(c / 9.0 - 0.5 * t) for t in range(4)])
+    values = values + noise * rng.standard_normal(values.shape)
+    values[1, 8:20, 8:20] = np.nan
+    values[3, 14:28, 4:16] = np.nan
+    return xr.Dataset({"v": (("time", "lat", "lon"), values)},
+                      coords={"time": np.arange(4), "lat": np.arange(32) * 0.1, "lon": np.arange(32) * 0.1})
+
+
+def test_a_negative_share_is_the_networks_own_nugget():
+    kwargs = dict(preset="tiny", local_kriging=True, num_neighbours=4, kriging_neighbours=4)
+    takes = build("te-pt-tnp", dim_x=5, dim_y=1, kriging_covariates=2, kriging_nugget_input=True, **kwargs).eval()
+    plain = build("te-pt-tnp", dim_x=4, dim_y=1, kriging_covariates=1, **kwargs).eval()
+    plain.load_state_dict(takes.state_dict())  # covariates hold no weights: the same network
+    g = torch.Generator().manual_seed(1)
+    xc, yc, xt = torch.rand(2, 16, 5, generator=g), torch.randn(2, 16, 1, generator=g), torch.rand(2, 5, 5, generator=g)
+    mask_c, mask_t = torch.ones(2, 16, dtype=torch.bool), torch.ones(2, 5, dtype=torch.bool)
+    xc[..., -1], xt[..., -1] = OWN_NUGGET, OWN_NUGGET
+    with torch.no_grad():
+        own = takes(xc, yc, xt, mask_c, mask_t)
+        ref = plain(xc[..., :-1], yc, xt[..., :-1], mask_c, mask_t)
+        scene = takes(xc, yc, xt.clone().index_fill_(-1, torch.tensor([4]), 0.5), mask_c, mask_t)
+    assert torch.allclose(own.loc, ref.loc, atol=1e-6) and torch.allclose(own.scale, ref.scale, atol=1e-6)
+    assert not torch.allclose(scene.loc, ref.loc)
+
+
+@pytest.fixture(scope="module")
+def noisy_fills(nugget_weights) -> tuple[xr.Dataset, dict[str, xr.Dataset]]:
+    """A noisy cube and its fills with each ``nugget`` choice (auto on 16 windows)."""
+    ds = cube(noise=0.6)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(nugget_module, "CHOICE_WINDOWS", 16)
+        return ds, {choice: infill(ds, "v", "te-pt-tnp", checkpoint=nugget_weights, fit_steps=0, nugget=choice)
+                    for choice in ("auto", "scene", "model")}
+
+
+def test_auto_takes_the_scenes_nugget_where_the_field_is_noisy(noisy_fills):
+    ds, out = noisy_fills
+    chosen = out["auto"].attrs["geonp_nugget"]
+    assert chosen.startswith("v: the scene's (CRPS ") and "hidden cells" in chosen
+    scene, own = (float(x) for x in chosen.split("CRPS ")[1].split(" on ")[0].split(" against "))
+    assert scene < own
+    assert out["scene"].attrs["geonp_nugget"] == "v: the scene's (asked)"
+    gap = np.isnan(ds["v"].values)
+    assert np.allclose(out["auto"]["v"].values[gap], out["scene"]["v"].values[gap])  # auto filled as "scene"
+
+
+def test_model_gives_the_networks_nugget_and_a_fill_that_differs(noisy_fills):
+    ds, out = noisy_fills
+    own = out["model"]
+    assert own.attrs["geonp_nugget"] == "v: the network's (asked)"
+    gap = np.isnan(ds["v"].values)
+    assert np.isfinite(own["v"].values[gap]).all() and (own["v_std"].values[gap] > 0).all()
+    assert not np.allclose(own["v"].values[gap], out["scene"]["v"].values[gap])
+
+
+def test_nugget_is_refused_where_it_means_nothing_or_is_misspelt(nugget_weights):
+    ds = cube(noise=0.0)
+    with pytest.raises(ValueError, match="--nugget scene: model 'te-pt-tnp' takes no scene nugget"):
+        infill(ds, "v", "te-pt-tnp", fit_steps=0, nugget="scene")  # the bundled weights take none
+    with pytest.raises(ValueError, match="--nugget must be one of auto, scene, model"):
+        infill(ds, "v", "te-pt-tnp", checkpoint=nugget_weights, fit_steps=0, nugget="fitted")
+    out = infill(ds, "v", "linear")  # auto (the default) is silent for a model without the input
+    assert "geonp_nugget" not in out.attrs

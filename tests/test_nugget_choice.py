@@ -68,8 +68,9 @@ def test_auto_takes_the_scenes_nugget_where_the_field_is_noisy(noisy_fills):
     ds, out = noisy_fills
     chosen = out["auto"].attrs["geonp_nugget"]
     assert chosen.startswith("v: the scene's (CRPS ") and "hidden cells" in chosen
-    scene, own = (float(x) for x in chosen.split("CRPS ")[1].split(" on ")[0].split(" against "))
-    assert scene < own
+    scene, own = (float(x) for x in chosen.split("CRPS ")[1].split(" on ")[0].split(" against the network's "))
+    gain, error = (float(x) for x in chosen.split("difference ")[1].rstrip(")").split(" +- "))
+    assert scene < own and np.isclose(gain, own - scene, rtol=0.05) and gain > nugget_module.CHOICE_Z * error > 0
     assert out["scene"].attrs["geonp_nugget"] == "v: the scene's (asked)"
     gap = np.isnan(ds["v"].values)
     assert np.allclose(out["auto"]["v"].values[gap], out["scene"]["v"].values[gap])  # auto filled as "scene"
@@ -92,3 +93,11 @@ def test_nugget_is_refused_where_it_means_nothing_or_is_misspelt(nugget_weights)
         infill(ds, "v", "te-pt-tnp", checkpoint=nugget_weights, fit_steps=0, nugget="fitted")
     out = infill(ds, "v", "linear")  # auto (the default) is silent for a model without the input
     assert "geonp_nugget" not in out.attrs
+
+
+def test_the_gain_and_its_error_are_clustered_by_window():
+    scene, own = np.array([1.0, 1.0, 2.0, 2.0]), np.full(4, 2.0)
+    gain, error = nugget_module.scene_gain(scene, own, np.array([0, 0, 1, 1]))
+    assert gain == 0.5 and np.isclose(error, np.sqrt(2.0) / 4)  # windows' summed deviations +1 and -1
+    _, independent = nugget_module.scene_gain(scene, own, np.arange(4))
+    assert independent < error  # the same cells, each its own window: the error shrinks

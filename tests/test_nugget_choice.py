@@ -10,6 +10,7 @@ import torch
 import xarray as xr
 
 import geonp.fill.nugget as nugget_module
+from geonp.checkpoint import read_checkpoint
 from geonp.fill.engine import infill
 from geonp.fill.predictor import bundled_checkpoint
 from geonp.models import build
@@ -18,11 +19,19 @@ from pipelines.checkpoint_variants import variant_checkpoint
 
 
 @pytest.fixture(scope="module")
-def nugget_weights(tmp_path_factory) -> str:
-    """The bundled te-pt-tnp reading the scene's nugget (the same tensors)."""
-    out = tmp_path_factory.mktemp("nugget") / "nugget.safetensors"
-    return str(variant_checkpoint(bundled_checkpoint("te-pt-tnp"), out, covariates=["dineof", "spread", "nugget"],
-                                  model_args={"kriging_nugget_input": True}))
+def nugget_weights() -> str:
+    """The bundled te-pt-tnp, whose kriging head takes the scene's nugget."""
+    path = bundled_checkpoint("te-pt-tnp")
+    assert read_checkpoint(path)[1]["model"]["kwargs"]["kriging_nugget_input"]
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def plain_weights(tmp_path_factory) -> str:
+    """The same tensors without the nugget input (its own nugget only)."""
+    out = tmp_path_factory.mktemp("plain") / "plain.safetensors"
+    return str(variant_checkpoint(bundled_checkpoint("te-pt-tnp"), out, covariates=["dineof", "spread"],
+                                  model_args={"kriging_nugget_input": False}))
 
 
 def cube(noise: float, seed: int = 0) -> xr.Dataset:
@@ -85,10 +94,10 @@ def test_model_gives_the_networks_nugget_and_a_fill_that_differs(noisy_fills):
     assert not np.allclose(own["v"].values[gap], out["scene"]["v"].values[gap])
 
 
-def test_nugget_is_refused_where_it_means_nothing_or_is_misspelt(nugget_weights):
+def test_nugget_is_refused_where_it_means_nothing_or_is_misspelt(nugget_weights, plain_weights):
     ds = cube(noise=0.0)
     with pytest.raises(ValueError, match="--nugget scene: model 'te-pt-tnp' takes no scene nugget"):
-        infill(ds, "v", "te-pt-tnp", fit_steps=0, nugget="scene")  # the bundled weights take none
+        infill(ds, "v", "te-pt-tnp", checkpoint=plain_weights, fit_steps=0, nugget="scene")
     with pytest.raises(ValueError, match="--nugget must be one of auto, scene, model"):
         infill(ds, "v", "te-pt-tnp", checkpoint=nugget_weights, fit_steps=0, nugget="fitted")
     out = infill(ds, "v", "linear")  # auto (the default) is silent for a model without the input

@@ -100,13 +100,46 @@ def test_nugget_is_refused_where_it_means_nothing_or_is_misspelt(nugget_weights,
         infill(ds, "v", "te-pt-tnp", checkpoint=plain_weights, fit_steps=0, nugget="scene")
     with pytest.raises(ValueError, match="--nugget must be one of auto, scene, model"):
         infill(ds, "v", "te-pt-tnp", checkpoint=nugget_weights, fit_steps=0, nugget="fitted")
-    out = infill(ds, "v", "linear")  # auto (the default) is silent for a model without the input
-    assert "geonp_nugget" not in out.attrs
+    out = infill(ds, "v", "te-pt-tnp", checkpoint=plain_weights, fit_steps=0)  # auto: silent without the input
+    assert "geonp_nugget" not in out.attrs and np.isfinite(out["v"].values).all()
+
+
+def test_the_networks_nugget_leaves_the_other_covariates_alone():
+    from geonp.fill.field import Field
+
+    values = cube(noise=0.0)["v"]
+    f = Field("v", values, np.ones(values.shape[1:], bool))
+    f.history = np.stack([np.full(values.shape, 3.0, np.float32), np.full(values.shape, 0.4, np.float32)])
+    nugget_module.use_network_nugget([f], ["elsewhere"])
+    assert np.all(f.history[1] == np.float32(0.4))  # another field's label: untouched
+    nugget_module.use_network_nugget([f], [f.label])
+    assert np.all(f.history[0] == 3.0) and np.all(f.history[1] == OWN_NUGGET)
+
+
+def test_a_resumed_store_repeats_the_choice_it_made(nugget_weights, tmp_path, monkeypatch):
+    from geonp.fill import prepare
+    from geonp.fill.plan import plan
+
+    monkeypatch.setattr(nugget_module, "CHOICE_WINDOWS", 8)
+    ds = cube(noise=0.6)
+    first = plan(ds, "v", "te-pt-tnp", checkpoint=nugget_weights, fit_steps=0, nugget="model")
+    prepare._choose_nugget(first, tmp_path, None)
+    assert (tmp_path / "geonp_nugget.json").exists() and first.nugget_chosen == "v: the network's (asked)"
+
+    def never(*args, **kwargs):
+        raise AssertionError("a resumed run must not choose again")
+
+    monkeypatch.setattr(prepare, "choose_nugget", never)
+    again = plan(ds, "v", "te-pt-tnp", checkpoint=nugget_weights, fit_steps=0, nugget="model")
+    assert float(again.fields[0].history[-1].flat[0]) >= 0  # the scene's share, before the saved choice
+    prepare._choose_nugget(again, tmp_path, None)
+    assert again.nugget_chosen == first.nugget_chosen and np.all(again.fields[0].history[-1] == OWN_NUGGET)
 
 
 def test_the_gain_and_its_error_are_clustered_by_window():
     scene, own = np.array([1.0, 1.0, 2.0, 2.0]), np.full(4, 2.0)
     gain, error = nugget_module.scene_gain(scene, own, np.array([0, 0, 1, 1]))
-    assert gain == 0.5 and np.isclose(error, np.sqrt(2.0) / 4)  # windows' summed deviations +1 and -1
+    assert gain == 0.5 and np.isclose(error, np.sqrt(2.0 * 2) / 4)  # deviations +1 and -1, G / (G - 1) = 2
     _, independent = nugget_module.scene_gain(scene, own, np.arange(4))
     assert independent < error  # the same cells, each its own window: the error shrinks
+    assert nugget_module.scene_gain(scene, own, np.zeros(4, int))[1] == np.inf  # one window tells nothing

@@ -108,9 +108,9 @@ def quiet_zarr() -> Iterator[None]:
     # in the v3 spec; we choose it deliberately (xarray opens a store with one read).
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Consolidated metadata", category=UserWarning)
-        # geonp keeps a run's fine-tuned weights in its unfinished store (to resume); Zarr 3
-        # warns that the file is not part of the hierarchy whenever the store is opened.
-        warnings.filterwarnings("ignore", message=".*geonp_fitted_model.*not recognized", category=UserWarning)
+        # geonp keeps a run's fine-tuned weights and nugget choice in its unfinished store (to
+        # resume); Zarr 3 warns that the files are not part of the hierarchy whenever it is opened.
+        warnings.filterwarnings("ignore", message=".*geonp_(fitted_model|nugget).*not recognized", category=UserWarning)
         yield
 
 

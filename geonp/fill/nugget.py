@@ -39,6 +39,10 @@ CHOICE_FOLDS = 3
 CHOICE_Z = 1.0
 
 
+class NothingToHide(Exception):
+    """The input has too few observed cells to draw a window from (the network's own nugget then)."""
+
+
 def takes_nugget(model: NeuralProcess | None) -> bool:
     """Whether ``model`` reads its last covariate as its kriging head's nugget share."""
     return bool(getattr(model, "kriging_nugget_input", False))
@@ -53,15 +57,19 @@ def with_own_nugget(x: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def paired_crps(model: NeuralProcess, source, device: torch.device | str,
-                windows: int = CHOICE_WINDOWS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """CRPS (in each window's standardised units) of every hidden cell of ``windows`` windows drawn
-    by ``source``, ``(scene's nugget [n], network's own [n], window of each cell [n])``: the same
-    cells both ways."""
+                windows: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CRPS (in each window's standardised units) of every hidden cell of ``windows`` windows
+    (None: :data:`CHOICE_WINDOWS`) drawn by ``source``, ``(scene's nugget [n], network's own [n],
+    window of each cell [n])``: the same cells both ways. :class:`NothingToHide` when ``source``
+    can draw no window."""
     import scoringrules as sr
 
     scene, own, window = [], [], []
-    for i in range(max(1, windows // BATCH)):
-        b = source.sample(BATCH).to(device)
+    for i in range(max(1, (windows or CHOICE_WINDOWS) // BATCH)):
+        try:
+            b = source.sample(BATCH).to(device)
+        except ValueError as err:  # FieldWindows: too few observed cells to hide any
+            raise NothingToHide(str(err)) from None
         keep = b.mask_t.cpu().numpy()  # [B, Nt]
         window.append(np.broadcast_to(i * BATCH + np.arange(keep.shape[0])[:, None], keep.shape)[keep])
         for xc, xt, out in ((b.xc, b.xt, scene), (with_own_nugget(b.xc), with_own_nugget(b.xt), own)):
@@ -74,20 +82,26 @@ def paired_crps(model: NeuralProcess, source, device: torch.device | str,
 def scene_gain(scene: np.ndarray, own: np.ndarray, window: np.ndarray) -> tuple[float, float]:
     """How much lower the scene's nugget makes mean CRPS than the network's own, ``own - scene``
     over the cells ``[n]``, and its standard error, clustered by ``window [n]`` (cells of one
-    window share their context, so they are not independent)."""
+    window share their context, so they are not independent), with the usual ``G / (G - 1)``
+    small-sample factor for ``G`` windows; infinite with fewer than two windows (nothing to tell)."""
     diff = own - scene
     gain = float(diff.mean())
-    totals = np.bincount(np.unique(window, return_inverse=True)[1], weights=diff - gain)  # per window
-    return gain, float(np.sqrt(np.square(totals).sum()) / diff.size)
+    groups = np.unique(window, return_inverse=True)[1]
+    count = int(groups.max()) + 1 if groups.size else 0
+    if count < 2:
+        return gain, float("inf")
+    totals = np.bincount(groups, weights=diff - gain)  # per window
+    return gain, float(np.sqrt(np.square(totals).sum() * count / (count - 1)) / diff.size)
 
 
 def choose_nugget(model: NeuralProcess, fields: list[Field], spec, device: torch.device | str, choice: str = "auto",
                   seed: int = 0, elevation: np.ndarray | None = None, covariates: list[str] | None = None,
-                  say: Callable[[str], None] | None = None) -> str:
+                  say: Callable[[str], None] | None = None) -> tuple[str, list[str]]:
     """Set each field's nugget map (the last of ``field.history``) to the nugget ``choice`` gives
     (:data:`NUGGET_CHOICES`; ``auto``: the scene's where it lowers CRPS on the field's own hidden
-    cells by more than :data:`CHOICE_Z` standard errors, else the network's own) and return
-    a few words per field on what was chosen and why, for provenance.
+    cells by more than :data:`CHOICE_Z` standard errors, else the network's own). Returns a few
+    words per field on what was chosen and why (for provenance) and the labels of the fields that
+    got the network's own (:func:`use_network_nugget` repeats the choice on a resumed run).
 
     ``model`` must take the nugget (:func:`takes_nugget`); ``covariates`` are the names of its
     history covariates (the folds' windows need them). A field whose nugget map is flat (no
@@ -102,7 +116,7 @@ def choose_nugget(model: NeuralProcess, fields: list[Field], spec, device: torch
     for f in fields:
         if f.history is None:
             continue
-        if is_flat(f.history[-1]):
+        if is_flat(f.history[-1]) or float(f.history[-1].flat[0]) < 0:  # flat, or no step could be fitted
             _use_own(f)
             said.append(f"{f.label}: the network's (no step's variogram)")
             continue
@@ -113,9 +127,9 @@ def choose_nugget(model: NeuralProcess, fields: list[Field], spec, device: torch
             continue
         add_history_folds(f, list(covariates or []), CHOICE_FOLDS, seed)
         try:
-            source = FieldWindows([f], spec, seed + 15485863, model.dim_x, elevation)
-            scene, own, window = paired_crps(model, source, device)
-        except ValueError:  # too few observed cells to hide any: keep what the network learnt
+            scene, own, window = paired_crps(model, FieldWindows([f], spec, seed + 15485863, model.dim_x, elevation),
+                                             device)
+        except NothingToHide:
             scene = own = window = np.zeros(0)
         finally:
             f.folds = []
@@ -133,7 +147,15 @@ def choose_nugget(model: NeuralProcess, fields: list[Field], spec, device: torch
             said.append(f"{f.label}: the network's ({why})")
         if say:
             say(f"nugget: {said[-1]}")
-    return "; ".join(said)
+    network = [f.label for f in fields if f.history is not None and float(f.history[-1].flat[0]) == OWN_NUGGET]
+    return "; ".join(said), network
+
+
+def use_network_nugget(fields: list[Field], labels: list[str]) -> None:
+    """Give the fields named ``labels`` the network's own nugget, as an earlier choice did."""
+    for f in fields:
+        if f.history is not None and f.label in labels:
+            _use_own(f)
 
 
 def _use_own(f: Field) -> None:

@@ -8,11 +8,13 @@ same weights; a resumable store keeps the fine-tuned weights, so a killed run re
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 import geonp.fill as fill_defaults
-from geonp.fill.nugget import choose_nugget, takes_nugget
+from geonp.atomic import write_text_atomic
+from geonp.fill.nugget import choose_nugget, takes_nugget, use_network_nugget
 from geonp.fill.plan import Plan
 from geonp.fill.stack import add_history_folds
 
@@ -26,18 +28,28 @@ def prepare(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None) 
         store_dir: the resumable output store, where the fine-tuned weights are kept (None: in memory).
         say: progress messages, or None for quiet.
     """
-    _choose_nugget(p, say)
+    _choose_nugget(p, store_dir, say)
     _finetune(p, store_dir, say)
     _calibrate(p, say)
 
 
-def _choose_nugget(p: Plan, say: Callable[[str], None] | None) -> None:
+def _choose_nugget(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None) -> None:
     """``--nugget``: the scene's nugget or the network's own in the kriging head, per field
-    (:mod:`geonp.fill.nugget`), for a model that takes the scene's."""
+    (:mod:`geonp.fill.nugget`), for a model that takes the scene's. A resumable store keeps the
+    choice, so a resumed run fills with the nugget its saved fine-tuned weights were trained with
+    even where a near tie could tip the other way on another machine."""
     if not takes_nugget(p.choice.model):
         return
-    p.nugget_chosen = choose_nugget(p.choice.model, p.fields, p.spec, p.device, p.nugget, p.seed, p.elevation,
-                                    p.choice.covariates, say)
+    saved = None if store_dir is None else store_dir / "geonp_nugget.json"
+    if saved is not None and saved.exists():
+        record = json.loads(saved.read_text())
+        use_network_nugget(p.fields, record["network"])
+        p.nugget_chosen = record["said"]
+        return
+    p.nugget_chosen, network = choose_nugget(p.choice.model, p.fields, p.spec, p.device, p.nugget, p.seed,
+                                             p.elevation, p.choice.covariates, say)
+    if saved is not None:
+        write_text_atomic(saved, json.dumps({"said": p.nugget_chosen, "network": network}))
 
 
 def _finetune(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None) -> None:

@@ -31,7 +31,7 @@ from geonp.tasks.analogs import analog_prediction
 from geonp.tasks.cell_history import nearest_steps, other_steps_mean, other_steps_spread
 from geonp.tasks.clouds import borrow_gaps
 from geonp.tasks.coarse import coarse_trend
-from geonp.tasks.covariate_maps import flat_covariates, flat_values
+from geonp.tasks.covariate_maps import OWN_NUGGET, flat_covariates, flat_values
 from geonp.variogram import drift_residuals, step_nugget_shares
 
 #: Upper edges (grid cells) of the distance bins the 1-sigma is estimated in.
@@ -304,7 +304,8 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
         elif name == "nugget":  # last (unscaled_count): the drift covariates before it are in out[:i]
             shares = step_nugget_shares(drift_residuals(values, observed, out[:i]))
             known = np.isfinite(shares)
-            out[i] = np.where(known, shares, np.median(shares[known]) if known.any() else 0.0)[:, None, None]
+            # No step could be fitted: the network's own nugget (OWN_NUGGET), as for flat maps.
+            out[i] = np.where(known, shares, np.median(shares[known]) if known.any() else OWN_NUGGET)[:, None, None]
             said.append("nugget")
             continue
         elif lacking is not None:

@@ -41,6 +41,7 @@ from geonp.data import open_satellite
 from geonp.data.readers import data_folder
 from geonp.device import resolve_device
 from geonp.evaluate import evaluate
+from geonp.fill import NUGGET_CHOICES
 from geonp.fill.predictor import bundled_checkpoint
 from geonp.skill_table import write_table
 from pipelines.benchmarks.satellite_cv import _earlier, keep_earlier
@@ -148,7 +149,10 @@ def main() -> None:
     earlier = _earlier(out.with_suffix(".json")) if args.reuse else {}
     folder, commit = data_folder(), git_commit()
     trained = dict(item.split("=", 1) for item in args.checkpoint)
-    nuggets = dict(item.split("=", 1) for item in args.nugget)
+    nuggets = dict(item.split("=", 1) for item in args.nugget if "=" in item)
+    bad = [item for item in args.nugget if item.partition("=")[2] not in NUGGET_CHOICES]
+    if bad:
+        parser.error(f"--nugget {bad[0]}: give LABEL=CHOICE, CHOICE one of {', '.join(NUGGET_CHOICES)}")
     results: list[dict] = []
     skipped: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:

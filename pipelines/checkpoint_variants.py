@@ -28,7 +28,8 @@ def variant_checkpoint(checkpoint: Path, out: Path, model_args: dict[str, Any] |
     (te-pt-tnp with a local kriging head) adds history covariates to the kriging drift, which
     holds no weight either: one more input each, recorded in the ``infill`` header so infill
     computes them (:func:`geonp.tasks.history.history_covariates`), and ``[]`` takes every one
-    out (the drift becomes ordinary kriging's constant); ``window`` replaces the context
+    out (the drift becomes ordinary kriging's constant); the head reads the last as its nugget
+    (``kriging_nugget_input``) exactly when they end with ``nugget``; ``window`` replaces the context
     geometry infill reads around each window, ``halo`` (time, rows, cols cells) or ``time_cells``
     (:func:`geonp.fill.plan.plan` takes them from the header's ``infill.window``)."""
     tensors, meta = read_checkpoint(checkpoint)
@@ -54,9 +55,16 @@ def variant_checkpoint(checkpoint: Path, out: Path, model_args: dict[str, Any] |
         meta["model"]["dim_x"] += len(covariates) - had
         meta["model"]["kwargs"]["kriging_covariates"] = len(covariates)
         meta["infill"]["covariates"] = list(covariates)
+        # The head takes its nugget from the covariates exactly when they end with it.
+        meta["model"]["kwargs"]["kriging_nugget_input"] = "nugget" in covariates
     if model_args:
         meta = copy.deepcopy(meta)
         meta["model"]["kwargs"].update(model_args)
+    if covariates is not None or model_args:
+        from geonp.tasks.covariate_maps import check_nugget_input
+
+        check_nugget_input(meta["infill"].get("covariates", []),
+                           meta["model"]["kwargs"].get("kriging_nugget_input", False), "variant")
     if model_args or covariates is not None:
         _buildable(meta["model"])
     return write_checkpoint(out, tensors, meta)

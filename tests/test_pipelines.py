@@ -249,6 +249,7 @@ def test_bundled_variants_change_only_the_header_and_refuse_what_they_cannot_rea
     assert meta["infill"]["covariates"] == ["dineof", "mean"]
     assert meta["model"]["dim_x"] == old["model"]["dim_x"] - len(old["infill"]["covariates"]) + 2
     assert meta["model"]["kwargs"]["kriging_slope_prior"] == "empirical"
+    assert old["model"]["kwargs"]["kriging_nugget_input"] and not meta["model"]["kwargs"]["kriging_nugget_input"]
     _, none = read_checkpoint(bundled_variants(['none={"covariates": []}'], tmp_path)["none"])
     assert none["infill"]["covariates"] == [] and none["model"]["kwargs"]["kriging_covariates"] == 0
     assert none["model"]["dim_x"] == old["model"]["dim_x"] - len(old["infill"]["covariates"]) == 3
@@ -256,6 +257,9 @@ def test_bundled_variants_change_only_the_header_and_refuse_what_they_cannot_rea
         bundled_variants(['odd={"covariates": "dineof"}'], tmp_path)
     with pytest.raises(SystemExit, match="--variant odd: covariates: unknown \\['eofs'\\]"):
         bundled_variants(['odd={"covariates": ["eofs"]}'], tmp_path)
+    mismatch = '{"covariates": ["dineof"], "model_args": {"kriging_nugget_input": true}}'
+    with pytest.raises(SystemExit, match="--variant mix: variant: covariates .* lack the nugget share"):
+        bundled_variants([f"mix={mismatch}"], tmp_path)
     with pytest.raises(SystemExit, match="--variant bad: not JSON"):
         bundled_variants(["bad={covariates"], tmp_path)
     with pytest.raises(SystemExit, match="a JSON object is needed"):

@@ -18,7 +18,8 @@ truths look closer than a real gap's are.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -82,6 +83,28 @@ def fit_scales(z: np.ndarray, bins: np.ndarray,
     return np.clip(scales, *SCALE_LIMITS)
 
 
+@contextmanager
+def own_cell_windows(fields: list, spec, fold_seed: int, window_seed: int, dim_x: int,
+                     elevation: np.ndarray | None = None, covariates: list[str] | None = None,
+                     folds: int = CALIBRATION_FOLDS) -> Iterator:
+    """Self-supervised windows of ``fields`` (:class:`geonp.fill.finetune.FieldWindows`, seeded
+    ``window_seed``) that hide observed cells under the input's own gap patterns, for checking a
+    model on the input itself (this module's calibration, :mod:`geonp.fill.nugget`'s choice). With
+    history ``covariates`` each field gets ``folds`` history folds (seeded ``fold_seed``) for the
+    duration, so a hidden cell's covariates are computed without it."""
+    from geonp.fill.finetune import FieldWindows
+    from geonp.fill.stack import add_history_folds
+
+    if covariates:
+        for f in fields:
+            add_history_folds(f, covariates, folds, fold_seed)
+    try:
+        yield FieldWindows(fields, spec, window_seed, dim_x, elevation)
+    finally:
+        for f in fields:
+            f.folds = []
+
+
 @torch.no_grad()
 def measure(model: NeuralProcess, source, device: torch.device | str, cells_per_unit: float,
             windows: int = CALIBRATION_WINDOWS) -> tuple[np.ndarray, np.ndarray]:
@@ -106,21 +129,12 @@ def calibrate(model: NeuralProcess, fields: list, spec, device: torch.device | s
     and the scales per distance bin, from ``windows`` windows (None: :data:`CALIBRATION_WINDOWS`).
     Windows come from their own random stream (not fine-tuning's); a model with history
     ``covariates`` gets each field's history folds for the duration."""
-    from geonp.fill.finetune import FieldWindows
-    from geonp.fill.stack import add_history_folds
-
-    if covariates:
-        for f in fields:
-            add_history_folds(f, covariates, CALIBRATION_FOLDS, seed)
-    try:
-        source = FieldWindows(fields, spec, seed + 104729, model.dim_x, elevation)
-        z, bins = measure(model, source, device, spec.cells_per_unit, windows or CALIBRATION_WINDOWS)
-    except ValueError:  # FieldWindows found too few observed cells to hide any
-        raise ValueError("--calibrate-sigma: the input has too few observed cells to draw calibration "
-                         "windows; fill without it") from None
-    finally:
-        for f in fields:
-            f.folds = []
+    with own_cell_windows(fields, spec, seed, seed + 104729, model.dim_x, elevation, covariates) as source:
+        try:
+            z, bins = measure(model, source, device, spec.cells_per_unit, windows or CALIBRATION_WINDOWS)
+        except ValueError:  # FieldWindows found too few observed cells to hide any
+            raise ValueError("--calibrate-sigma: the input has too few observed cells to draw calibration "
+                             "windows; fill without it") from None
     scales = fit_scales(z, bins)
     return SigmaCalibrated(model, scales, spec.cells_per_unit).to(device), scales
 

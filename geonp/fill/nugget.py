@@ -21,15 +21,14 @@ import numpy as np
 import torch
 
 from geonp.fill import NUGGET_CHOICES
+from geonp.fill.calibrate import BATCH, own_cell_windows
 from geonp.fill.field import Field
 from geonp.models.base import NeuralProcess
 from geonp.tasks.covariate_maps import OWN_NUGGET, flat_covariates, is_flat
 
-#: Windows each option is scored on (in batches of :data:`BATCH`): each hides 100-400 cells.
+#: Windows each option is scored on, as many as calibration's (in its batches of
+#: :data:`geonp.fill.calibrate.BATCH`, with its history folds): each hides 100-400 cells.
 CHOICE_WINDOWS = 64
-BATCH = 8
-#: History folds the windows hide cells from (their covariates computed without those cells).
-CHOICE_FOLDS = 3
 #: The scene's nugget replaces the network's own (the one the weights were trained with) only when it
 #: lowers mean CRPS on the hidden cells by more than this many standard errors (clustered by window).
 #: Chosen on history_cv's validation split (bundled small weights, 64 windows): the gains were
@@ -107,9 +106,6 @@ def choose_nugget(model: NeuralProcess, fields: list[Field], spec, device: torch
     history covariates (the folds' windows need them). A field whose nugget map is flat (no
     step could be fitted) keeps the network's own.
     """
-    from geonp.fill.finetune import FieldWindows
-    from geonp.fill.stack import add_history_folds
-
     if choice not in NUGGET_CHOICES:
         raise ValueError(f"--nugget must be one of {', '.join(NUGGET_CHOICES)}, got {choice!r}")
     said = []
@@ -125,14 +121,11 @@ def choose_nugget(model: NeuralProcess, fields: list[Field], spec, device: torch
                 _use_own(f)
             said.append(f"{f.label}: {'the scene' if choice == 'scene' else 'the network'}'s (asked)")
             continue
-        add_history_folds(f, list(covariates or []), CHOICE_FOLDS, seed)
-        try:
-            scene, own, window = paired_crps(model, FieldWindows([f], spec, seed + 15485863, model.dim_x, elevation),
-                                             device)
-        except NothingToHide:
-            scene = own = window = np.zeros(0)
-        finally:
-            f.folds = []
+        with own_cell_windows([f], spec, seed, seed + 15485863, model.dim_x, elevation, covariates) as source:
+            try:
+                scene, own, window = paired_crps(model, source, device)
+            except NothingToHide:
+                scene = own = window = np.zeros(0)
         if not scene.size:
             _use_own(f)
             said.append(f"{f.label}: the network's (no cell to hide)")

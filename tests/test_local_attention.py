@@ -45,6 +45,36 @@ def test_nearest_neighbours_match_a_brute_force_search():
 
 
 
+def _topk_ties_from_the_end(self, k, dim=-1, largest=True, sorted=True):
+    """``topk`` breaking ties the other way round, as another device's kernel may."""
+    n = self.shape[dim]
+    values, indices = _TOPK(self.flip(dim), k, dim=dim, largest=largest, sorted=sorted)
+    return torch.return_types.topk((values, n - 1 - indices))
+
+
+_TOPK = torch.Tensor.topk
+
+
+@pytest.mark.parametrize("quadrants", [None, (0, 1)])
+def test_grid_ties_go_to_the_lower_index_whatever_topk_does(monkeypatch, quadrants):
+    """On a grid many keys are equally far; the kept keys and their order are (distance, index),
+    so a device whose topk breaks ties differently fills the same cube the same way."""
+    rows, cols = torch.meshgrid(torch.arange(9.0), torch.arange(9.0), indexing="ij")
+    xk = torch.stack([rows.flatten(), cols.flatten()], -1)[None]  # [1, 81, 2], ties everywhere
+    xq = torch.tensor([[[4.0, 4.0], [4.5, 4.5], [0.0, 3.0], [2.0, 7.5]]])
+    mask = torch.ones(1, 81, dtype=torch.bool)
+    mask[0, 40] = False  # the centre absent
+    index, valid = nearest_neighbours(xq, xk, mask, 8, quadrant_dims=quadrants)
+    d = ((xq[0, :, None] - xk[0, None]) ** 2).sum(-1).numpy()
+    d[:, 40] = np.inf
+    if quadrants is None:
+        for i in range(xq.shape[1]):
+            np.testing.assert_array_equal(index[0, i].numpy(), np.argsort(d[i], kind="stable")[:8])
+    monkeypatch.setattr(torch.Tensor, "topk", _topk_ties_from_the_end)
+    other, other_valid = nearest_neighbours(xq, xk, mask, 8, quadrant_dims=quadrants)
+    assert torch.equal(other[valid], index[valid]) and torch.equal(other_valid, valid)
+
+
 def test_quadrant_search_takes_the_nearest_keys_of_each_quadrant():
     """A target at the edge of a gap: the plain search takes only the near side, the quadrant
     search the k // 4 nearest of each quadrant, far side included (checked by brute force)."""

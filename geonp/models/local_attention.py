@@ -68,14 +68,48 @@ def nearest_neighbours(xq: torch.Tensor, xk: torch.Tensor, mask_k: torch.Tensor,
         d2 = diff.float().square().sum(-1)  # [B, q, Nk]
         d2 = d2.masked_fill(~mask_k[:, None, :], float("inf"))
         if quadrant_dims is None:
-            val, idx = d2.topk(kk, dim=-1, largest=False, sorted=True)
+            val, idx = smallest(d2, kk)
         else:
-            picks = [d2.masked_fill(~inside, float("inf")).topk(kk, dim=-1, largest=False, sorted=True)
+            picks = [smallest(d2.masked_fill(~inside, float("inf")), kk)
                      for inside in _quadrants(diff[..., quadrant_dims[0]], diff[..., quadrant_dims[1]])]
-            val, idx = torch.cat([p.values for p in picks], -1), torch.cat([p.indices for p in picks], -1)
+            val, idx = torch.cat([p[0] for p in picks], -1), torch.cat([p[1] for p in picks], -1)
         index.append(idx)
         dist.append(val)
     return torch.cat(index, 1), torch.isfinite(torch.cat(dist, 1))
+
+
+def smallest(d2: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` smallest of ``d2 [..., N]`` along its last axis, nearest first, equal distances
+    in index order: ``(values [..., k], indices [..., k])``, ``k <= N``.
+
+    ``topk`` breaks ties its own way on each device, and on a grid many keys lie at exactly the
+    same distance: the CPU and a GPU then kept different neighbours at the k-th place and filled
+    the same cube 1e-2 apart. Here the keys kept and their order follow (distance, index), so
+    every device keeps the same keys in the same order. The 2k nearest are ranked so; a row whose
+    k-th distance is shared beyond them (rare: a grid ring holds few keys) is ranked in full.
+    """
+    n = d2.shape[-1]
+    m = min(2 * k, n)
+    val, idx = _by_distance_then_index(*d2.topk(m, dim=-1, largest=False, sorted=True))
+    if m < n:
+        kth = val[..., k - 1]
+        unsure = (val[..., m - 1] == kth) & torch.isfinite(kth)  # absent keys (inf) are masked anyway
+        if unsure.any():
+            rows, edge = d2[unsure], kth[unsure, None]  # [R, N], [R, 1]
+            below, at = rows < edge, rows == edge
+            take = below | at & (at.cumsum(-1) <= k - below.sum(-1, keepdim=True))
+            pick = take.nonzero()[:, 1].view(-1, k)  # exactly k per row, in index order
+            head_val, head_idx = _by_distance_then_index(rows.gather(-1, pick), pick)
+            val, idx = val[..., :k].clone(), idx[..., :k].clone()
+            val[unsure], idx[unsure] = head_val, head_idx
+    return val[..., :k], idx[..., :k]
+
+
+def _by_distance_then_index(val: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(val, idx) [..., K]`` reordered by distance, equal distances by index."""
+    idx, order = idx.sort(dim=-1)
+    val, order = val.gather(-1, order).sort(dim=-1, stable=True)
+    return val, idx.gather(-1, order)
 
 
 def _quadrants(du: torch.Tensor, dv: torch.Tensor) -> tuple[torch.Tensor, ...]:

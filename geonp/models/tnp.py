@@ -22,6 +22,8 @@ Defaults are the TE-TNP paper's appendix F sizes (token size 128, 8 heads of
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from torch.distributions import Normal
@@ -194,7 +196,7 @@ class TEPTTNP(_TETransformerNP):
                  kriging_kernel: str = "exponential", kriging_neighbours: int = 0,
                  kriging_quadrant_dims: list[int] | None = None, kriging_covariates: int = 0,
                  kriging_trend_dims: list[int] | None = None, kriging_slope_prior: str | float = "none",
-                 kriging_nugget_input: bool = False) -> None:
+                 kriging_nugget_input: bool = False, kriging_range_scale: list[float] | None = None) -> None:
         super().__init__(dim_x, dim_y, dim_model, min_scale)
         with_kriging = local_kriging and num_neighbours > 0
         # kriging_covariates: the last inputs are covariates, not locations (e.g. what the scene's
@@ -251,9 +253,17 @@ class TEPTTNP(_TETransformerNP):
             raise ValueError(f"kriging_quadrant_dims needs two input dimensions in 0..{dim_x - 1}, "
                              f"got {kriging_quadrant_dims}")
         self.kriging_quadrant_dims = None if kriging_quadrant_dims is None else tuple(kriging_quadrant_dims)
+        # kriging_range_scale: one factor per location input on the head's predicted lengthscales, an
+        # inference-time ablation (does the fill deep inside wide gaps lack the scene's range?).
+        if kriging_range_scale is not None and not (
+                with_kriging and len(kriging_range_scale) == dim_x
+                and all(isinstance(f, (int, float)) and math.isfinite(f) and f > 0 for f in kriging_range_scale)):
+            raise ValueError(f"kriging_range_scale needs the local kriging head and one positive factor per "
+                             f"location input ({dim_x}), got {kriging_range_scale!r}")
         self.kriging = None
         if with_kriging:
-            self.kriging = LocalKriging(dim_model, dim_x, kriging_kernel, neighbour_weights, kriging_slope_prior)
+            self.kriging = LocalKriging(dim_model, dim_x, kriging_kernel, neighbour_weights, kriging_slope_prior,
+                                        kriging_range_scale)
             # Its mean and log variance join the target tokens (zero-initialised: a model grown
             # with the head keeps its sigma; its mean is the kriging mean from the start).
             self.kriging_in = nn.Linear(dim_y + 1, dim_model)

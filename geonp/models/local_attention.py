@@ -91,7 +91,7 @@ def smallest(d2: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     n = d2.shape[-1]
     m = min(2 * k, n)
     val, idx = _by_distance_then_index(*d2.topk(m, dim=-1, largest=False, sorted=True))
-    if m < n:
+    if 0 < m < n:
         kth = val[..., k - 1]
         unsure = (val[..., m - 1] == kth) & torch.isfinite(kth)  # absent keys (inf) are masked anyway
         if unsure.any():

@@ -75,6 +75,24 @@ def test_grid_ties_go_to_the_lower_index_whatever_topk_does(monkeypatch, quadran
     assert torch.equal(other[valid], index[valid]) and torch.equal(other_valid, valid)
 
 
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 9])
+def test_smallest_ranks_by_distance_then_index(monkeypatch, k):
+    """Small-integer distances (ties beyond the 2k candidates too) and absent keys (inf): the kept
+    keys are numpy's stable argsort's, whichever way topk breaks ties."""
+    from geonp.models.local_attention import smallest
+
+    g = torch.Generator().manual_seed(k)
+    d2 = torch.randint(0, 4, (3, 5, 12), generator=g).float()
+    d2[0, 0, :10] = float("inf")  # fewer present keys than k for some k
+    want = np.argsort(d2.numpy(), axis=-1, kind="stable")[..., :k]
+    for topk in (_TOPK, _topk_ties_from_the_end):
+        monkeypatch.setattr(torch.Tensor, "topk", topk)
+        values, index = smallest(d2, k)
+        present = torch.isfinite(values)
+        np.testing.assert_array_equal(index[present].numpy(), torch.from_numpy(want)[present].numpy())
+        torch.testing.assert_close(values, d2.gather(-1, index))
+
+
 def test_quadrant_search_takes_the_nearest_keys_of_each_quadrant():
     """A target at the edge of a gap: the plain search takes only the near side, the quadrant
     search the k // 4 nearest of each quadrant, far side included (checked by brute force)."""
@@ -252,7 +270,7 @@ def test_range_scale_stretches_the_heads_lengthscales():
     torch.testing.assert_close(a[0], b[0], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(a[1], b[1], atol=1e-5, rtol=1e-4)
     assert not torch.allclose(a[0], head(z, xt, xc, yc, index, valid)[0])
-    for bad in ([2.0], [1.0, 0.0], [1.0, float("nan")]):
+    for bad in ([2.0], [1.0, 0.0], [1.0, float("nan")], 2.0, [True, 1.0]):
         with pytest.raises(ValueError, match="kriging_range_scale needs"):
             build("te-pt-tnp", 2, 1, preset="tiny", num_neighbours=4, local_kriging=True, kriging_range_scale=bad)
 

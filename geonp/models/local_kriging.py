@@ -120,6 +120,8 @@ class LocalKriging(nn.Module):
                              f"got {slope_prior!r}")
         self.dim_x, self.kernel, self.slope_prior = dim_x, kernel, slope_prior
         self.covariance = mlp(dim_model, dim_model, dim_x + 2)  # log lengthscales [Dx], log sill, log nugget
+        if range_scale is not None and len(range_scale) != dim_x:
+            raise ValueError(f"range_scale needs one factor per input dimension ({dim_x}), got {list(range_scale)}")
         # Factors on the predicted lengthscales [Dx] (None: as predicted); not weights, not saved.
         self.register_buffer("range_scale", None if range_scale is None
                              else torch.tensor(range_scale, dtype=torch.float32), persistent=False)

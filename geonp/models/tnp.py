@@ -256,8 +256,9 @@ class TEPTTNP(_TETransformerNP):
         # kriging_range_scale: one factor per location input on the head's predicted lengthscales, an
         # inference-time ablation (does the fill deep inside wide gaps lack the scene's range?).
         if kriging_range_scale is not None and not (
-                with_kriging and len(kriging_range_scale) == dim_x
-                and all(isinstance(f, (int, float)) and math.isfinite(f) and f > 0 for f in kriging_range_scale)):
+                with_kriging and isinstance(kriging_range_scale, (list, tuple)) and len(kriging_range_scale) == dim_x
+                and all(isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) and f > 0
+                        for f in kriging_range_scale)):
             raise ValueError(f"kriging_range_scale needs the local kriging head and one positive factor per "
                              f"location input ({dim_x}), got {kriging_range_scale!r}")
         self.kriging = None

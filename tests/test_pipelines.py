@@ -6,6 +6,10 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
+import pytest
+import torch
+
 from pipelines.benchmarks import infill_benchmark, memory, scaling, synthetic_gp
 
 
@@ -442,3 +446,15 @@ def test_validation_nll_scores_a_checkpoint_as_trained_whatever_its_inference_he
                                model_args={"kriging_slope_prior": 1.0})
     scores = validation_nll(cfg, [bundled, other])
     assert math.isfinite(scores[str(bundled)]) and scores[str(bundled)] == scores[str(other)]
+
+
+def test_device_agreement_says_when_there_is_no_gpu(monkeypatch, tmp_path):
+    from pipelines.benchmarks import device_agreement
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="no CUDA device here"):
+        device_agreement.main(["--out", str(tmp_path / "da")])
+    assert not list(tmp_path.iterdir())  # nothing written
+    cube = device_agreement.synthetic_cube()
+    assert cube.sst.shape == (4, 60, 80) and not cube.valid.values[:5, :5].any()
+    assert np.isnan(cube.sst.values[:, 8:16, 10:22]).all()

@@ -15,6 +15,7 @@ import warnings
 from typing import NoReturn
 
 from geonp.fill import FIT_STEPS, NUGGET_CHOICES
+from geonp.interrupt import catch_ctrl_c
 from geonp.version import __version__
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -263,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_BAD_INPUT
+    catch_ctrl_c()
     try:
         with warnings.catch_warnings():
             # xarray falls back to cftime for a climate-model calendar or a date beyond

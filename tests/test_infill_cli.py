@@ -167,3 +167,22 @@ def test_weights_trained_on_other_inputs_are_refused(cube_file: Path, tmp_path: 
     message = _bad(capsys, cube_file, "-o", out, "--checkpoint", checkpoint)
     assert why in message and "other.safetensors" in message and "data: {name: windows" in message
     assert not out.exists()
+
+
+def test_a_ctrl_c_a_library_dropped_still_stops_the_blocks(cube_file: Path, tmp_path: Path, tiny_checkpoint: str,
+                                                          monkeypatch, capsys) -> None:
+    """The key press is remembered: the block loop stops at the next block with exit 130, the
+    store left unfinished, as when the interrupt is raised where it lands."""
+    import geonp.cli
+    from geonp import interrupt
+
+    # Pressed before the first block and dropped (no KeyboardInterrupt raised); the suite's own
+    # SIGINT handler is left alone.
+    monkeypatch.setattr(geonp.cli, "catch_ctrl_c", interrupt._pressed.set)
+    out = tmp_path / "out.zarr"
+    try:
+        assert _infill(cube_file, "-o", out, "--checkpoint", tiny_checkpoint, "--fit-steps", "0") == 130
+    finally:
+        interrupt._pressed.clear()
+    assert "geonp: interrupted" in capsys.readouterr().err
+    assert not is_complete(out)

@@ -11,6 +11,7 @@ import numpy as np
 
 from geonp.fill.output import InfillStore
 from geonp.fill.plan import Plan
+from geonp.interrupt import stop_if_pressed
 
 
 def block_values(p: Plan, variables: list[str] | tuple[str, ...],
@@ -36,6 +37,7 @@ def sequential(p: Plan, store: InfillStore, todo: list, scheduler: str | None, s
     from tqdm import tqdm
 
     for index, region in tqdm(todo, desc="infill blocks", unit="block", disable=say is None, file=sys.stderr):
+        stop_if_pressed()  # a Ctrl-C a library dropped (geonp.interrupt)
         store.write_block(index, region, *block_values(p, store.filled_in(index), region))
 
 def on_local_cluster(p: Plan, store: InfillStore, todo: list, workers: int, say) -> None:
@@ -62,6 +64,7 @@ def distributed(p: Plan, store: InfillStore, todo: list, scheduler: str | None, 
         plan_future = client.scatter(p, broadcast=True)
         futures = [client.submit(_fill_and_write, plan_future, store, i, r, pure=False) for i, r in todo]
         for n, fut in enumerate(as_completed(futures), 1):
+            stop_if_pressed()
             fut.result()
             if say and n % max(1, len(futures) // 10) == 0:
                 say(f"{n}/{len(futures)} blocks")

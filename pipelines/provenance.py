@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import platform
 import shlex
@@ -69,3 +70,15 @@ def header(title: str, device: torch.device, budget: str, extra: dict[str, str] 
         **(extra or {}),
     }
     return f"# {title}\n\n" + "\n".join(f"- {k}: {v}" for k, v in rows.items()) + "\n"
+
+
+def append_rows(out: Path, row: dict) -> list[dict]:
+    """The rows of the results table ``out`` (its ``.json``; none before the first run) and ``row``."""
+    path = out.with_suffix(".json")
+    return [*(json.loads(path.read_text())["rows"] if path.exists() else []), row]
+
+
+def write_results(out: Path, text: str, rows: list[dict]) -> None:
+    """``out.md``, the table ``text``, and ``out.json``, its preamble and ``rows``."""
+    out.with_suffix(".md").write_text(text)
+    out.with_suffix(".json").write_text(json.dumps({"header": text.split("\n|")[0], "rows": rows}, indent=2))

@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 import torch
 import xarray as xr
@@ -61,21 +59,11 @@ def tasks():
 
 
 def smooth_cube(t: int = 3, r: int = 30, c: int = 40, seed: int = 0) -> xr.Dataset:
-    """A smooth field with a rectangular hole, scattered missing cells, and land (NaN always) in a corner."""
-    rng = np.random.default_rng(seed)
-    tt, rr, cc = np.meshgrid(np.arange(t), np.arange(r), np.arange(c), indexing="ij")
-    f = 15 + np.sin(rr / 5.0) + np.cos(cc / 7.0) + 0.2 * tt
-    f[:, 8:16, 10:22] = np.nan
-    f[rng.random(f.shape) < 0.1] = np.nan
-    f[:, :5, :5] = np.nan
-    valid = np.ones((r, c), bool)
-    valid[:5, :5] = False
-    return xr.Dataset(
-        {"sst": (("time", "lat", "lon"), f.astype(np.float32),
-                 {"units": "degC", "standard_name": "sea_surface_temperature"}),
-         "valid": (("lat", "lon"), valid)},
-        coords={"time": pd.date_range("2020-01-01", periods=t), "lat": np.linspace(40, 47, r),
-                "lon": np.linspace(0, 10, c)})
+    """A smooth field with a rectangular hole, scattered missing cells, and land (NaN always) in a
+    corner: the cube :mod:`pipelines.benchmarks.device_agreement` fills on two devices."""
+    from pipelines.benchmarks.device_agreement import synthetic_cube
+
+    return synthetic_cube(t, r, c, seed)
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,6 @@ Writes ``pipelines/results/device_agreement.md`` (one row per run, earlier rows 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -28,14 +27,15 @@ import torch
 import xarray as xr
 
 from geonp.fill.engine import infill
-from pipelines.provenance import REPO, git_commit, header
+from pipelines.provenance import REPO, append_rows, git_commit, header, write_results
 
 OUT = REPO / "pipelines" / "results" / "device_agreement"
 
 
 def synthetic_cube(steps: int = 4, rows: int = 60, cols: int = 80, seed: int = 3) -> xr.Dataset:
     """``sst [time, lat, lon]`` (degC) and ``valid [lat, lon]``: a smooth field with a hole,
-    scattered missing cells and land (never valid) in a corner; the test suite's ``smooth_cube``."""
+    scattered missing cells and land (never valid) in a corner; the test suite's ``smooth_cube``.
+    The hole's position does not scale with the size: keep ``rows``, ``cols`` >= 16, 22."""
     rng = np.random.default_rng(seed)
     t, r, c = np.meshgrid(np.arange(steps), np.arange(rows), np.arange(cols), indexing="ij")
     field = 15 + np.sin(r / 5.0) + np.cos(c / 7.0) + 0.2 * t
@@ -44,7 +44,8 @@ def synthetic_cube(steps: int = 4, rows: int = 60, cols: int = 80, seed: int = 3
     field[:, :5, :5] = np.nan
     valid = np.ones((rows, cols), bool)
     valid[:5, :5] = False
-    return xr.Dataset({"sst": (("time", "lat", "lon"), field.astype(np.float32), {"units": "degC"}),
+    return xr.Dataset({"sst": (("time", "lat", "lon"), field.astype(np.float32),
+                               {"units": "degC", "standard_name": "sea_surface_temperature"}),
                        "valid": (("lat", "lon"), valid)},
                       coords={"time": pd.date_range("2020-01-01", periods=steps),
                               "lat": np.linspace(40, 47, rows), "lon": np.linspace(0, 10, cols)})
@@ -72,8 +73,7 @@ def main(argv: list[str] | None = None) -> None:
            "max_sigma_diff": float(np.abs(a.sst_std.values - b.sst_std.values)[gap].max()),
            "max_sigma": float(a.sst_std.values[gap].max()),
            "wall_s": " / ".join(f"{w:.1f}" for w in walls), "commit": git_commit()}
-    rows = json.loads(out.with_suffix(".json").read_text())["rows"] if out.with_suffix(".json").exists() else []
-    rows.append(row)
+    rows = append_rows(out, row)
     device = torch.device("cuda" if "cuda" in args.devices else "cpu")
     text = header("The same fill on two devices (bundled te-pt-tnp, synthetic cube)", device,
                   f"4 x 60 x 80 cells, {int(gap.sum())} gap cells; one fill per device, the same seed")
@@ -81,8 +81,7 @@ def main(argv: list[str] | None = None) -> None:
              "|---|---:|---:|---:|---:|---|---|\n")
     text += "".join(f"| {x['devices']} | {x['fit_steps']} | {x['max_value_diff']:.2g} | {x['max_sigma_diff']:.2g} "
                     f"| {x['max_sigma']:.3g} | {x['wall_s']} | {x['commit']} |\n" for x in rows)
-    out.with_suffix(".md").write_text(text)
-    out.with_suffix(".json").write_text(json.dumps({"header": text.split("\n|")[0], "rows": rows}, indent=2))
+    write_results(out, text, rows)
     print(text)
 
 

@@ -14,14 +14,13 @@ Writes ``pipelines/results/scene_speed_cpu.md`` (one row per run, earlier rows k
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
 from geonp.evaluate import evaluate
 from geonp.metrics import WIDE_DISTANCE_BINS
 from pipelines.benchmarks.wide_clouds import scene
-from pipelines.provenance import REPO, git_commit, header
+from pipelines.provenance import REPO, append_rows, git_commit, header, write_results
 
 OUT = REPO / "pipelines" / "results" / "scene_speed_cpu"
 
@@ -42,16 +41,14 @@ def main() -> None:
     row = {"model": "te-pt-tnp", "fit_steps": args.fit_steps, "threads": args.threads, "cells": int(ds[variable].size),
            "wall_s": round(r["wall_s"], 1), "rmse": round(r["rmse"], 4), "nugget": r.get("nugget", "–"),
            "commit": git_commit()}
-    rows = json.loads(OUT.with_suffix(".json").read_text())["rows"] if OUT.with_suffix(".json").exists() else []
-    rows.append(row)
+    rows = append_rows(OUT, row)
     text = header("One large scene's fill time (the wide-cloud validation scene)", torch.device("cpu"),
                   f"bundled weights, {what}; one fill, the kernel built beforehand")
     text += ("\n| model | fit steps | threads | cells | wall s | RMSE | nugget | commit |\n"
              "|---|---:|---:|---:|---:|---:|---|---|\n")
     text += "".join(f"| {x['model']} | {x['fit_steps']} | {x['threads']} | {x['cells']} | {x['wall_s']} | {x['rmse']} "
                     f"| {x['nugget']} | {x['commit']} |\n" for x in rows)
-    OUT.with_suffix(".md").write_text(text)
-    OUT.with_suffix(".json").write_text(json.dumps({"header": text.split("\n|")[0], "rows": rows}, indent=2))
+    write_results(OUT, text, rows)
     print(text)
 
 

@@ -143,3 +143,24 @@ def test_the_gain_and_its_error_are_clustered_by_window():
     _, independent = nugget_module.scene_gain(scene, own, np.arange(4))
     assert independent < error  # the same cells, each its own window: the error shrinks
     assert nugget_module.scene_gain(scene, own, np.zeros(4, int))[1] == np.inf  # one window tells nothing
+
+
+@pytest.mark.parametrize("spread, looks", [(0.1, 1), (3.0, 3)])
+def test_a_close_call_draws_more_windows_and_a_clear_one_does_not(monkeypatch, spread, looks):
+    """Every window gains 0.1 +- ``spread``: clearly above the threshold after the first draw
+    (one look), or within its margin at every draw (doubling up to CHOICE_MORE times the first)."""
+    monkeypatch.setattr(nugget_module, "CHOICE_WINDOWS", 8)
+    calls = []
+
+    def fake(model, source, device, windows=None, first=0):
+        windows = windows or nugget_module.CHOICE_WINDOWS
+        calls.append((first, windows))
+        ids = np.arange(first, first + windows)
+        gain = 0.1 + spread * np.where(ids % 2, 1.0, -1.0)  # alternating: mean 0.1 exactly
+        return np.zeros(windows), gain, ids
+
+    monkeypatch.setattr(nugget_module, "paired_crps", fake)
+    scene, own, window = nugget_module.settled_crps(None, None, "cpu")
+    assert len(calls) == looks and calls[0] == (0, 8)
+    assert calls == [(0, 8), (8, 8), (16, 16)][:looks]  # windows numbered on: none scored twice
+    assert np.array_equal(window, np.arange(8 * 2 ** (looks - 1))) and scene.size == own.size == window.size

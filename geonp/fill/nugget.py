@@ -11,6 +11,11 @@ calibration draws, :func:`geonp.fill.calibrate.calibrate`), predict them both wa
 scene's nugget where it lowers the mean CRPS of those cells by more than :data:`CHOICE_Z`
 standard errors; otherwise the network's own, which the weights were trained with. Chosen once
 per field, before fine-tuning, which then trains with it.
+
+The check is sequential: :data:`CHOICE_WINDOWS` windows first, then twice as many again while the
+gain lies within :data:`CHOICE_MARGIN` standard errors of the threshold, up to
+:data:`CHOICE_MORE` times the first draw. A clear case (most large scenes) costs the first draw
+only; a close one gets the windows that settle it.
 """
 
 from __future__ import annotations
@@ -26,9 +31,17 @@ from geonp.fill.field import Field
 from geonp.models.base import NeuralProcess
 from geonp.tasks.covariate_maps import OWN_NUGGET, flat_covariates, is_flat
 
-#: Windows each option is scored on, as many as calibration's (in its batches of
+#: Windows each option is scored on first, as many as calibration's (in its batches of
 #: :data:`geonp.fill.calibrate.BATCH`, with its history folds): each hides 100-400 cells.
 CHOICE_WINDOWS = 64
+#: More windows are drawn while the gain is within this many standard errors of
+#: :data:`CHOICE_Z`: at 64 windows four of history_cv's five validation products were
+#: (0.06 / 1.2 / 1.4 / 1.2 standard errors); at 256 all five are 1.9 or more from zero, on the
+#: side the fills say.
+CHOICE_MARGIN = 1.0
+#: At most this many times :data:`CHOICE_WINDOWS` are drawn (256 windows; about 0.2 s a window on
+#: one thread for a 150k-cell scene, so a close call costs at most about 40 s more there).
+CHOICE_MORE = 4
 #: The scene's nugget replaces the network's own (the one the weights were trained with) only when it
 #: lowers mean CRPS on the hidden cells by more than this many standard errors (clustered by window).
 #: Chosen on history_cv's validation split (bundled small weights, 64 windows): the gains were
@@ -55,16 +68,16 @@ def with_own_nugget(x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def paired_crps(model: NeuralProcess, source, device: torch.device | str,
-                windows: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def paired_crps(model: NeuralProcess, source, device: torch.device | str, windows: int | None = None,
+                first: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """CRPS (in each window's standardised units) of every hidden cell of ``windows`` windows
     (None: :data:`CHOICE_WINDOWS`) drawn by ``source``, ``(scene's nugget [n], network's own [n],
-    window of each cell [n])``: the same cells both ways. :class:`NothingToHide` when ``source``
-    can draw no window."""
+    window of each cell [n])``: the same cells both ways, windows numbered from ``first``.
+    :class:`NothingToHide` when ``source`` can draw no window."""
     import scoringrules as sr
 
     scene, own, window = [], [], []
-    for i in range(max(1, (windows or CHOICE_WINDOWS) // BATCH)):
+    for i in range(first // BATCH, first // BATCH + max(1, (windows or CHOICE_WINDOWS) // BATCH)):
         try:
             b = source.sample(BATCH).to(device)
         except ValueError as err:  # FieldWindows: too few observed cells to hide any
@@ -91,6 +104,22 @@ def scene_gain(scene: np.ndarray, own: np.ndarray, window: np.ndarray) -> tuple[
         return gain, float("inf")
     totals = np.bincount(groups, weights=diff - gain)  # per window
     return gain, float(np.sqrt(np.square(totals).sum() * count / (count - 1)) / diff.size)
+
+
+def settled_crps(model: NeuralProcess, source, device: torch.device | str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`paired_crps` on :data:`CHOICE_WINDOWS` windows, then on as many again, doubling, while
+    the scene's gain (:func:`scene_gain`) is within :data:`CHOICE_MARGIN` standard errors of
+    :data:`CHOICE_Z` and fewer than :data:`CHOICE_MORE` times the first draw have been scored."""
+    scene, own, window = paired_crps(model, source, device)
+    drawn = CHOICE_WINDOWS
+    while drawn < CHOICE_MORE * CHOICE_WINDOWS:
+        gain, error = scene_gain(scene, own, window)
+        if not abs(gain - CHOICE_Z * error) < CHOICE_MARGIN * error:
+            break
+        more = paired_crps(model, source, device, windows=drawn, first=drawn)
+        scene, own, window = (np.concatenate(pair) for pair in zip((scene, own, window), more))
+        drawn *= 2
+    return scene, own, window
 
 
 def choose_nugget(model: NeuralProcess, fields: list[Field], spec, device: torch.device | str, choice: str = "auto",
@@ -123,7 +152,7 @@ def choose_nugget(model: NeuralProcess, fields: list[Field], spec, device: torch
             continue
         with own_cell_windows([f], spec, seed, seed + 15485863, model.dim_x, elevation, covariates) as source:
             try:
-                scene, own, window = paired_crps(model, source, device)
+                scene, own, window = settled_crps(model, source, device)
             except NothingToHide:
                 scene = own = window = np.zeros(0)
         if not scene.size:
@@ -131,7 +160,8 @@ def choose_nugget(model: NeuralProcess, fields: list[Field], spec, device: torch
             said.append(f"{f.label}: the network's (no cell to hide)")
             continue
         gain, error = scene_gain(scene, own, window)
-        why = (f"CRPS {scene.mean():.4g} against the network's {own.mean():.4g} on {scene.size} hidden cells, "
+        why = (f"CRPS {scene.mean():.4g} against the network's {own.mean():.4g} on {scene.size} hidden cells "
+               f"of {np.unique(window).size} windows, "
                f"difference {gain:.2g} +- {error:.2g}")
         if gain > CHOICE_Z * error:
             said.append(f"{f.label}: the scene's ({why})")

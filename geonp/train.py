@@ -223,6 +223,8 @@ def _train(run: _Run, resume: bool, progress: bool,
             run.opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.clip_grad_norm)
+            for params in run.opt.param_groups:  # set every step: a resumed state holds the rate it was saved at
+                params["lr"] = cfg.learning_rate(run.step)
             run.opt.step()
             run.step += 1
             run.elapsed = time.perf_counter() - start

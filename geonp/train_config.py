@@ -33,6 +33,10 @@ class TrainConfig:
         steps: optimizer steps in all (a resumed run continues up to this number).
         batch_size: tasks per step and per process.
         lr: AdamW learning rate, whatever the number of processes.
+        lr_decay_steps: the last this many of ``steps`` lower the learning rate linearly from
+            ``lr`` towards zero (the final step takes ``lr / lr_decay_steps``); 0: ``lr``
+            throughout. A run at a constant rate can so be extended, then settled: the rate is
+            a function of the step alone, so a resumed run takes the same rates.
         weight_decay: AdamW weight decay.
         clip_grad_norm: gradients are clipped to this global norm.
         checkpoint_every: steps between resumable checkpoints (``state.safetensors``).
@@ -55,6 +59,7 @@ class TrainConfig:
     steps: int = 1000
     batch_size: int = 16
     lr: float = 5e-4
+    lr_decay_steps: int = 0
     weight_decay: float = 0.01
     clip_grad_norm: float = 0.5
     checkpoint_every: int = 500
@@ -71,6 +76,9 @@ class TrainConfig:
         for name in ("steps", "batch_size", "checkpoint_every", "log_every", "val_every"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"config: {name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= int(self.lr_decay_steps) <= int(self.steps):
+            raise ValueError(f"config: lr_decay_steps must be between 0 and steps ({self.steps}), "
+                             f"got {self.lr_decay_steps}")
         if int(self.val_tasks) < 0:
             raise ValueError(f"config: val_tasks must be >= 0 (0: no validation), got {self.val_tasks}")
         if self.lr <= 0 or self.clip_grad_norm <= 0:
@@ -79,6 +87,13 @@ class TrainConfig:
             raise ValueError("config: val_seed must differ from seed (validation never reuses the training stream)")
         if "name" not in self.data:
             raise ValueError("config: data needs a 'name' (windows, or a synthetic generator such as gp or sawtooth)")
+
+    def learning_rate(self, done: int) -> float:
+        """The learning rate of the optimizer step taken after ``done`` steps (0-based)."""
+        left = int(self.steps) - int(done)
+        if self.lr_decay_steps and left <= self.lr_decay_steps:
+            return self.lr * max(left, 1) / self.lr_decay_steps
+        return self.lr
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> TrainConfig:

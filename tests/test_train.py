@@ -207,3 +207,33 @@ def test_the_readme_era5_config_writes_a_checkpoint_that_fills_another_regions_g
     assert hole.sum() > 0 and np.isfinite(filled["t2m"].values[hole]).all()
     with pytest.raises(ValueError, match="takes elevation as an input; pass --elevation"):
         geonp.infill(gappy, "t2m", model="te-pt-tnp", checkpoint=str(out / "model.safetensors"), fit_steps=0)
+
+
+def test_the_learning_rate_decays_over_the_last_steps_and_resumes_with_them(tmp_path):
+    cfg = config(tmp_path, steps=20, lr=1e-3, lr_decay_steps=8)
+    rates = [cfg.learning_rate(done) for done in range(20)]
+    assert rates[:12] == [1e-3] * 12 and rates[12] == pytest.approx(1e-3) and rates[19] == pytest.approx(1e-3 / 8)
+    assert all(a > b for a, b in zip(rates[12:], rates[13:]))  # falls linearly, never to zero
+    assert config(tmp_path).learning_rate(19) == config(tmp_path).lr  # no decay by default
+    with pytest.raises(ValueError, match="lr_decay_steps must be between 0 and steps"):
+        config(tmp_path, lr_decay_steps=21)
+
+    seen = []
+    straight = train(cfg, progress=False, on_step=lambda step, model, loss: seen.append(step)).model
+    assert seen == list(range(1, 21))
+
+    class Killed(Exception):
+        pass
+
+    def kill_at_15(step, model, loss):
+        if step == 15:
+            raise Killed
+
+    cut = config(tmp_path / "b", steps=20, lr=1e-3, lr_decay_steps=8)
+    with pytest.raises(Killed):
+        train(cut, progress=False, on_step=kill_at_15)  # the state on disk is step 10's
+    resumed = train(cut, resume=True, progress=False).model
+    for (k, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
+        assert torch.equal(a, b), k
+    flat = train(config(tmp_path / "c", steps=20, lr=1e-3), progress=False).model
+    assert not all(torch.equal(a, b) for a, b in zip(straight.state_dict().values(), flat.state_dict().values()))

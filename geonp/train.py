@@ -283,10 +283,8 @@ def train_file(path: str | Path, *, device: str | None = None, steps: int | None
         when no model was written (an in-memory run).
     """
     cfg = TrainConfig.from_yaml(path)
-    if device is not None:
-        cfg.device = device
-    if steps is not None:
-        cfg.steps = steps
+    overrides = {"device": device, "steps": steps}
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})  # checked again
     result = train(cfg, resume=resume, progress=progress)
     if result.out_dir is None or not (result.out_dir / "model.safetensors").exists():
         return None

@@ -145,10 +145,11 @@ def test_the_gain_and_its_error_are_clustered_by_window():
     assert nugget_module.scene_gain(scene, own, np.zeros(4, int))[1] == np.inf  # one window tells nothing
 
 
-@pytest.mark.parametrize("spread, looks", [(0.1, 1), (3.0, 3)])
+@pytest.mark.parametrize("spread, looks", [(0.1, 1), (0.176, 2), (3.0, 3)])
 def test_a_close_call_draws_more_windows_and_a_clear_one_does_not(monkeypatch, spread, looks):
-    """Every window gains 0.1 +- ``spread``: clearly above the threshold after the first draw
-    (one look), or within its margin at every draw (doubling up to CHOICE_MORE times the first)."""
+    """Every window gains 0.1 +- ``spread``: 2.6 standard errors after the first draw, clear of
+    the threshold (one look); 1.5, within its margin though above it (a second look, at 2.2
+    clear); or near zero at every draw (doubling up to CHOICE_MORE times the first)."""
     monkeypatch.setattr(nugget_module, "CHOICE_WINDOWS", 8)
     calls = []
 
@@ -164,3 +165,27 @@ def test_a_close_call_draws_more_windows_and_a_clear_one_does_not(monkeypatch, s
     assert len(calls) == looks and calls[0] == (0, 8)
     assert calls == [(0, 8), (8, 8), (16, 16)][:looks]  # windows numbered on: none scored twice
     assert np.array_equal(window, np.arange(8 * 2 ** (looks - 1))) and scene.size == own.size == window.size
+
+
+def test_windows_of_a_later_draw_are_numbered_after_the_earlier_ones(monkeypatch):
+    """The real paired_crps, on a stand-in source and model: ``first`` shifts the window ids."""
+    from types import SimpleNamespace
+
+    from torch.distributions import Normal
+
+    monkeypatch.setattr("scoringrules.crps_normal", lambda y, mu, sigma: np.abs(y - mu), raising=False)
+
+    class Source:
+        def sample(self, batch):
+            t = torch.zeros(batch, 3, 5)
+            b = SimpleNamespace(xc=t, yc=t[..., :1], xt=t, yt=t[..., :1], mask_c=torch.ones(batch, 3, dtype=torch.bool),
+                                mask_t=torch.ones(batch, 3, dtype=torch.bool))
+            b.to = lambda device: b
+            return b
+
+    def model(xc, yc, xt, mask_c, mask_t):
+        return Normal(torch.zeros(xt.shape[:-1] + (1,)), torch.ones(xt.shape[:-1] + (1,)))
+
+    _, _, first = nugget_module.paired_crps(model, Source(), "cpu", windows=16)
+    _, _, later = nugget_module.paired_crps(model, Source(), "cpu", windows=16, first=16)
+    assert np.array_equal(np.unique(first), np.arange(16)) and np.array_equal(np.unique(later), np.arange(16, 32))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 
 import pytest
 import torch
@@ -210,30 +211,39 @@ def test_the_readme_era5_config_writes_a_checkpoint_that_fills_another_regions_g
 
 
 def test_the_learning_rate_decays_over_the_last_steps_and_resumes_with_them(tmp_path):
-    cfg = config(tmp_path, steps=20, lr=1e-3, lr_decay_steps=8)
+    cfg = config(tmp_path, steps=20, lr=1e-3, lr_decay_steps=8, checkpoint_every=5)
     rates = [cfg.learning_rate(done) for done in range(20)]
     assert rates[:12] == [1e-3] * 12 and rates[12] == pytest.approx(1e-3) and rates[19] == pytest.approx(1e-3 / 8)
     assert all(a > b for a, b in zip(rates[12:], rates[13:]))  # falls linearly, never to zero
     assert config(tmp_path).learning_rate(19) == config(tmp_path).lr  # no decay by default
     with pytest.raises(ValueError, match="lr_decay_steps must be between 0 and steps"):
         config(tmp_path, lr_decay_steps=21)
-
-    seen = []
-    straight = train(cfg, progress=False, on_step=lambda step, model, loss: seen.append(step)).model
-    assert seen == list(range(1, 21))
+    straight = train(cfg, progress=False).model
 
     class Killed(Exception):
         pass
 
-    def kill_at_15(step, model, loss):
-        if step == 15:
+    def kill_at_17(step, model, loss):
+        if step == 17:
             raise Killed
 
-    cut = config(tmp_path / "b", steps=20, lr=1e-3, lr_decay_steps=8)
+    cut = config(tmp_path / "b", steps=20, lr=1e-3, lr_decay_steps=8, checkpoint_every=5)
     with pytest.raises(Killed):
-        train(cut, progress=False, on_step=kill_at_15)  # the state on disk is step 10's
+        train(cut, progress=False, on_step=kill_at_17)
+    meta = read_checkpoint(tmp_path / "b" / "run" / "state.safetensors")[1]
+    assert int(meta["step"]) == 15  # mid-decay; its 15th step took the rate after 14 done
+    assert meta["optimizer"]["param_groups"][0]["lr"] == pytest.approx(cut.learning_rate(14))
     resumed = train(cut, resume=True, progress=False).model
     for (k, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
         assert torch.equal(a, b), k
-    flat = train(config(tmp_path / "c", steps=20, lr=1e-3), progress=False).model
+    flat = train(config(tmp_path / "c", steps=20, lr=1e-3, checkpoint_every=5), progress=False).model
     assert not all(torch.equal(a, b) for a, b in zip(straight.state_dict().values(), flat.state_dict().values()))
+
+
+def test_steps_given_on_the_command_line_are_checked_against_the_decay(tmp_path):
+    from geonp.train import train_file
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({**dataclasses.asdict(config(tmp_path)), "lr_decay_steps": 15}))
+    with pytest.raises(ValueError, match=r"lr_decay_steps must be between 0 and steps \(10\), got 15"):
+        train_file(path, steps=10, progress=False)

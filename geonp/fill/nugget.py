@@ -12,9 +12,9 @@ scene's nugget where it lowers the mean CRPS of those cells by more than :data:`
 standard errors; otherwise the network's own, which the weights were trained with. Chosen once
 per field, before fine-tuning, which then trains with it.
 
-The check is sequential: :data:`CHOICE_WINDOWS` windows first, then twice as many again while the
-gain lies within :data:`CHOICE_MARGIN` standard errors of the threshold, up to
-:data:`CHOICE_MORE` times the first draw. A clear case (most large scenes) costs the first draw
+The check is sequential: :data:`CHOICE_WINDOWS` windows first, then as many again as have been
+scored (64, 128, 256) while the gain lies within :data:`CHOICE_MARGIN` standard errors of the
+threshold, up to :data:`CHOICE_MORE` times the first draw. A clear case (most large scenes) costs the first draw
 only; a close one gets the windows that settle it.
 """
 
@@ -34,10 +34,10 @@ from geonp.tasks.covariate_maps import OWN_NUGGET, flat_covariates, is_flat
 #: Windows each option is scored on first, as many as calibration's (in its batches of
 #: :data:`geonp.fill.calibrate.BATCH`, with its history folds): each hides 100-400 cells.
 CHOICE_WINDOWS = 64
-#: More windows are drawn while the gain is within this many standard errors of
-#: :data:`CHOICE_Z`: at 64 windows four of history_cv's five validation products were
-#: (0.06 / 1.2 / 1.4 / 1.2 standard errors); at 256 all five are 1.9 or more from zero, on the
-#: side the fills say.
+#: More windows are drawn while the gain is within this many standard errors of the threshold
+#: (:data:`CHOICE_Z` standard errors): at 64 windows four of history_cv's five validation
+#: products were (0.06 / 1.2 / 1.4 / 1.2 standard errors); with the windows this draws
+#: (128 / 128 / 256 / 256 / 64) all five end 1.4 or more from zero, on the side the fills say.
 CHOICE_MARGIN = 1.0
 #: At most this many times :data:`CHOICE_WINDOWS` are drawn (256 windows; about 0.2 s a window on
 #: one thread for a 150k-cell scene, so a close call costs at most about 40 s more there).
@@ -107,16 +107,21 @@ def scene_gain(scene: np.ndarray, own: np.ndarray, window: np.ndarray) -> tuple[
 
 
 def settled_crps(model: NeuralProcess, source, device: torch.device | str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`paired_crps` on :data:`CHOICE_WINDOWS` windows, then on as many again, doubling, while
-    the scene's gain (:func:`scene_gain`) is within :data:`CHOICE_MARGIN` standard errors of
-    :data:`CHOICE_Z` and fewer than :data:`CHOICE_MORE` times the first draw have been scored."""
+    """:func:`paired_crps` on :data:`CHOICE_WINDOWS` windows, then on as many again as have been
+    scored while the scene's gain (:func:`scene_gain`) is within :data:`CHOICE_MARGIN` standard
+    errors of the threshold (:data:`CHOICE_Z` standard errors) and fewer than
+    :data:`CHOICE_MORE` times the first draw have been scored. A later draw that finds no window
+    to hide ends it with what the earlier ones scored."""
     scene, own, window = paired_crps(model, source, device)
     drawn = CHOICE_WINDOWS
     while drawn < CHOICE_MORE * CHOICE_WINDOWS:
         gain, error = scene_gain(scene, own, window)
         if not abs(gain - CHOICE_Z * error) < CHOICE_MARGIN * error:
             break
-        more = paired_crps(model, source, device, windows=drawn, first=drawn)
+        try:
+            more = paired_crps(model, source, device, windows=drawn, first=drawn)
+        except NothingToHide:  # windows are drawn at random: a later draw can come up empty
+            break
         scene, own, window = (np.concatenate(pair) for pair in zip((scene, own, window), more))
         drawn *= 2
     return scene, own, window

@@ -89,7 +89,15 @@ class TrainConfig:
             raise ValueError("config: data needs a 'name' (windows, or a synthetic generator such as gp or sawtooth)")
 
     def learning_rate(self, done: int) -> float:
-        """The learning rate of the optimizer step taken after ``done`` steps (0-based)."""
+        """The learning rate of one optimizer step.
+
+        Args:
+            done: optimizer steps already taken (0 for the first step).
+
+        Returns:
+            ``lr``, or less over the last ``lr_decay_steps`` steps (``lr / lr_decay_steps`` at the
+            final one).
+        """
         left = int(self.steps) - int(done)
         if self.lr_decay_steps and left <= self.lr_decay_steps:
             return self.lr * max(left, 1) / self.lr_decay_steps

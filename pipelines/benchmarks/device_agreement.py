@@ -9,8 +9,10 @@ other cells missing, a land corner) filled with the bundled te-pt-tnp on two dev
 seed: the largest difference of the filled values and of sigma over the gap cells, and each
 fill's wall time. Until the neighbour search ranked equal distances by index, an H200 and the CPU
 differed here by 1.4e-2 in the values and 1.8e-2 in sigma (at most 0.24): their ``topk`` broke
-the grid's ties differently. Sums taken in another order differ far less (the CPU's attention
-backends: up to 6e-5); fine-tuning (``--fit-steps``) adds what its optimiser makes of that.
+the grid's ties differently. Since then (H200, 2026-11-27, ``pipelines/results/device_agreement.md``)
+they differ by 4.2e-5 in the values and 1.4e-5 in sigma, what sums taken in another order give (the
+CPU's attention backends: up to 6e-5); thirty fine-tuning steps (``--fit-steps 30``) take that to
+1.8e-4 and 2.5e-4, what the optimiser makes of it.
 Writes ``pipelines/results/device_agreement.md`` (one row per run, earlier rows kept).
 """
 

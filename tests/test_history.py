@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from geonp.tasks.clouds import random_clouds
-from geonp.tasks.history import dineof
+from geonp.tasks.dineof import dineof
 
 
 def low_rank_stack(steps: int = 20, rows: int = 60, cols: int = 70, noise: float = 0.1, seed: int = 1):
@@ -66,6 +66,32 @@ def test_valid_area_deterministic_and_input_untouched():
     np.testing.assert_array_equal(given, before)
     assert np.isnan(a.mean[:, :, :10]).all() and np.isnan(a.std[:, :, :10]).all()
     assert np.isfinite(a.mean[:, :, 10:]).all()
+
+
+def test_a_long_stack_takes_lanczos_and_fills_as_the_dense_eigendecomposition_does(monkeypatch):
+    """Past DENSE_EOF_STEPS the EOFs come from ARPACK (only the k leading ones); the fill is the
+    dense eigh's to rounding, the same in every call, and a Lanczos that fails falls back to eigh."""
+    from geonp.tasks import dineof as module
+
+    truth, given = low_rank_stack(steps=module.DENSE_EOF_STEPS + 22, rows=12, cols=14)
+    calls = []
+    real_eigsh = module.eigsh
+    monkeypatch.setattr(module, "eigsh", lambda *a, **k: calls.append(k["k"]) or real_eigsh(*a, **k))
+    lanczos, again = dineof(given), dineof(given)
+    assert calls and max(calls) >= lanczos.modes >= 3  # the modes loop ran on Lanczos
+    np.testing.assert_array_equal(lanczos.held_out, again.held_out)  # a fixed start vector
+    monkeypatch.setattr(module, "DENSE_EOF_STEPS", 10_000)
+    dense = dineof(given)
+    assert dense.modes == lanczos.modes and dense.cv_rmse.keys() == lanczos.cv_rmse.keys()
+    np.testing.assert_allclose(lanczos.mean, dense.mean, atol=1e-9)
+    np.testing.assert_allclose(lanczos.held_out, dense.held_out, atol=1e-9)
+    monkeypatch.setattr(module, "DENSE_EOF_STEPS", 128)
+
+    def fails(*args, **kwargs):
+        raise module.ArpackNoConvergence("no convergence", np.zeros(0), np.zeros((0, 0)))
+
+    monkeypatch.setattr(module, "eigsh", fails)
+    np.testing.assert_allclose(dineof(given).held_out, dense.held_out, atol=1e-9)
 
 
 @pytest.mark.parametrize("steps", [1, 2])

@@ -458,3 +458,26 @@ def test_device_agreement_says_when_there_is_no_gpu(monkeypatch, tmp_path):
     cube = device_agreement.synthetic_cube()
     assert cube.sst.shape == (4, 60, 80) and not cube.valid.values[:5, :5].any()
     assert np.isnan(cube.sst.values[:, 8:16, 10:22]).all()
+
+
+def test_dineof_speed_compares_both_paths_and_names_a_missing_file(monkeypatch, tmp_path):
+    from geonp.tasks import dineof as module
+    from pipelines.benchmarks import dineof_speed
+
+    monkeypatch.setenv("GEONP_DATA", str(tmp_path / "nowhere"))
+    with pytest.raises(SystemExit, match="era5_t2m_uk_2019-03_hourly.nc not found"):
+        dineof_speed.main(["--out", str(tmp_path / "ds")])
+    assert not list(tmp_path.iterdir())  # nothing written
+    rng = np.random.default_rng(0)  # a long stack of two patterns, a fifth of it missing
+    t = np.arange(module.DENSE_EOF_STEPS + 12)[:, None, None]
+    yy, xx = np.mgrid[0:8, 0:9]
+    stack = np.sin(t / 7.0) * np.cos(yy / 3.0) + np.cos(t / 11.0) * np.sin(xx / 4.0)
+    stack = stack + rng.normal(0, 0.05, stack.shape)
+    stack[rng.random(stack.shape) < 0.2] = np.nan
+    calls = []
+    real_eigsh = module.eigsh
+    monkeypatch.setattr(module, "eigsh", lambda *a, **k: calls.append(1) or real_eigsh(*a, **k))
+    row = dineof_speed.compare("toy", stack, np.ones((8, 9), bool), np.random.default_rng(1).bit_generator.state)
+    assert calls and module.DENSE_EOF_STEPS == 128  # Lanczos ran, and the threshold is back
+    dense_modes, lanczos_modes = row["modes"].split(" / ")
+    assert row["steps"] == len(t) and row["max_diff"] < 1e-9 and dense_modes == lanczos_modes

@@ -56,14 +56,15 @@ def reconstruct(field: Field, name: str, seed: int = 0) -> str:
     """Run stack method ``name`` on ``field`` and keep its mean and 1-sigma on the field; returns
     a few words on what it did (for provenance).
 
-    ``dineof``: :func:`geonp.tasks.history.dineof` over the field's steps; ``kriging``:
+    ``dineof``: :func:`geonp.tasks.dineof.dineof` over the field's steps; ``kriging``:
     :func:`geonp.models.field_kriging.krige_stack`, each step a scene of its own.
 
     Raises:
         ValueError: one line naming the field: too large for memory, or (dineof) too short a history.
     """
     from geonp.models.field_kriging import krige_stack
-    from geonp.tasks.history import MAX_HISTORY_CELLS, dineof
+    from geonp.tasks.dineof import dineof
+    from geonp.tasks.history import MAX_HISTORY_CELLS
 
     if name not in STACK_METHODS:
         raise ValueError(f"--model {name}: not a stack method ({', '.join(STACK_METHODS)})")

@@ -1,235 +1,25 @@
-"""What a stack of scenes says about each of its cells: DINEOF, the EOF reconstruction of its history.
+"""What a stack's own history says about each of its cells, as a model's covariates.
 
-A day under a cloud is seldom unlike every other day of the same place: the same coast, the same
-fronts, the same fields. DINEOF (Beckers & Rixen 2003; Alvera-Azcarate et al. 2005) uses that.
-The stack is a matrix ``X [cells, steps]`` of anomalies from the mean; a gap starts at zero and
-is replaced by its rank-``k`` reconstruction (the projection of ``X`` on its ``k`` leading
-right singular vectors, the temporal EOFs) until the gaps stop changing. ``k`` is chosen by the
-error at a cross-validation set: observed cells hidden under other steps' real gaps
-(:func:`geonp.tasks.clouds.borrow_gaps`), so the set has the shapes and widths of the product's
-own clouds. The result serves twice: as the ``dineof`` baseline, and as the background a model
-compares its cells with (:func:`history_covariates`), which is how a window gets every other day of its
-place, whatever the time between them.
-
-The SVD comes from the ``T x T`` Gram matrix ``X^T X`` (``numpy.linalg.eigh``): with steps
-counted in tens and cells in hundreds of thousands this costs ``cells * T^2`` per iteration, far
-below a full SVD of ``X``. Memory is ``X`` itself, in float64: the stack must fit in memory.
-
-The 1-sigma of a filled cell is the cross-validation RMSE of the bin of its distance to the
-nearest observed cell of its step (bins of :data:`SIGMA_BINS`, made non-decreasing): a cell deep
-inside a cloud is less certain than one at its rim, by as much as the product's own clouds show.
+:func:`history_covariates` computes them for a field (DINEOF's held-out predictions,
+:mod:`geonp.tasks.dineof`; the simpler per-cell ones of :mod:`geonp.tasks.cell_history`; analog
+scenes; the step's own large scale and roughness), and :func:`history_folds` computes them again
+without some of a stack's cells, so that a training window meets a covariate as blind to its
+targets as infill's is to a real gap.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
-from geonp.metrics import distance_to_observed
 from geonp.tasks.analogs import analog_prediction
 from geonp.tasks.cell_history import nearest_steps, other_steps_mean, other_steps_spread
 from geonp.tasks.clouds import borrow_gaps
 from geonp.tasks.coarse import coarse_trend
 from geonp.tasks.covariate_maps import OWN_NUGGET, flat_covariates, flat_values
+from geonp.tasks.dineof import MIN_STEPS, dineof
 from geonp.variogram import drift_residuals, step_nugget_shares
-
-#: Upper edges (grid cells) of the distance bins the 1-sigma is estimated in.
-SIGMA_BINS = (1.0, 2.0, 3.0, 5.0, 8.0, 12.0, 18.0, 25.0, 40.0, np.inf)
-#: Cross-validation points a distance bin needs for its own RMSE (else it takes the bin below).
-MIN_BIN_POINTS = 30
-#: Steps with observations a stack needs: fewer hold no history to learn modes from.
-MIN_STEPS = 3
-
-
-@dataclass
-class Reconstruction:
-    """A stack filled by :func:`dineof`.
-
-    ``mean`` and ``std``: float64 ``[T, R, C]``, the reconstruction everywhere in the valid area
-    (also at observed cells: the low-rank fit there, not the observation) and the 1-sigma of a
-    gap cell (0 at observed cells); NaN outside the valid area. ``held_out``: float64 ``[T, R, C]``,
-    what the modes predict at each cell from the *other* steps of the same cell (at a gap the
-    reconstruction itself; at an observed cell its leave-one-out prediction), the covariate a model
-    may compare observations with, since at a gap nothing else is known. ``modes``: the EOFs kept;
-    ``cv_rmse``: cross-validation RMSE per number of modes tried; ``sigma``: ``(upper edge in
-    cells, 1-sigma)`` per distance bin; ``cv_points``: cells in the cross-validation set.
-    """
-
-    mean: np.ndarray
-    std: np.ndarray
-    held_out: np.ndarray
-    modes: int
-    cv_rmse: dict[int, float] = field(default_factory=dict)
-    sigma: list[tuple[float, float]] = field(default_factory=list)
-    cv_points: int = 0
-
-
-def dineof(
-    values: np.ndarray,
-    valid: np.ndarray | None = None,
-    *,
-    rng: np.random.Generator | None = None,
-    max_modes: int = 20,
-    tol: float = 1e-3,
-    max_iter: int = 300,
-    cv_low: float = 0.02,
-    cv_high: float = 0.15,
-) -> Reconstruction:
-    """Fill a stack of scenes by DINEOF.
-
-    Args:
-        values: float ``[T, R, C]``: the stack, NaN (or +-inf) at gaps.
-        valid: bool ``[R, C]`` or ``[T, R, C]``, True where a value can exist (sea for SST);
-            None: every cell.
-        rng: draws the cross-validation set; default seed 0, so the same stack gives the same fill.
-        max_modes: at most this many EOFs (and never more than the observed steps minus one).
-        tol: an iteration stops when the gaps change by less than ``tol`` times the anomalies'
-            standard deviation (root mean square over the gaps).
-        max_iter: iterations per number of modes at most.
-        cv_low: each step hides at least this share of its observed cells for cross-validation.
-        cv_high: and at most this share.
-
-    Returns:
-        Reconstruction: the filled stack, its 1-sigma, the held-out predictions and the modes kept.
-
-    Raises:
-        ValueError: shapes that disagree, or fewer than :data:`MIN_STEPS` steps with an observed cell.
-    """
-    values = np.asarray(values, dtype=np.float64)
-    if values.ndim != 3:
-        raise ValueError(f"dineof needs a [time, rows, cols] stack, got shape {values.shape}")
-    ok = np.ones(values.shape[1:], bool) if valid is None else np.asarray(valid, bool)
-    if ok.shape not in (values.shape, values.shape[1:]):
-        raise ValueError(f"valid mask of shape {ok.shape} does not match the stack {values.shape}")
-    ok = np.broadcast_to(ok, values.shape)
-    observed = np.isfinite(values) & ok
-    steps_seen = int(observed.any(axis=(1, 2)).sum())
-    if steps_seen < MIN_STEPS:
-        raise ValueError(f"dineof needs at least {MIN_STEPS} steps with observed cells, got {steps_seen}")
-    rng = np.random.default_rng(0) if rng is None else rng
-
-    cells = ok.any(axis=0)  # [R, C]: the rows of the matrix
-    truth = values[:, cells].T  # [N, T]
-    seen = observed[:, cells].T  # [N, T]
-    centre = float(truth[seen].mean())
-    spread = float(truth[seen].std()) or 1.0
-    anomaly = np.where(seen, (truth - centre) / spread, 0.0)  # [N, T], standardised
-
-    # Cross-validation: observed cells hidden under other steps' real gaps.
-    cv_mask, _ = borrow_gaps(observed, ~np.isfinite(values) & ok, rng, low=cv_low, high=cv_high, min_observed=20)
-    cv = cv_mask[:, cells].T  # [N, T]
-    limit = max(1, min(max_modes, steps_seen - 1))
-    work = np.where(cv, 0.0, anomaly)
-    unknown = ~seen | cv
-    cv_rmse: dict[int, float] = {}
-    best_k, best_err, best_pred = 1, np.inf, None
-    for k in range(1, limit + 1):
-        work = _converge(work, unknown, k, tol, max_iter)
-        err = float(np.sqrt(np.mean((work[cv] - anomaly[cv]) ** 2))) * spread if cv.any() else np.nan
-        cv_rmse[k] = err
-        if err < best_err or best_pred is None:
-            best_k, best_err, best_pred = k, err, work[cv].copy()
-        elif k >= best_k + 3:  # three more modes without a better score: noise from here on
-            break
-
-    # The final fill with the cross-validation cells back in, raised a mode at a time as above: a
-    # start from zeros at many modes lets the extra modes explain the zeros instead of the data.
-    filled = np.where(seen, anomaly, 0.0)
-    for k in range(1, best_k + 1):
-        filled = _converge(filled, ~seen, k, tol, max_iter)
-    # The rank-k fit everywhere: at a gap it is the converged value (a fixed point), at an observed
-    # cell the part of the observation the modes explain, so a residual there is what they miss.
-    power, vectors = np.linalg.eigh(filled.T @ filled)
-    lead = vectors[:, -best_k:]  # [T, k]
-    mean = np.full(values.shape, np.nan)
-    mean[:, cells] = (centre + spread * ((filled @ lead) @ lead.T)).T
-    # Prior on a cell's loadings: mode k's mean square loading over the cells, against the noise
-    # the cross-validation saw (both in standardised units).
-    noise = (best_err / spread) ** 2 if np.isfinite(best_err) else 1.0
-    ridge = noise * len(filled) / np.maximum(power[-best_k:], 1e-12)  # [k]
-    held_out = np.full(values.shape, np.nan)
-    held_out[:, cells] = (centre + spread * _leave_one_out(np.where(seen, anomaly, 0.0), seen, lead, ridge)).T
-
-    # 1-sigma by distance to the nearest observed cell, from the cross-validation errors.
-    sigma: list[tuple[float, float]] = []
-    std = np.full(values.shape, np.nan)
-    std[ok] = 0.0
-    gap = ok & ~observed
-    if cv.any() and best_pred is not None:
-        cv_dist = distance_to_observed(observed & ~cv_mask)[:, cells].T[cv]  # [n_cv], same order as work[cv]
-        sigma = _sigma_by_distance((best_pred - anomaly[cv]) * spread, cv_dist)
-        edges = np.array([e for e, _ in sigma])
-        levels = np.array([s for _, s in sigma])
-        dist = distance_to_observed(observed)[gap]
-        std[gap] = levels[np.minimum(np.searchsorted(edges, dist, side="left"), len(levels) - 1)]
-    else:  # nothing could be hidden: the spread of the anomalies is the honest sigma
-        std[gap] = spread
-    return Reconstruction(mean, std, held_out, best_k, cv_rmse, sigma, int(cv.sum()))
-
-
-def _leave_one_out(anomaly: np.ndarray, seen: np.ndarray, lead: np.ndarray, ridge: np.ndarray,
-                   chunk: int = 65536) -> np.ndarray:
-    """Each cell's anomaly predicted from its other observed steps: ``[N, T]``.
-
-    At DINEOF's fixed point a cell's loadings on the temporal EOFs ``lead [T, k]`` are the least
-    squares fit of its observed steps, so its value at step ``t`` is ``u . v_t``; here the fit has
-    a ridge (``ridge [k]``, a prior on each mode's loading), so a cell seen on few steps keeps
-    loadings of the size the modes have rather than the wild ones an exact fit of two values
-    gives. Refitted without step ``t`` itself, the prediction at an observed step is
-    ``x - e / (1 - h)`` (``e`` the fit's residual, ``h`` the step's leverage), the leave-one-out
-    identity of ridge regression, exact for every step: a cell seen once is predicted by the prior
-    alone (the mean), never by a fit that holds its own value. ``chunk`` cells at a time keep the
-    ``[cells, k, k]`` systems small.
-    """
-    out = np.empty_like(anomaly)
-    for start in range(0, len(anomaly), chunk):
-        x, w = anomaly[start:start + chunk], seen[start:start + chunk].astype(np.float64)  # [n, T]
-        gram = np.einsum("nt,tk,tl->nkl", w, lead, lead, optimize=True) + np.diag(ridge)  # [n, k, k]
-        loadings = np.linalg.solve(gram, np.einsum("nt,tl->nl", w * x, lead)[..., None])[..., 0]  # [n, k]
-        fitted = loadings @ lead.T  # [n, T]
-        # Leverage of each step, h = v_t^T G^-1 v_t, from one more solve against every v_t.
-        solved = np.linalg.solve(gram, np.broadcast_to(lead.T, (len(x), *lead.T.shape)))  # [n, k, T]
-        leverage = np.einsum("tk,nkt->nt", lead, solved)  # [n, T], below 1 with a positive ridge
-        loo = x - (x - fitted) / np.maximum(1.0 - leverage, 1e-12)
-        out[start:start + chunk] = np.where(w > 0, loo, fitted)
-    return out
-
-
-def _converge(work: np.ndarray, unknown: np.ndarray, k: int, tol: float, max_iter: int) -> np.ndarray:
-    """Iterate ``work``'s ``unknown`` entries to their rank-``k`` reconstruction (``work [N, T]``)."""
-    work = work.copy()
-    if not unknown.any():
-        return work
-    for _ in range(max_iter):
-        gram = work.T @ work  # [T, T]
-        _, vectors = np.linalg.eigh(gram)  # ascending eigenvalues
-        lead = vectors[:, -k:]  # [T, k]: the k leading temporal EOFs
-        rebuilt = (work @ lead) @ lead.T  # [N, T]
-        change = rebuilt[unknown] - work[unknown]
-        work[unknown] = rebuilt[unknown]
-        if np.sqrt(np.mean(change**2)) < tol:
-            break
-    return work
-
-
-def _sigma_by_distance(errors: np.ndarray, distance: np.ndarray) -> list[tuple[float, float]]:
-    """``(upper edge, RMSE)`` per :data:`SIGMA_BINS` bin of the cross-validation ``errors`` at
-    ``distance`` cells from the nearest observation. A bin with too few points takes the nearest
-    bin below it that has enough (the first such bin for those before it; the overall RMSE when
-    none has), and the RMSE never decreases with distance."""
-    edges = np.array(SIGMA_BINS)
-    which = np.searchsorted(edges, distance, side="left")
-    rmse = [float(np.sqrt(np.mean(errors[which == b] ** 2))) if (which == b).sum() >= MIN_BIN_POINTS else None
-            for b in range(len(edges))]
-    known = [r for r in rmse if r is not None]
-    level = known[0] if known else float(np.sqrt(np.mean(errors**2)))
-    out = []
-    for edge, r in zip(edges, rmse):
-        level = max(level, r) if r is not None else level
-        out.append((float(edge), level))
-    return out
-
 
 #: Cells (time x rows x cols) of a field above which no history covariate is computed: DINEOF
 #: holds the whole stack in memory (float64).
@@ -238,6 +28,8 @@ MAX_HISTORY_CELLS = 50_000_000
 HISTORY_COVARIATES = ("dineof", "nearest_steps", "analogs", "mean", "spread", "coarse", "nugget")
 #: Of those, the ones that come from a step itself, not its history: computed for one scene too.
 STEP_COVARIATES = ("coarse", "nugget")
+
+
 def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list[str] | tuple[str, ...], *,
                        rng: np.random.Generator | None = None) -> tuple[np.ndarray, str]:
     """What a field's own history predicts at each of its cells, as model covariates.

@@ -219,7 +219,7 @@ def _leading_eofs(work: np.ndarray, k: int) -> np.ndarray:
     Up to :data:`DENSE_EOF_STEPS` steps (or ``k`` past half of them) a dense ``eigh``; beyond,
     ARPACK's Lanczos on ``v -> X^T (X v)``, which finds ``k`` vectors, not ``T``: about four times
     faster on an hourly month of ERA5, the fill the same to rounding
-    (``python -m pipelines.benchmarks.dineof_speed``). Its start vector is fixed, not ARPACK's random
+    (``pipelines/results/dineof_speed_cpu.md``). Its start vector is fixed, not ARPACK's random
     one, so the same stack gives the same EOFs in any process; a Lanczos that does not converge
     falls back to ``eigh``. Only the span of the vectors is used, so their signs and order do not
     matter.

@@ -28,11 +28,12 @@ from geonp.tasks.windows import canonical
 Prepared = tuple
 
 #: Cores per worker process by default. A run waits for its largest fields (an hourly month of
-#: ERA5 took six minutes on one core here, a monthly reanalysis seconds), so the cores go to
-#: threads for their eigendecompositions rather than to more workers that would sit idle once
-#: the small fields are done. On a 16-core GPU machine (four workers of four cores) the 17 fields
-#: of ``history-folds-small`` were ready about 250 s after the run started
-#: (``pipelines/weights/README.md``).
+#: ERA5 took six minutes on one core here before DINEOF's Lanczos, 96 s since; a monthly
+#: reanalysis seconds), so the cores go to threads for their linear algebra rather than to more
+#: workers that would sit idle once the small fields are done. On a 16-core GPU machine (four
+#: workers of four cores) the fields of ``history-folds-small`` were ready about 250 s after the
+#: run started before Lanczos (``pipelines/weights/README.md``); on one thread here they take 424 s
+#: since.
 CORES_PER_WORKER = 4
 
 

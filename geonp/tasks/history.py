@@ -119,6 +119,12 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
     return out, ", ".join(said)
 
 
+#: :func:`history_folds`' generator seed by default (donor choice and DINEOF's cross-validation).
+FOLD_SEED = (0, 6151)
+#: Share of a hidden step's observed cells a fold hides, at least and at most.
+FOLD_LOW, FOLD_HIGH = 0.10, 0.5
+
+
 @dataclass
 class HistoryFold:
     """A stack's history covariates as a model meets them at infill: computed without some cells.
@@ -136,7 +142,8 @@ class HistoryFold:
 
 
 def history_folds(values: np.ndarray, valid: np.ndarray | None, names: list[str] | tuple[str, ...], folds: int, *,
-                  rng: np.random.Generator | None = None, low: float = 0.10, high: float = 0.5) -> list[HistoryFold]:
+                  rng: np.random.Generator | None = None, low: float = FOLD_LOW, high: float = FOLD_HIGH
+                  ) -> list[HistoryFold]:
     """``folds`` :class:`HistoryFold` of a stack; fold ``f`` hides cells in steps ``f, f + folds, ...``.
 
     Each hidden step loses ``low`` to ``high`` of its observed cells under another step's real gaps
@@ -148,7 +155,7 @@ def history_folds(values: np.ndarray, valid: np.ndarray | None, names: list[str]
         valid: ``[R, C]`` or ``[T, R, C]`` bool, True where a value can exist; None: everywhere.
         names: the covariates, as :func:`history_covariates`.
         folds: how many folds (at least 1).
-        rng: donor choice and DINEOF's cross-validation; default seed ``[0, 6151]``.
+        rng: donor choice and DINEOF's cross-validation; default seed :data:`FOLD_SEED`.
         low, high: share of a hidden step's observed cells to hide.
 
     Returns:
@@ -157,20 +164,39 @@ def history_folds(values: np.ndarray, valid: np.ndarray | None, names: list[str]
     """
     if folds < 1:
         raise ValueError(f"history folds must be at least 1, got {folds}")
-    rng = np.random.default_rng([0, 6151]) if rng is None else rng
+    rng = np.random.default_rng(FOLD_SEED) if rng is None else rng
     values = np.asarray(values, np.float64)
     ok = np.broadcast_to(np.ones(values.shape[1:], bool) if valid is None else np.asarray(valid, bool), values.shape)
-    observed = np.isfinite(values) & ok
     if not has_history(values, valid):  # flat maps hide nothing: one view of the mean, no DINEOF
         flat, _ = history_covariates(values, valid, names)
         return [HistoryFold(np.zeros(values.shape, bool), flat)]
     out = []
     for f in range(min(folds, len(values))):
-        steps = list(range(f, len(values), folds))
-        hidden, _ = borrow_gaps(observed, ~np.isfinite(values) & ok, rng, low=low, high=high, steps=steps)
+        hidden = fold_hidden(values, ok, f, folds, rng, low=low, high=high)
         covariates, _ = history_covariates(np.where(hidden, np.nan, values), valid, names, rng=rng)
         out.append(HistoryFold(hidden, covariates))
     return out
+
+
+def fold_hidden(values: np.ndarray, ok: np.ndarray, fold: int, folds: int, rng: np.random.Generator, *,
+                low: float = FOLD_LOW, high: float = FOLD_HIGH) -> np.ndarray:
+    """The cells fold ``fold`` of ``folds`` hides (:func:`history_folds`): bool ``[T, R, C]``.
+
+    Args:
+        values: ``[T, R, C]`` the field, NaN at gaps.
+        ok: bool ``[T, R, C]``, True where a value can exist.
+        fold: which fold: it hides cells in steps ``fold, fold + folds, ...``.
+        folds: how many folds.
+        rng: donor choice (:func:`geonp.tasks.clouds.borrow_gaps`).
+        low, high: share of a hidden step's observed cells to hide, under another step's real gaps.
+
+    Returns:
+        True at the observed cells hidden.
+    """
+    observed = np.isfinite(values) & ok
+    hidden, _ = borrow_gaps(observed, ~np.isfinite(values) & ok, rng, low=low, high=high,
+                            steps=list(range(fold, len(values), folds)))
+    return hidden
 
 
 def _without_history(values: np.ndarray, observed: np.ndarray) -> str | None:

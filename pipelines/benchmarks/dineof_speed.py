@@ -25,7 +25,7 @@ import torch
 
 from geonp.data.readers import data_folder
 from geonp.tasks import dineof as module
-from geonp.tasks.clouds import borrow_gaps
+from geonp.tasks.history import FOLD_SEED, fold_hidden
 from geonp.tasks.real_fields import load_field
 from pipelines.provenance import REPO, append_rows, git_commit, header, write_results
 
@@ -43,11 +43,8 @@ def fold_stack(entry: dict) -> tuple[np.ndarray, np.ndarray, np.random.Generator
     if not (folder / entry["path"]).exists():
         raise SystemExit(f"dineof_speed: {folder / entry['path']} not found (set GEONP_DATA to the shared data)")
     values, valid, _, _ = load_field(entry, folder)
-    rng = np.random.default_rng([0, 6151])
-    ok = np.broadcast_to(valid, values.shape)
-    observed = np.isfinite(values) & ok
-    hidden, _ = borrow_gaps(observed, ~np.isfinite(values) & ok, rng, low=0.10, high=0.5,
-                            steps=list(range(0, len(values), 3)))
+    rng = np.random.default_rng(FOLD_SEED)
+    hidden = fold_hidden(values, np.broadcast_to(valid, values.shape), 0, 3, rng)
     return np.where(hidden, np.nan, values), valid, rng
 
 

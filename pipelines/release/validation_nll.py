@@ -3,8 +3,8 @@
     python -m pipelines.release.validation_nll pipelines/configs/bundled/te_pt_tnp.yaml \\
         geonp/weights/te-pt-tnp.safetensors pipelines/weights/te-pt-tnp-history-folds.safetensors
 
-For a checkpoint exported from a step no validation ran at (the bundled te-pt-tnp is step 10500
-of a run that validates every 2000), and to compare exported weights on one set. Each checkpoint
+For a checkpoint exported from a step no validation ran at (the te-pt-tnp bundled before was step
+10500 of a run that validates every 2000), and to compare exported weights on one set. Each checkpoint
 is scored as trained: its history covariates are the config's and its inference-only choices
 (``pipelines.release.pretrain.AT_INFERENCE``) are set back to their defaults, the same tensors.
 Only the config's ``val_files`` are read (not its training fields), so this takes a minute.

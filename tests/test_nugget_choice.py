@@ -76,8 +76,8 @@ def noisy_fills(nugget_weights) -> tuple[xr.Dataset, dict[str, xr.Dataset]]:
 def test_auto_takes_the_scenes_nugget_where_the_field_is_noisy(noisy_fills):
     ds, out = noisy_fills
     chosen = out["auto"].attrs["geonp_nugget"]
-    assert chosen.startswith("v: the scene's (CRPS ") and "hidden cells" in chosen
-    scene, own = (float(x) for x in chosen.split("CRPS ")[1].split(" on ")[0].split(" against the network's "))
+    assert chosen.startswith("v: the scene's (CRPS with the scene's nugget ") and "hidden cells" in chosen
+    scene, own = (float(x) for x in chosen.split("nugget ")[1].split(" on ")[0].split(" against the network's "))
     gain, error = (float(x) for x in chosen.split("difference ")[1].rstrip(")").split(" +- "))
     assert scene < own and np.isclose(gain, own - scene, rtol=0.05) and gain > nugget_module.CHOICE_Z * error > 0
     assert out["scene"].attrs["geonp_nugget"] == "v: the scene's (asked)"

@@ -165,7 +165,10 @@ def choose_nugget(model: NeuralProcess, fields: list[Field], spec, device: torch
             said.append(f"{f.label}: the network's (no cell to hide)")
             continue
         gain, error = scene_gain(scene, own, window)
-        why = (f"CRPS {scene.mean():.4g} against the network's {own.mean():.4g} on {scene.size} hidden cells "
+        # Both CRPS figures named: "the network's (CRPS ... against the network's ...)" read as a
+        # comparison of the network with itself.
+        why = (f"CRPS with the scene's nugget {scene.mean():.4g} against the network's {own.mean():.4g} "
+               f"on {scene.size} hidden cells "
                f"of {np.unique(window).size} windows, "
                f"difference {gain:.2g} +- {error:.2g}")
         if gain > CHOICE_Z * error:

@@ -57,6 +57,7 @@ def evaluate(
     elevation: str | Path | None = None,
     hide_under: xr.DataArray | np.ndarray | None = None,
     distance_bins: Bins = DISTANCE_BINS,
+    keep_cells: bool = False,
 ) -> dict[str, Any]:
     """Score ``models`` at the same artificially hidden cells of ``ds[variable]``.
 
@@ -86,6 +87,9 @@ def evaluate(
             or another day's real clouds.
         distance_bins: the distance bins of the diagnostics (``geonp.metrics.DISTANCE_BINS``;
             ``WIDE_DISTANCE_BINS`` splits the far bin at 25 cells, for wide clouds).
+        keep_cells: also return the hidden cells themselves, for analyses of their own (noise
+            by resampling blocks of cells, maps of the errors): the result gains ``"cells"``
+            and each row ``"mean"`` and ``"std"`` (below). Not JSON: drop them before writing.
 
     Returns:
         ``{"source", "variable", "units", "seed", "steps", "observed_cells", "hidden_cells",
@@ -98,6 +102,9 @@ def evaluate(
         units, NLL in nats per cell; ``n`` counts the hidden cells the model gave a finite mean and
         std > 0. A hidden cell's distance is Euclidean, in grid cells, to the nearest cell of the
         same step that is finite and valid in the masked cube (what every model sees as context).
+        With ``keep_cells``: ``"cells"`` is ``{"dims", "shape" (of ``ds[variable]``), "index"
+        (flat C-order indices of the hidden cells, ``[n_hidden]``), "truth", "distance"}`` and
+        each row's ``"mean"``/``"std"`` are the model's ``[n_hidden]`` values at those cells.
 
     Raises:
         ValueError: one line naming the data, variable or model: an unknown variable, no observed
@@ -161,9 +168,11 @@ def evaluate(
                      "coverage_90_by_distance": binned_coverage(np.where(usable, mean - truth, np.nan), std,
                                                                 distance, bins=distance_bins),
                      "pit": pit_histogram(truth, mean, std), "wall_s": wall, "fit_steps": steps,
-                     "checkpoint": checkpoint})
+                     "checkpoint": checkpoint, **({"mean": mean, "std": std} if keep_cells else {})})
     per_bin = np.bincount(distance_bin(distance, distance_bins), minlength=len(distance_bins))
-    return {"source": name, "variable": variable, "units": str(da.attrs.get("units", "")), "seed": seed,
+    cells = {"cells": {"dims": da.dims, "shape": da.shape, "index": np.flatnonzero(hide), "truth": truth,
+                       "distance": distance}} if keep_cells else {}
+    return {**cells, "source": name, "variable": variable, "units": str(da.attrs.get("units", "")), "seed": seed,
             "steps": len(hidden.attrs["geonp_donor"]), "observed_cells": observed, "hidden_cells": n_hidden,
             "hidden_fraction": n_hidden / observed, "donors": hidden.attrs["geonp_donor"].tolist(),
             "hidden_by_distance": {label: int(n) for (label, _), n in zip(distance_bins, per_bin, strict=True)},

@@ -33,7 +33,6 @@ import math
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 import xarray as xr
 
@@ -46,32 +45,11 @@ from geonp.fill.predictor import bundled_checkpoint
 from geonp.skill_table import write_table
 from pipelines.benchmarks.satellite_cv import _earlier, keep_earlier
 from pipelines.checkpoint_variants import bundled_variants, variant_checkpoint
+from pipelines.products import alaska_ndvi, esacci_soil_moisture
 from pipelines.provenance import REPO, git_commit, header
 
 ROWS = ["linear", "kriging", "dineof", "te-pt-tnp", "te-pt-tnp+dineof", "te-pt-tnp+nearest_steps",
         "te-pt-tnp+dineof+nearest_steps"]
-SM_FILES = [f"satellite/esacci_sm_2016-12/ESACCI-SOILMOISTURE-L3S-SSMV-PASSIVE-201612{d}000000-fv04.2.nc"
-            for d in range(27, 32)]
-
-
-def _alaska(folder: Path) -> xr.Dataset:
-    """MODIS NDVI Alaska: 4 years x 4 dates stacked into one 16-step time axis."""
-    ds = open_satellite(folder / "satellite/gapfill_modis_ndvi_alaska_small.nc", "ndvi")
-    stacked = ds["ndvi"].stack(time=("year", "doy")).transpose("time", "lat", "lon")
-    steps = xr.DataArray(np.arange(stacked.sizes["time"]), dims="time")
-    return xr.Dataset({"ndvi": stacked.drop_vars(["time", "year", "doy"]).assign_coords(time=steps),
-                       "valid": ds["valid"]}, attrs=ds.attrs)
-
-
-def _soil_moisture(folder: Path) -> xr.Dataset:
-    """ESA CCI soil moisture, five days over Europe and North Africa (lat 30..60, lon -10..40)."""
-    days = [open_satellite(folder / f, "sm") for f in SM_FILES]
-    ds = xr.concat([d[["sm"]] for d in days], "time")
-    ds = ds.sel(lat=slice(30, 60), lon=slice(-10, 40))
-    ds["valid"] = ds["sm"].notnull().any("time")  # land seen on some day; the sea never holds a value
-    return ds
-
-
 def _olci(folder: Path, split: str) -> xr.Dataset:
     """OLCI chlorophyll in the box the bundled weights never trained on: three of its five scenes hold
     water cells there (the others are cloud), too few to split by step, so the split is by place."""
@@ -87,8 +65,8 @@ SCENES = {
     "olci": ("conc_chl", _olci, True),
     "s2ndvi": ("ndvi", lambda f, s: open_satellite(f / "satellite/eolearn_s2_ndvi_slovenia_2015-2017.nc", "ndvi"),
                False),
-    "alaska": ("ndvi", lambda f, s: _alaska(f), False),
-    "soil_moisture": ("sm", lambda f, s: _soil_moisture(f), False),
+    "alaska": ("ndvi", lambda f, s: alaska_ndvi(f), False),
+    "soil_moisture": ("sm", lambda f, s: esacci_soil_moisture(f), False),
 }
 
 

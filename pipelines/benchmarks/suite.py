@@ -1,0 +1,199 @@
+"""The scene suite: every filler on scenes no one tuned to, with the noise of each figure.
+
+    python -m pipelines.benchmarks.suite --split validation                    # default rows
+    python -m pipelines.benchmarks.suite --split test --rows linear kriging
+    python -m pipelines.benchmarks.suite --split validation --reuse --rows te-pt-tnp@0
+    python -m pipelines.benchmarks.suite --split validation --reuse --rows small-10500 \\
+        --checkpoint small-10500=pipelines/weights/te-pt-tnp-small-10500-spread.safetensors
+
+The scenes are drawn by the rule in ``pipelines/suite.yaml`` (``pipelines.suite_scenes``): 48
+scenes of 23 fields from the shared data, satellite products under their own real gaps and
+gap-free fields under other products' real clouds, single-date and multi-date, small and wide
+clouds. ``validation`` is where variants are chosen; ``test`` holds products out whole and is
+reported once per adopted change. Each scene's target step has its observed cells hidden under
+the drawn mask; every row fills the same cells (``geonp.evaluate``), scored by RMSE, CRPS and
+90% coverage, by distance to the nearest observed cell (``WIDE_DISTANCE_BINS``), and per block
+of cells so that ``pipelines.suite_rule`` can say what is noise.
+
+A row is ``MODEL[@FIT_STEPS]``: ``te-pt-tnp`` without ``@`` fills with geonp's defaults, as a
+user's ``geonp infill`` does; ``dineof`` scores the multi-date scenes only. ``LABEL[@FIT]`` with
+``--checkpoint LABEL=PATH`` scores te-pt-tnp with other weights, ``--variant LABEL=JSON`` the
+bundled te-pt-tnp changed at inference (``pipelines.checkpoint_variants.bundled_variants``).
+Writes ``pipelines/results/suite_<split>.md`` and ``.json`` (``{"header", "split", "scenes",
+"rows"}``; a row: ``scene, product, model, rmse, crps, cov90, rmse_by_distance, wall_s``, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from geonp.device import resolve_device
+from geonp.evaluate import evaluate
+from geonp.fill import FIT_STEPS
+from geonp.metrics import WIDE_DISTANCE_BINS, distance_bin
+from pipelines.checkpoint_variants import bundled_variants
+from pipelines.provenance import REPO, git_commit, header
+from pipelines.suite_report import report
+from pipelines.suite_scenes import SPEC, SPLITS, Scene, draw, load
+
+ROWS = ["linear", "kriging", "dineof", "te-pt-tnp"]
+BINS = WIDE_DISTANCE_BINS
+BUDGET = ("bundled weights unless a row names others; `te-pt-tnp` fills with geonp's defaults (fine-tuned "
+          f"{FIT_STEPS} steps on the scene, the nugget check), `@N` with N fit steps; a row's commit is the run "
+          "that produced it (`--reuse` keeps earlier rows of scenes drawn the same)")
+
+
+def scene_record(scene: Scene, res: dict) -> dict:
+    """What the table says of a scene: where it comes from and what was hidden."""
+    entry = SPEC["products"][scene.product]
+    far = sum(n for (label, _), n in zip(BINS, res["hidden_by_distance"].values()) if label in ("13-25", ">25"))
+    return {"scene": scene.name, "product": scene.product, "split": scene.split, "kind": scene.kind,
+            "what": scene.describe(), "in_training": bool(entry.get("in_training", False)),
+            "tuned": bool(entry.get("tuned", False)), "observed_cells": res["observed_cells"],
+            "hidden_cells": res["hidden_cells"], "hidden_by_distance": res["hidden_by_distance"],
+            "beyond_12": far / res["hidden_cells"],
+            "median_distance": float(np.median(res["cells"]["distance"]))}
+
+
+def block_stats(cells: dict, mean: np.ndarray, std: np.ndarray, block: int) -> dict[str, list]:
+    """Per (block, distance bin): hidden cells scored, sums of squared error and CRPS, cells inside 90%.
+
+    ``cells`` is ``evaluate``'s (``keep_cells``): the hidden cells of a ``(time, rows, cols)`` field."""
+    import scoringrules as sr
+
+    _, n_rows, n_cols = cells["shape"]
+    t, r, c = np.unravel_index(cells["index"], cells["shape"])
+    per_row = math.ceil(n_cols / block)
+    blocks = (t * math.ceil(n_rows / block) + r // block) * per_row + c // block
+    truth = cells["truth"].astype(float)
+    ok = np.isfinite(truth) & np.isfinite(mean) & np.isfinite(std) & (std > 0)
+    err = (mean - truth)[ok]
+    key = blocks[ok] * len(BINS) + distance_bin(cells["distance"][ok], BINS)
+    ids, where = np.unique(key, return_inverse=True)
+    sums = {"n": np.bincount(where, minlength=ids.size),
+            "sse": np.bincount(where, err**2, ids.size),
+            "crps": np.bincount(where, sr.crps_normal(truth[ok], mean[ok], std[ok]), ids.size),
+            "in90": np.bincount(where, np.abs(err) <= 1.6448536269514722 * std[ok], ids.size)}
+    out = {"block": (ids // len(BINS)).tolist(), "bin": (ids % len(BINS)).tolist(), "n": sums["n"].tolist()}
+    out.update({k: [float(f"{v:.6g}") for v in sums[k]] for k in ("sse", "crps")})
+    out["in90"] = [int(v) for v in sums["in90"]]
+    return out
+
+
+def score_row(scene: Scene, res: dict, r: dict, label: str, commit: str) -> dict:
+    """A results row: the issue's fields first, then the diagnostics and the block sums."""
+    return {"scene": scene.name, "product": scene.product, "model": label, "rmse": r["rmse"], "crps": r["crps"],
+            "cov90": r["coverage_90"], "mae": r["mae"], "nll": r["nll"],
+            "rmse_by_distance": {k: _finite(v["rmse"]) for k, v in r["rmse_by_distance"].items()},
+            "n_by_distance": {k: v["n"] for k, v in r["rmse_by_distance"].items()},
+            "cov90_by_distance": {k: _finite(v) for k, v in r["coverage_90_by_distance"].items()},
+            "wall_s": r["wall_s"], "fit_steps": r["fit_steps"],
+            "commit": commit, **({"nugget": r["nugget"]} if "nugget" in r else {}),
+            "blocks": block_stats(res["cells"], r["mean"], r["std"], SPEC["block"])}
+
+
+def _finite(value: float) -> float | None:
+    """JSON has no NaN: an empty bin's figure is null."""
+    return value if math.isfinite(value) else None
+
+
+def write_json(path: Path, text: str, split: str, scenes: list[dict], rows: list[dict]) -> None:
+    """The table's JSON, one scene or row a line (diffs of a rerun stay readable)."""
+    lines = [json.dumps(x, separators=(",", ":"), allow_nan=False) for x in (*scenes, *rows)]
+    head = json.dumps({"header": text, "split": split})[:-1]
+    path.write_text(head + ',\n"scenes":[\n' + ",\n".join(lines[:len(scenes)]) + '\n],\n"rows":[\n'
+                    + ",\n".join(lines[len(scenes):]) + "\n]}\n")
+
+
+def run(scenes: list[Scene], rows: list[str], trained: dict[str, str], seed: int,
+        earlier: dict) -> tuple[list[dict], list[dict], list[str]]:
+    """Score ``rows`` on ``scenes``; returns (scene records, rows, notes of rows not scored)."""
+    commit = git_commit()
+    records, out, notes = [], [], []
+    for scene in scenes:
+        ds, variable, under = load(scene)
+        record = None
+        for row in rows:
+            label, _, fit = row.partition("@")
+            if label == "dineof" and scene.kind == "single":
+                continue  # DINEOF needs a history
+            model, checkpoints = ("te-pt-tnp", {"te-pt-tnp": trained[label]}) if label in trained else (label, None)
+            steps = int(fit) if fit else (FIT_STEPS if model == "te-pt-tnp" else 0)
+            try:
+                res = evaluate(ds, variable, [model], checkpoints=checkpoints, fit_steps=steps, seed=seed,
+                               options={"device": "auto"}, hide_under=under, distance_bins=BINS, keep_cells=True)
+            except ValueError as err:
+                notes.append(f"{scene.name} {row}: {err}")
+                print(f"{scene.name} {row}: not scored: {err}", flush=True)
+                continue
+            record = record or scene_record(scene, res)
+            out.append(score_row(scene, res, res["rows"][0], row if fit else label, commit))
+            r = out[-1]
+            print(f"{scene.name} {r['model']}: RMSE {r['rmse']:.4g} CRPS {r['crps']:.4g} cov90 {r['cov90']:.3f} "
+                  f"({r['wall_s']:.0f} s)", flush=True)
+        if record is not None:
+            old = earlier.get("scenes", {}).get(scene.name)
+            if old is not None and (old["what"], old["hidden_cells"]) != (record["what"], record["hidden_cells"]):
+                raise SystemExit(f"{scene.name}: drawn differently from the earlier table ({old['what']}); "
+                                 "rerun every row without --reuse")
+            records.append(record)
+    return records, out, notes
+
+
+def merge(split: str, records: list[dict], rows: list[dict], earlier: dict) -> tuple[list[dict], list[dict]]:
+    """This run's scenes and rows, and the earlier table's rows of (scene, model) not rerun, in draw order."""
+    order = {s.name: i for i, s in enumerate(draw(split))}
+    by_scene = {**earlier.get("scenes", {}), **{r["scene"]: r for r in records}}
+    ran = {(r["scene"], r["model"]) for r in rows}
+    kept = rows + [r for r in earlier.get("rows", []) if (r["scene"], r["model"]) not in ran]
+    scenes = sorted(by_scene.values(), key=lambda s: order.get(s["scene"], len(order)))
+    kept.sort(key=lambda r: (order.get(r["scene"], len(order)), r["model"]))
+    return scenes, kept
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--split", choices=SPLITS, required=True)
+    parser.add_argument("--rows", nargs="*", default=ROWS)
+    parser.add_argument("--scenes", nargs="*", default=None, help="scene names (default: the whole split)")
+    parser.add_argument("--checkpoint", action="append", default=[], metavar="LABEL=PATH",
+                        help="a row LABEL[@FIT] scores te-pt-tnp with these weights")
+    parser.add_argument("--variant", action="append", default=[], metavar="LABEL=JSON",
+                        help="a row LABEL[@FIT] scores the bundled te-pt-tnp changed at inference only")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reuse", action="store_true", help="keep the earlier table's rows not run now")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    out = Path(args.out or REPO / "pipelines" / "results" / f"suite_{args.split}.md")
+    earlier = {}
+    if args.reuse and out.with_suffix(".json").exists():
+        old = json.loads(out.with_suffix(".json").read_text())
+        earlier = {"scenes": {s["scene"]: s for s in old["scenes"]}, "rows": old["rows"]}
+    scenes = draw(args.split)
+    if args.scenes:
+        unknown = set(args.scenes) - {s.name for s in scenes}
+        if unknown:
+            parser.error(f"--scenes: not in the {args.split} split: {', '.join(sorted(unknown))}")
+        scenes = [s for s in scenes if s.name in args.scenes]
+    trained = dict(item.split("=", 1) for item in args.checkpoint)
+    with tempfile.TemporaryDirectory() as tmp:
+        trained.update(bundled_variants(args.variant, Path(tmp)))
+        records, rows, notes = run(scenes, args.rows, trained, args.seed, earlier)
+    scene_list, rows = merge(args.split, records, rows, earlier)
+    text = header(f"Scene suite ({args.split} split)", resolve_device("auto"), BUDGET)
+    body = report(scene_list, rows, args.split) + "".join(f"\n- not scored: {n}" for n in notes)
+    out.write_text(text + "\n" + body + "\n")
+    write_json(out.with_suffix(".json"), text, args.split, scene_list, rows)
+    print(out.read_text())
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    main()

@@ -1,0 +1,217 @@
+"""The scene suite's decision rule: a change is adopted only when noise cannot explain its gain.
+
+    python -m pipelines.suite_rule --split validation --candidate LABEL --baseline te-pt-tnp
+    python -m pipelines.suite_rule --split validation --candidate LABEL --record "what LABEL is"
+
+Two levels of noise, both by resampling with replacement (percentile 95% intervals):
+
+- **Within a scene**, over blocks of hidden cells (``block`` x ``block`` cells of their step,
+  ``pipelines/suite.yaml``): neighbouring errors are correlated, so cells are not independent
+  draws but blocks nearly are. Both rows of a comparison scored the same hidden cells, so the
+  blocks are resampled in pairs. A scene is *worse beyond its noise* when the whole interval of
+  its ratio (candidate over baseline) lies above 1.
+- **Across scenes**, for the suite: the geometric mean over scenes of the per-scene ratio, its
+  interval from resampling scenes (paired: each draw takes both rows of the drawn scenes).
+
+**Adopt** when the suite intervals of the RMSE ratio and of the CRPS ratio both lie below 1 and
+no scene is worse beyond its noise in RMSE or CRPS. ``--record`` appends the verdict to
+``pipelines/results/suite_decisions.md`` (every variant measured, adopted or not).
+
+A row of ``pipelines/results/suite_<split>.json`` carries ``blocks``: per (block, distance bin)
+the hidden cells ``n`` scored, the sum of squared errors ``sse``, the sum of CRPS ``crps`` and the
+cells inside the central 90% interval ``in90`` (written by ``pipelines.benchmarks.suite``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+N_BOOT = 2000  # draws per interval: the 2.5% / 97.5% percentiles move by well under 0.1% between seeds
+COVERAGE_RANGE = (0.85, 0.95)
+MIN_BIN_CELLS = 30  # a distance bin with fewer hidden cells is reported, never judged
+
+
+def block_sums(row: dict, bins: Sequence[int] | None = None) -> dict[str, np.ndarray]:
+    """Per block, the row's sums over its hidden cells (in ``bins`` only, when given).
+
+    Returns ``{"block": ids [nb], "n", "sse", "crps", "in90": [nb]}``, blocks in increasing id order."""
+    b = row["blocks"]
+    keep = np.ones(len(b["block"]), bool) if bins is None else np.isin(b["bin"], list(bins))
+    ids, where = np.unique(np.asarray(b["block"])[keep], return_inverse=True)
+    out = {"block": ids}
+    for key in ("n", "sse", "crps", "in90"):
+        out[key] = np.bincount(where, weights=np.asarray(b[key], float)[keep], minlength=ids.size)
+    return out
+
+
+def _paired(a: dict, b: dict) -> tuple[dict, dict]:
+    """The two rows' block sums on the union of their blocks (a block one row left unscored counts 0 there)."""
+    ids = np.union1d(a["block"], b["block"])
+    def spread(s):
+        out = {"block": ids}
+        pos = np.searchsorted(ids, s["block"])
+        for key in ("n", "sse", "crps", "in90"):
+            out[key] = np.zeros(ids.size)
+            out[key][pos] = s[key]
+        return out
+    return spread(a), spread(b)
+
+
+def _weights(n_blocks: int, rng: np.random.Generator, n_boot: int = N_BOOT) -> np.ndarray:
+    """``[n_boot, n_blocks]`` resampling counts (each draw takes ``n_blocks`` blocks with replacement)."""
+    return rng.multinomial(n_blocks, np.full(n_blocks, 1.0 / n_blocks), size=n_boot).astype(float)
+
+
+def score(sums: dict, metric: str, w: np.ndarray | None = None) -> np.ndarray | float:
+    """RMSE, CRPS (mean per cell) or 90% coverage from block sums, optionally under resampling weights ``w``."""
+    total = (lambda k: w @ sums[k]) if w is not None else (lambda k: sums[k].sum())
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if metric == "rmse":
+            return np.sqrt(total("sse") / total("n"))
+        if metric == "crps":
+            return total("crps") / total("n")
+        if metric == "cov90":
+            return total("in90") / total("n")
+    raise ValueError(f"unknown metric {metric!r}; rmse, crps or cov90")
+
+
+def ratio_interval(cand: dict, base: dict, metric: str, bins: Sequence[int] | None = None,
+                   seed: int = 0) -> tuple[float, float, float]:
+    """``(ratio, low, high)``: candidate over baseline on one scene, its 95% interval over paired blocks."""
+    a, b = _paired(block_sums(cand, bins), block_sums(base, bins))
+    if a["n"].sum() == 0 or b["n"].sum() == 0:
+        return math.nan, math.nan, math.nan
+    w = _weights(a["block"].size, np.random.default_rng(seed))
+    draws = score(a, metric, w) / score(b, metric, w)
+    low, high = np.nanpercentile(draws, [2.5, 97.5])
+    return float(score(a, metric) / score(b, metric)), float(low), float(high)
+
+
+def coverage_interval(row: dict, bins: Sequence[int] | None = None, seed: int = 0) -> tuple[float, float, float, int]:
+    """``(coverage, low, high, cells)`` of the 90% interval on one scene (a bin), 95% interval over blocks."""
+    s = block_sums(row, bins)
+    n = int(s["n"].sum())
+    if n == 0:
+        return math.nan, math.nan, math.nan, 0
+    draws = score(s, "cov90", _weights(s["block"].size, np.random.default_rng(seed)))
+    low, high = np.nanpercentile(draws, [2.5, 97.5])
+    return float(score(s, "cov90")), float(low), float(high), n
+
+
+def geometric_interval(ratios: Sequence[float], seed: int = 0) -> tuple[float, float, float]:
+    """``(geometric mean, low, high)`` of per-scene ratios, 95% interval from resampling scenes."""
+    logs = np.log(np.asarray(ratios, float))
+    if logs.size == 0:
+        return math.nan, math.nan, math.nan
+    w = _weights(logs.size, np.random.default_rng(seed))
+    draws = np.exp(w @ logs / logs.size)
+    low, high = np.percentile(draws, [2.5, 97.5])
+    return float(np.exp(logs.mean())), float(low), float(high)
+
+
+@dataclass
+class Comparison:
+    """A candidate row against a baseline row on every scene both scored.
+
+    ``scenes``: ``{scene: {"rmse": (ratio, low, high), "crps": (...)}}``; ``suite``: ``{"rmse":
+    (geometric mean, low, high), "crps": (...)}``; ``worse``: scenes whose RMSE or CRPS interval
+    lies above 1; ``adopt``: the rule's verdict."""
+
+    candidate: str
+    baseline: str
+    scenes: dict[str, dict[str, tuple[float, float, float]]]
+    suite: dict[str, tuple[float, float, float]]
+    worse: list[str]
+
+    @property
+    def adopt(self) -> bool:
+        return (bool(self.scenes) and all(self.suite[m][2] < 1 for m in ("rmse", "crps")) and not self.worse)
+
+    def text(self) -> str:
+        """The verdict, the suite intervals and the scenes worse beyond noise, in a few lines."""
+        def fmt(t):
+            return f"{t[0]:.4f} [{t[1]:.4f}, {t[2]:.4f}]"
+        lines = [f"{self.candidate} against {self.baseline} on {len(self.scenes)} scenes: "
+                 f"{'ADOPT' if self.adopt else 'reject'}",
+                 f"  geometric-mean RMSE ratio {fmt(self.suite['rmse'])}, CRPS ratio {fmt(self.suite['crps'])}",
+                 f"  scenes worse beyond their noise: {', '.join(self.worse) or 'none'}"]
+        return "\n".join(lines)
+
+
+def rows_by_scene(rows: Iterable[dict], label: str) -> dict[str, dict]:
+    """``{scene: row}`` of the rows whose model label is ``label``."""
+    return {r["scene"]: r for r in rows if r["model"] == label}
+
+
+def compare(rows: Sequence[dict], candidate: str, baseline: str, scenes: Sequence[str] | None = None) -> Comparison:
+    """Apply the rule (module docstring) to ``candidate`` against ``baseline`` over the scenes both scored."""
+    a, b = rows_by_scene(rows, candidate), rows_by_scene(rows, baseline)
+    names = [s for s in (scenes or a) if s in a and s in b]
+    per = {s: {m: ratio_interval(a[s], b[s], m) for m in ("rmse", "crps")} for s in names}
+    suite = {m: geometric_interval([per[s][m][0] for s in names]) for m in ("rmse", "crps")}
+    worse = [s for s in names if any(per[s][m][1] > 1 for m in ("rmse", "crps"))]
+    return Comparison(candidate, baseline, per, suite, worse)
+
+
+def load_rows(split: str, path: Path | None = None) -> list[dict]:
+    """The rows of ``pipelines/results/suite_<split>.json`` (or ``path``)."""
+    from pipelines.provenance import REPO
+
+    path = path or REPO / "pipelines" / "results" / f"suite_{split}.json"
+    if not path.exists():
+        raise SystemExit(f"{path}: no suite table yet; run python -m pipelines.benchmarks.suite --split {split}")
+    return json.loads(path.read_text())["rows"]
+
+
+def record(comparison: Comparison, split: str, what: str, out: Path) -> None:
+    """Append one line for ``comparison`` to the decisions table ``out`` (created with its header)."""
+    import datetime as dt
+
+    from pipelines.provenance import git_commit
+
+    if not out.exists():
+        out.write_text("# Suite decisions: every variant measured against the shipped row\n\n"
+                       "The rule (`pipelines/suite_rule.py`): adopt when the paired bootstrap 95% intervals (over "
+                       "scenes) of the geometric-mean RMSE and CRPS ratios both lie below 1 and no scene is worse "
+                       "beyond its own noise (block bootstrap). Ratios are candidate / baseline.\n\n"
+                       "| date | commit | split | candidate | baseline | what | scenes | RMSE ratio [95%] | "
+                       "CRPS ratio [95%] | scenes worse | verdict |\n|---|---|---|---|---|---|---:|---|---|---|---|\n")
+    c = comparison
+    fmt = lambda t: f"{t[0]:.4f} [{t[1]:.4f}, {t[2]:.4f}]"  # noqa: E731
+    line = (f"| {dt.date.today().isoformat()} | {git_commit()} | {split} | `{c.candidate}` | `{c.baseline}` | {what} | "
+            f"{len(c.scenes)} | {fmt(c.suite['rmse'])} | {fmt(c.suite['crps'])} | {', '.join(c.worse) or '–'} | "
+            f"{'adopt' if c.adopt else 'reject'} |\n")
+    with out.open("a") as f:
+        f.write(line)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--split", choices=["validation", "test"], default="validation")
+    parser.add_argument("--candidate", required=True, help="the row label to judge")
+    parser.add_argument("--baseline", default="te-pt-tnp", help="the row it must beat (default: the shipped row)")
+    parser.add_argument("--record", metavar="WHAT", help="append the verdict to pipelines/results/suite_decisions.md")
+    parser.add_argument("--table", type=Path, default=None, help="another suite JSON than the split's")
+    args = parser.parse_args()
+    comparison = compare(load_rows(args.split, args.table), args.candidate, args.baseline)
+    if not comparison.scenes:
+        raise SystemExit(f"no scene has both {args.candidate!r} and {args.baseline!r} rows")
+    print(comparison.text())
+    for scene, r in comparison.scenes.items():
+        print(f"  {scene:26} RMSE {r['rmse'][0]:.3f} [{r['rmse'][1]:.3f}, {r['rmse'][2]:.3f}]  "
+              f"CRPS {r['crps'][0]:.3f} [{r['crps'][1]:.3f}, {r['crps'][2]:.3f}]")
+    if args.record:
+        from pipelines.provenance import REPO
+
+        record(comparison, args.split, args.record, REPO / "pipelines" / "results" / "suite_decisions.md")
+
+
+if __name__ == "__main__":
+    main()

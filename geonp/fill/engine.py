@@ -20,7 +20,7 @@ import xarray as xr
 from geonp.data.cube import renamed_from
 from geonp.fill.layout import restore_layout
 from geonp.fill.output import WITHOUT_CONTEXT, InfillStore, block_list, output_template
-from geonp.fill.plan import plan, provenance, request
+from geonp.fill.plan import Plan, plan, provenance, request
 from geonp.fill.prepare import prepare
 from geonp.fill.runners import block_values, distributed, on_local_cluster, sequential
 
@@ -70,6 +70,13 @@ def infill(ds: xr.Dataset, variables: str | list[str] | None = None, model: str 
     for note in p.notes:
         warnings.warn(note, stacklevel=2)
     prepare(p, None, say)
+    return fill_in_memory(p, ds if like is None else like, renamed_from(ds), options.get("source", "in-memory dataset"))
+
+
+def fill_in_memory(p: Plan, layout: xr.Dataset, renamed: dict, source: str) -> xr.Dataset:
+    """Every block of a prepared plan ``p``, in memory, as :func:`infill` returns it (``layout``: the
+    dataset whose dimensions and attributes the result takes; ``renamed``: its
+    :func:`~geonp.data.cube.renamed_from`)."""
     template = output_template(xr.Dataset(p.cubes), p.names)
     arrays = {v: np.empty(template[v].shape, template[v].dtype) for v in template.data_vars}
     totals = dict.fromkeys(p.names, 0)
@@ -81,12 +88,12 @@ def infill(ds: xr.Dataset, variables: str | list[str] | None = None, model: str 
             totals[name] += n
     result = xr.Dataset({v: (template[v].dims, arrays[v], template[v].attrs) for v in template.data_vars},
                         coords=template.coords)
-    result.attrs = provenance(p, options.get("source", "in-memory dataset"))
+    result.attrs = provenance(p, source)
     result.attrs.update({f"{WITHOUT_CONTEXT}_{v}": n for v, n in totals.items()})
-    result = restore_layout(result, ds if like is None else like, renamed_from(ds))
+    result = restore_layout(result, layout, renamed)
     if any(totals.values()):
         warnings.warn(f"gap cells without any observation in reach, filled with the global mean: "
-                      f"{_without_context_text(totals)}", stacklevel=2)
+                      f"{_without_context_text(totals)}", stacklevel=3)
     return result
 
 def infill_to_zarr(ds: xr.Dataset, out: str | Path, variables: str | list[str] | None = None,

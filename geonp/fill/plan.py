@@ -52,6 +52,7 @@ class Plan:
     history: str | None = None  # the history covariates each field got, when the model takes them
     sigma_scales: str | None = None  # the calibration's sigma scale per distance bin, when calibrated
     nugget_chosen: str | None = None  # which nugget each field's kriging got, and why
+    nugget_network: list[str] = field(default_factory=list)  # the fields whose kriging got the network's own
 
     def fill(self, f: Field, key: tuple[slice, slice, slice]) -> BlockResult:
         if self.choice.model is None:  # a stack method: the field was reconstructed when planned

@@ -44,12 +44,12 @@ def _choose_nugget(p: Plan, store_dir: Path | None, say: Callable[[str], None] |
     if saved is not None and saved.exists():
         record = json.loads(saved.read_text())
         use_network_nugget(p.fields, record["network"])
-        p.nugget_chosen = record["said"]
+        p.nugget_chosen, p.nugget_network = record["said"], record["network"]
         return
-    p.nugget_chosen, network = choose_nugget(p.choice.model, p.fields, p.spec, p.device, p.nugget, p.seed,
-                                             p.elevation, p.choice.covariates, say)
+    p.nugget_chosen, p.nugget_network = choose_nugget(p.choice.model, p.fields, p.spec, p.device, p.nugget, p.seed,
+                                                      p.elevation, p.choice.covariates, say)
     if saved is not None:
-        write_text_atomic(saved, json.dumps({"said": p.nugget_chosen, "network": network}))
+        write_text_atomic(saved, json.dumps({"said": p.nugget_chosen, "network": p.nugget_network}))
 
 
 def _finetune(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None) -> None:

@@ -62,12 +62,20 @@ def scene_record(scene: Scene, res: dict) -> dict:
             "median_distance": float(np.median(res["cells"]["distance"]))}
 
 
-def block_stats(cells: dict, mean: np.ndarray, std: np.ndarray, block: int) -> dict[str, list]:
+def block_side(shape: tuple[int, ...], most: int = SPEC["block"]) -> int:
+    """Cells a side of a scene's noise blocks: ``most``, or on a small scene a sixth of its shorter side
+    (at least 2), so every scene has at least 16 blocks to resample, never a single one."""
+    return int(min(most, max(2, min(shape[-2:]) // 4)))
+
+
+def block_stats(cells: dict, mean: np.ndarray, std: np.ndarray, block: int | None = None) -> dict[str, list]:
     """Per (block, distance bin): hidden cells scored, sums of squared error and CRPS, cells inside 90%.
 
-    ``cells`` is ``evaluate``'s (``keep_cells``): the hidden cells of a ``(time, rows, cols)`` field."""
+    ``cells`` is ``evaluate``'s (``keep_cells``): the hidden cells of a ``(time, rows, cols)`` field;
+    ``block``: cells a side of a block (default :func:`block_side` of the field)."""
     import scoringrules as sr
 
+    block = block or block_side(tuple(cells["shape"]))
     _, n_rows, n_cols = cells["shape"]
     t, r, c = np.unravel_index(cells["index"], cells["shape"])
     per_row = math.ceil(n_cols / block)
@@ -96,7 +104,7 @@ def score_row(scene: Scene, res: dict, r: dict, label: str, commit: str) -> dict
             "cov90_by_distance": {k: _finite(v) for k, v in r["coverage_90_by_distance"].items()},
             "wall_s": r["wall_s"], "fit_steps": r["fit_steps"],
             "commit": commit, **({"nugget": r["nugget"]} if "nugget" in r else {}),
-            "blocks": block_stats(res["cells"], r["mean"], r["std"], SPEC["block"])}
+            "blocks": block_stats(res["cells"], r["mean"], r["std"])}
 
 
 def _finite(value: float) -> float | None:
@@ -183,11 +191,11 @@ def main() -> None:
             parser.error(f"--scenes: not in the {args.split} split: {', '.join(sorted(unknown))}")
         scenes = [s for s in scenes if s.name in args.scenes]
     trained = dict(item.split("=", 1) for item in args.checkpoint)
+    text = header(f"Scene suite ({args.split} split)", resolve_device("auto"), BUDGET)  # the commit the run starts at
     with tempfile.TemporaryDirectory() as tmp:
         trained.update(bundled_variants(args.variant, Path(tmp)))
         records, rows, notes = run(scenes, args.rows, trained, args.seed, earlier)
     scene_list, rows = merge(args.split, records, rows, earlier)
-    text = header(f"Scene suite ({args.split} split)", resolve_device("auto"), BUDGET)
     body = report(scene_list, rows, args.split) + "".join(f"\n- not scored: {n}" for n in notes)
     out.write_text(text + "\n" + body + "\n")
     write_json(out.with_suffix(".json"), text, args.split, scene_list, rows)

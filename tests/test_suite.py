@@ -1,0 +1,134 @@
+"""The scene suite (issue 53): its draw keeps the rule, its noise is what resampling says, its rule refuses noise."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import xarray as xr
+import yaml
+
+from geonp.evaluate import evaluate
+from pipelines.benchmarks.suite import BINS, block_stats
+from pipelines.suite_rule import compare, coverage_interval, geometric_interval, ratio_interval
+from tests.conftest import data_dir
+
+
+def _row(scene: str, model: str, errors: np.ndarray, std: float = 1.0, block: int = 8) -> dict:
+    """A suite row for one step of 32 x 32 hidden cells with the given errors (truth 0), all at distance 1."""
+    shape = (1, 32, 32)
+    cells = {"shape": shape, "index": np.arange(errors.size), "truth": np.zeros(errors.size),
+             "distance": np.ones(errors.size)}
+    return {"scene": scene, "model": model, "blocks": block_stats(cells, errors, np.full(errors.size, std), block)}
+
+
+def test_block_sums_give_back_the_scores_evaluate_reports():
+    """The block sums of a real evaluation add up to its RMSE and CRPS and its coverage by bin."""
+    rng = np.random.default_rng(0)
+    field = np.cumsum(np.cumsum(rng.normal(size=(1, 40, 48)), 1), 2) / 10
+    ds = xr.Dataset({"v": (("time", "lat", "lon"), field)},
+                    coords={"time": [0], "lat": np.linspace(40, 44, 40), "lon": np.linspace(0, 5, 48)})
+    under = np.zeros(field.shape, bool)
+    under[0, 10:25, 5:30] = True
+    res = evaluate(ds, "v", ["linear"], hide_under=under, distance_bins=BINS, keep_cells=True)
+    row = res["rows"][0]
+    sums = block_stats(res["cells"], row["mean"], row["std"], 16)
+    n = sum(sums["n"])
+    assert n == row["n"] == res["hidden_cells"]
+    assert math.isclose(math.sqrt(sum(sums["sse"]) / n), row["rmse"], rel_tol=1e-5)
+    assert math.isclose(sum(sums["crps"]) / n, row["crps"], rel_tol=1e-5)
+    by_bin = {i: sum(c for b, c in zip(sums["bin"], sums["in90"]) if b == i) /
+              sum(c for b, c in zip(sums["bin"], sums["n"]) if b == i) for i in set(sums["bin"])}
+    for i, cover in by_bin.items():
+        assert math.isclose(cover, row["coverage_90_by_distance"][BINS[i][0]], rel_tol=1e-9)
+    # Blocks are 16 x 16 cells of the step: the 15 x 25 hidden rectangle spans rows 0-1 and columns 0-1 of them.
+    assert set(sums["block"]) <= {0, 1, 3, 4}
+
+
+def test_a_row_against_itself_is_a_ratio_of_one_and_a_doubled_error_is_beyond_noise():
+    rng = np.random.default_rng(1)
+    err = rng.normal(size=1024)
+    a, b = _row("s", "a", err), _row("s", "b", 2 * err)
+    assert ratio_interval(a, a, "rmse") == (1.0, 1.0, 1.0)
+    ratio, low, high = ratio_interval(b, a, "rmse")
+    assert all(math.isclose(x, 2.0, rel_tol=1e-5) for x in (ratio, low, high))  # paired blocks: no noise
+    noisy = _row("s", "c", err + rng.normal(scale=0.05, size=1024))
+    ratio, low, high = ratio_interval(noisy, a, "rmse")
+    assert low < ratio < high and low < 1.0 < high * 1.01  # a small perturbation stays inside its noise
+
+
+def test_the_suite_interval_resamples_scenes():
+    assert geometric_interval([0.9] * 10) == pytest.approx((0.9, 0.9, 0.9))
+    mean, low, high = geometric_interval([0.5, 2.0, 0.5, 2.0])
+    assert mean == pytest.approx(1.0) and low < 1.0 < high
+    assert all(math.isnan(x) for x in geometric_interval([]))
+
+
+def test_the_rule_adopts_a_clear_gain_and_refuses_one_scene_made_worse():
+    rng = np.random.default_rng(2)
+    rows = []
+    for s in range(8):
+        err = rng.normal(size=1024)
+        rows += [_row(f"s{s}", "base", err), _row(f"s{s}", "better", 0.8 * err)]
+    verdict = compare(rows, "better", "base")
+    assert verdict.adopt and not verdict.worse
+    assert verdict.suite["rmse"][2] < 1 and verdict.suite["crps"][2] < 1
+    rows = [r for r in rows if not (r["scene"] == "s3" and r["model"] == "better")]
+    rows.append(_row("s3", "better", 1.5 * rng.normal(size=1024)))
+    verdict = compare(rows, "better", "base")
+    assert not verdict.adopt and verdict.worse == ["s3"]
+    # A gain inside the scenes' spread is not adopted either.
+    mixed = []
+    for s in range(6):
+        err = rng.normal(size=1024)
+        mixed += [_row(f"s{s}", "base", err), _row(f"s{s}", "mixed", (0.9 if s % 2 else 1.08) * err)]
+    assert not compare(mixed, "mixed", "base").adopt
+
+
+def test_coverage_interval_counts_cells_inside_the_90_percent_interval():
+    err = np.concatenate([np.zeros(900), np.full(124, 5.0)])  # 900 of 1024 inside +-1.645 sigma
+    cover, low, high, n = coverage_interval(_row("s", "m", err))
+    assert n == 1024 and cover == pytest.approx(900 / 1024) and low <= cover <= high
+
+
+@pytest.fixture(scope="module")
+def drawn():
+    if data_dir() is None:
+        pytest.skip("real data folder absent (set GEONP_DATA or provide ../shared/data)")
+    from pipelines import suite_scenes
+
+    return suite_scenes, suite_scenes.draw()
+
+
+def test_the_draw_keeps_its_rule(drawn):
+    suite_scenes, scenes = drawn
+    spec = suite_scenes.SPEC
+    assert len(scenes) >= 40 and len({s.product for s in scenes}) >= 10
+    val = {s.product for s in scenes if s.split == "validation"}
+    test = {s.product for s in scenes if s.split == "test"}
+    assert len(test) >= 3 and not val & test
+    # Nothing of a test product is in the mask pool or in the bundled weights' training fields.
+    test_paths = {spec["products"][p].get("path") for p in test} - {None}
+    assert not test_paths & {m["path"] for m in spec["masks"]}
+    trained = yaml.safe_load(open("pipelines/weights/resume/accuracy/history-folds-small/config.yaml"))["data"]
+    named = {f.get("path") for f in trained["files"] + trained["val_files"]} | \
+        {p for f in trained["files"] for p in f.get("paths", [])}
+    assert not test_paths & named
+    assert {s.kind for s in scenes} == {"single", "multi"}
+    low, high = spec["hidden"]
+    for scene in scenes:
+        ds, variable, under = suite_scenes.load(scene)
+        target = scene.target - scene.steps[0]
+        seen = np.isfinite(ds[variable].values[target]) & ds["valid"].values
+        share = (under[target] & seen).sum() / seen.sum()
+        assert low <= share <= high, scene.name
+        assert not under[np.arange(under.shape[0]) != target].any(), scene.name
+        assert ds[variable].shape[1:] == scene.shape and ds.sizes["time"] == scene.steps[1] - scene.steps[0]
+
+
+def test_the_draw_is_the_same_every_time(drawn):
+    suite_scenes, scenes = drawn
+    suite_scenes.product.cache_clear()
+    suite_scenes._gap_layers.cache_clear()
+    assert suite_scenes.draw() == scenes

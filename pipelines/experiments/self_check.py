@@ -54,7 +54,7 @@ RULES = {
 CACHE = REPO / "runs" / "self_check"
 
 
-def fill_scene(scene: Scene, seed: int = 0) -> dict[str, np.ndarray]:
+def fill_scene(scene: Scene, fit_steps: int = FIT_STEPS, seed: int = 0) -> dict[str, np.ndarray]:
     """Steps 1-2 of the module docstring for one scene: the arrays the rules need."""
     ds, variable, under = load(scene)
     da = ds[variable].compute()
@@ -67,7 +67,7 @@ def fill_scene(scene: Scene, seed: int = 0) -> dict[str, np.ndarray]:
     cubes = {"real": ds.assign({variable: masked}), "check": ds.assign({variable: masked.copy(data=check_values)})}
     means, stds = {}, {}
     start = time.perf_counter()
-    p_check = plan(cubes["check"], variable, "te-pt-tnp", valid_mask=valid, seed=seed, fit_steps=FIT_STEPS)
+    p_check = plan(cubes["check"], variable, "te-pt-tnp", valid_mask=valid, seed=seed, fit_steps=fit_steps)
     prepare(p_check, None, None)
     p_real = plan(cubes["real"], variable, "te-pt-tnp", valid_mask=valid, seed=seed, fit_steps=0)
     p_real.choice.model = p_check.choice.model
@@ -95,9 +95,9 @@ def fill_scene(scene: Scene, seed: int = 0) -> dict[str, np.ndarray]:
     return arrays
 
 
-def rule_row(scene: Scene, a: dict[str, np.ndarray], rule: str, commit: str) -> dict:
-    """A suite-format row of ``rule`` on one scene's cached arrays."""
-    names, rescale = RULES[rule]
+def rule_row(scene: Scene, a: dict[str, np.ndarray], label: str, commit: str) -> dict:
+    """A suite-format row of rule ``label`` (``RULE@FIT_STEPS``) on one scene's cached arrays."""
+    names, rescale = RULES[label.partition("@")[0]]
     k = [FILLERS.index(n) for n in names]
     blend = fit_blend(a["check_truth"], a["check_distance"], a["check_means"][k], a["check_stds"][k], names)
     if not rescale:
@@ -105,7 +105,7 @@ def rule_row(scene: Scene, a: dict[str, np.ndarray], rule: str, commit: str) -> 
     mean, std = apply_blend(blend, a["distance"], a["means"][k], a["stds"][k])
     cells = {"shape": tuple(a["shape"]), "index": a["index"], "truth": a["truth"], "distance": a["distance"]}
     err = mean - a["truth"]
-    return {"scene": scene.name, "product": scene.product, "model": rule,
+    return {"scene": scene.name, "product": scene.product, "model": label,
             "rmse": float(np.sqrt(np.nanmean(err**2))), "wall_s": float(a["wall"][k].sum()), "commit": commit,
             "blend": blend.describe(), "blocks": block_stats(cells, mean, std)}
 
@@ -114,16 +114,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--split", choices=SPLITS, required=True)
     parser.add_argument("--scenes", nargs="*", default=None)
+    parser.add_argument("--fit-steps", type=int, default=FIT_STEPS, help="te-pt-tnp's fine-tuning steps")
     parser.add_argument("--score", action="store_true", help="only score the cached fills")
     args = parser.parse_args()
     scenes = [s for s in draw(args.split) if not args.scenes or s.name in args.scenes]
-    folder = CACHE / args.split
+    folder = CACHE / f"{args.split}@{args.fit_steps}"
     folder.mkdir(parents=True, exist_ok=True)
     for scene in scenes:
         path = folder / f"{scene.name.replace('#', '_')}.npz"
         if args.score or path.exists():
             continue
-        arrays = fill_scene(scene)
+        arrays = fill_scene(scene, args.fit_steps)
         np.savez_compressed(path, **arrays)
         print(f"{scene.name}: {arrays['truth'].size} hidden, {arrays['check_truth'].size} checked cells, "
               f"{arrays['wall'].round(0).tolist()} s", flush=True)
@@ -133,20 +134,21 @@ def main() -> None:
         path = folder / f"{scene.name.replace('#', '_')}.npz"
         if path.exists():
             a = dict(np.load(path))
-            rows += [rule_row(scene, a, rule, commit) for rule in RULES]
+            rows += [rule_row(scene, a, f"{rule}@{args.fit_steps}", commit) for rule in RULES]
     suite = [r for r in load_rows(args.split) if r["model"] in ("te-pt-tnp", "linear", "kriging")]
     lines = ["| rule | fillers | sigma | against te-pt-tnp |", "|---|---|---|---|"]
     for rule, (names, rescale) in RULES.items():
-        verdict = compare(rows + suite, rule, "te-pt-tnp")
-        lines.append(f"| {rule} | {', '.join(names)} | {'scaled per bin' if rescale else 'as blended'} | "
+        verdict = compare(rows + suite, f"{rule}@{args.fit_steps}", "te-pt-tnp")
+        sigma = "scaled per bin" if rescale else "as blended"
+        lines.append(f"| {rule}@{args.fit_steps} | {', '.join(names)} | {sigma} | "
                      + verdict.text().replace("\n  ", "; ").replace("\n", " ") + " |")
         print(verdict.text(), flush=True)
-    out = REPO / "pipelines" / "results" / f"self_check_{args.split}.md"
+    out = REPO / "pipelines" / "results" / f"self_check_{args.split}@{args.fit_steps}.md"
     text = header(f"Self-checked blends on the suite ({args.split} split)", torch.device("cpu"),
-                  f"te-pt-tnp prepared with geonp's defaults ({FIT_STEPS} fit steps) on the checked cube; "
+                  f"te-pt-tnp prepared on the checked cube ({args.fit_steps} fit steps, the nugget check); "
                   "fills cached under runs/self_check")
     out.write_text(text + "\n" + "\n".join(lines) + "\n\n" + "\n".join(
-        f"- {r['scene']} {r['model']}: {r['blend']}" for r in rows if r["model"] == "blend-lin-kr") + "\n")
+        f"- {r['scene']} {r['model']}: {r['blend']}" for r in rows if r["model"].startswith("blend-lin-kr@")) + "\n")
     write_json(out.with_suffix(".json"), text, args.split, [], rows)
     print(out.read_text())
 

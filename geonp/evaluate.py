@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import platform
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -25,6 +26,7 @@ import xarray as xr
 from geonp.data.cube import horizontal_dims, open_cube
 from geonp.data.satellite import open_satellite
 from geonp.data.valid import MaskSpec, valid_area
+from geonp.fill import FIT_STEPS
 from geonp.metrics import (
     DISTANCE_BINS,
     Bins,
@@ -47,7 +49,7 @@ def evaluate(
     *,
     valid_mask: MaskSpec | None = None,
     checkpoints: Mapping[str, str] | None = None,
-    fit_steps: int | Mapping[str, int] = 0,
+    fit_steps: int | Mapping[str, int] = FIT_STEPS,
     seed: int = 0,
     infill_fn: Callable[..., xr.Dataset] | None = None,
     options: Mapping[str, Any] | None = None,
@@ -58,6 +60,7 @@ def evaluate(
     hide_under: xr.DataArray | np.ndarray | None = None,
     distance_bins: Bins = DISTANCE_BINS,
     keep_cells: bool = False,
+    progress: bool = False,
 ) -> dict[str, Any]:
     """Score ``models`` at the same artificially hidden cells of ``ds[variable]``.
 
@@ -70,7 +73,9 @@ def evaluate(
             DataArray, ``"observed"`` or ``"all"``); None: ``ds["valid"]`` if present, else every
             cell (see ``geonp.data.valid``; pass ``"observed"`` to leave out cells never observed).
         checkpoints: ``{model: checkpoint path}`` for the models that need one.
-        fit_steps: fine-tuning steps, for every model or ``{model: steps}`` (missing: 0).
+        fit_steps: fine-tuning steps, for every model or ``{model: steps}`` (missing: geonp's
+            default, :data:`geonp.fill.FIT_STEPS`, the same as ``geonp infill``'s, so a model is
+            scored as infill fills with it); models without weights ignore it.
         seed: seeds the hidden cells and each infill call.
         infill_fn: replaces ``geonp.fill.engine.infill`` (same signature); for tests and wrappers.
         options: extra keyword arguments for every infill call (``device``, ...).
@@ -90,6 +95,7 @@ def evaluate(
         keep_cells: also return the hidden cells themselves, for analyses of their own (noise
             by resampling blocks of cells, maps of the errors): the result gains ``"cells"``
             and each row ``"mean"`` and ``"std"`` (below). Not JSON: drop them before writing.
+        progress: a line on stderr as each model starts and ends (a fill can take minutes).
 
     Returns:
         ``{"source", "variable", "units", "seed", "steps", "observed_cells", "hidden_cells",
@@ -143,9 +149,11 @@ def evaluate(
     with_elevation = _elevation_takers(models, checkpoints or {}, elevation)
     rows = []
     for model in models:
-        steps = fit_steps.get(model, 0) if isinstance(fit_steps, Mapping) else fit_steps
+        steps = fit_steps.get(model, FIT_STEPS) if isinstance(fit_steps, Mapping) else fit_steps
         checkpoint = (checkpoints or {}).get(model)
         extra = {"elevation": elevation} if model in with_elevation else {}
+        if progress:
+            print(f"evaluate {variable}: {model} filling {n_hidden} hidden cells ...", file=sys.stderr, flush=True)
         start = time.perf_counter()
         try:
             out = infill_fn(masked_ds, variable, model, checkpoint=checkpoint, valid_mask=valid,
@@ -161,6 +169,9 @@ def evaluate(
         except ValueError:
             raise ValueError(f"{name}: model {model!r} gave no finite mean and positive std at any hidden cell "
                              f"of {variable!r}") from None
+        if progress:
+            print(f"evaluate {variable}: {model} RMSE {scores['rmse']:.4g}, CRPS {scores['crps']:.4g} ({wall:.0f} s)",
+                  file=sys.stderr, flush=True)
         # The diagnostics score the points gaussian_skill scored: a cell without a usable std counts nowhere.
         usable = np.isfinite(truth) & np.isfinite(mean) & np.isfinite(std) & (std > 0)
         rows.append({"model": model, **scores, **chosen,
@@ -187,12 +198,13 @@ def run_evaluate(
     *,
     valid_mask: MaskSpec | None = None,
     checkpoints: Mapping[str, str] | None = None,
-    fit_steps: int | Mapping[str, int] = 0,
+    fit_steps: int | Mapping[str, int] = FIT_STEPS,
     seed: int = 0,
     satellite: bool = False,
     options: Mapping[str, Any] | None = None,
     infill_fn: Callable[..., xr.Dataset] | None = None,
     elevation: str | Path | None = None,
+    progress: bool = False,
 ) -> list[dict[str, Any]]:
     """``geonp evaluate``: score ``models`` on ``variables`` of a file; write the tables.
 
@@ -203,13 +215,14 @@ def run_evaluate(
         out: the markdown table to write; the JSON goes beside it (``.json``).
         valid_mask: the valid area, as for :func:`evaluate`.
         checkpoints: ``{model: checkpoint path}`` for models that should not use bundled weights.
-        fit_steps: fine-tuning steps, for every model or ``{model: steps}``.
+        fit_steps: fine-tuning steps, for every model or ``{model: steps}`` (default geonp infill's).
         seed: seeds the hidden cells and each infill call.
         satellite: open each variable with ``open_satellite`` (product QC, ``valid`` mask from
             ``valid_mask`` or the product) instead of ``open_cube``.
         options: extra keyword arguments for every infill call (``device``, ...).
         infill_fn: replaces ``geonp.fill.engine.infill`` (same signature); for tests and wrappers.
         elevation: a DEM file for the models that take elevation, as for :func:`evaluate`.
+        progress: progress lines on stderr, as for :func:`evaluate`.
 
     Returns:
         The results of :func:`evaluate`, one dict per variable.
@@ -231,7 +244,7 @@ def run_evaluate(
             ds = open_satellite(input, variable, valid_mask=valid_mask) if satellite else cube
             results.append(evaluate(ds, variable, models, valid_mask=None if satellite else valid_mask,
                                     checkpoints=checkpoints, fit_steps=fit_steps, seed=seed, infill_fn=infill_fn,
-                                    options=options, elevation=elevation))
+                                    options=options, elevation=elevation, progress=progress))
         except ValueError as err:
             message = _one_line(err)
             raise ValueError(message if message.startswith(str(input)) else f"{input}: {message}") from err

@@ -50,3 +50,51 @@ def test_train_command_writes_a_loadable_model(tmp_path, capsys):
 def test_models_lists_names(capsys):
     assert main(["models"]) == 0
     assert "te-pt-tnp" in capsys.readouterr().out
+
+
+def test_every_command_exits_cleanly_with_the_readers_of_the_test_extras(tmp_path):
+    """With rasterio (GeoTIFF) and eccodes (GRIB) installed beside netCDF4, as the [test] extras have
+    them, opening a NetCDF without naming its engine loaded their own HDF5 libraries too, and the
+    process aborted at exit (status 134) after writing its output: the success and the error path."""
+    import numpy as np
+    import pandas as pd
+    import xarray as xr
+
+    rng = np.random.default_rng(0)
+    values = 280 + np.cumsum(rng.normal(size=(2, 12, 14)), 2)
+    coords = {"time": pd.date_range("2020-01-01", periods=2), "lat": np.linspace(40, 46, 12),
+              "lon": np.linspace(0, 8, 14)}
+    truth = xr.Dataset({"t2m": (("time", "lat", "lon"), values, {"units": "K"})}, coords=coords)
+    truth.to_netcdf(tmp_path / "truth.nc", engine="netcdf4")
+    values = values.copy()
+    values[:, 4:8, 5:9] = np.nan
+    truth.assign(t2m=(("time", "lat", "lon"), values, {"units": "K"})).to_netcdf(tmp_path / "in.nc", engine="netcdf4")
+    f = {name: str(tmp_path / name) for name in ("in.nc", "truth.nc", "out.zarr", "map.png", "e.md")}
+    steps = [("infill", f["in.nc"], "-o", f["out.zarr"], "--model", "linear", "-q"),
+             ("plot", f["out.zarr"], "-o", f["map.png"], "--truth", f["truth.nc"], "--point", "43,4"),
+             ("evaluate", f["truth.nc"], "--var", "t2m", "--model", "linear", "-o", f["e.md"])]
+    for args in steps:
+        out = run(*args)
+        assert out.returncode == 0, (args[0], out.returncode, out.stderr[-500:])
+    assert "evaluate t2m: linear" in out.stderr  # evaluate says what it is doing
+    out = run("plot", str(tmp_path / "in.nc"), "-o", str(tmp_path / "bad.png"), "--truth", str(tmp_path / "truth.nc"))
+    assert out.returncode == 2 and "double free" not in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_missing_input_is_refused_before_the_heavy_imports(tmp_path):
+    """The path is checked before torch loads: the error comes in about a second, not ten."""
+    import time
+
+    for args in (("infill", str(tmp_path / "nope.nc"), "-o", str(tmp_path / "o.zarr")),
+                 ("evaluate", str(tmp_path / "nope.nc"), "--var", "v", "--model", "linear"),
+                 ("infill", str(tmp_path), "-o", str(tmp_path / "o.zarr"), "--checkpoint", str(tmp_path / "w.st"))):
+        start = time.perf_counter()
+        out = run(*args)
+        assert out.returncode == 2 and "no such file or directory" in out.stderr
+        assert out.stderr.strip().count("\n") == 0
+    code = ("import sys, geonp.cli\n"
+            "try:\n    geonp.cli.main(['infill', 'nope.nc', '-o', 'o.zarr'])\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules)")
+    imported = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert imported.stdout.strip().splitlines()[-1] == "False"
+    assert time.perf_counter() - start < 30  # generous on a loaded machine; the point is the import check above

@@ -14,6 +14,7 @@ from scipy import ndimage
 from scipy.stats import norm
 
 from geonp.evaluate import DONOR_CLOUDS, DONOR_GIVEN, DONOR_NONE, evaluate, run_evaluate, write_table
+from geonp.fill import FIT_STEPS
 from geonp.metrics import DISTANCE_BINS, WIDE_DISTANCE_BINS
 from geonp.tasks.clouds import random_clouds
 from geonp.tasks.hidden import hide_cells
@@ -170,7 +171,7 @@ def test_evaluate_exact_scores_same_cells_and_timing():
     # Like for like: both models saw the very same masked cube, and the options reached them.
     np.testing.assert_array_equal(np.isnan(fake.calls[0]["masked"]), np.isnan(fake.calls[1]["masked"]))
     assert [c["checkpoint"] for c in fake.calls] == ["a.safetensors", None]
-    assert [c["fit_steps"] for c in fake.calls] == [0, 5]
+    assert [c["fit_steps"] for c in fake.calls] == [FIT_STEPS, 5]  # a model not named: infill's default
     assert all(c["seed"] == 3 and c["options"] == {"device": "cpu"} for c in fake.calls)
     assert isinstance(fake.calls[0]["valid"], xr.DataArray) and fake.calls[0]["valid"].dtype == bool
     hidden = np.isnan(fake.calls[0]["masked"]) & np.isfinite(ds["sst"].values)
@@ -327,7 +328,8 @@ def test_write_table_round_trips(tmp_path):
 
 def test_write_table_has_distance_and_calibration_tables_and_renders_old_rows(tmp_path):
     ds = cube(steps=4)
-    res = evaluate(ds, "sst", ["a", "b"], infill_fn=Oracle(ds["sst"], {"a": (0.5, 0.3), "b": (1.0, 1.0)}))
+    res = evaluate(ds, "sst", ["a", "b"], infill_fn=Oracle(ds["sst"], {"a": (0.5, 0.3), "b": (1.0, 1.0)}),
+                   fit_steps=0)
     for key in ("rmse_by_distance", "pit", "coverage_50", "coverage_90_by_distance"):  # b as written before
         # the diagnostics existed
         del res["rows"][1][key]

@@ -26,7 +26,7 @@ def test_a_first_build_is_announced_on_stderr_a_cached_one_is_not(cached, monkey
     import torch.utils.cpp_extension as cpp
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    name = "geonp_te_attention_cpu" + ("_avx2" if "-mavx2" in te_fused._cpu_flags() else "")
+    name = te_fused.kernel_name(te_fused._cpu_flags())
     if cached:
         (tmp_path / name).mkdir()
         (tmp_path / name / f"{name}.so").write_bytes(b"")
@@ -34,6 +34,19 @@ def test_a_first_build_is_announced_on_stderr_a_cached_one_is_not(cached, monkey
     monkeypatch.setattr(cpp, "load", lambda *a, **k: built)  # no compiler run in this test
     assert te_fused.cpu_kernel.__wrapped__() is built
     assert ("building the fused TE attention kernel" in capsys.readouterr().err) is not cached
+
+
+def test_each_environment_and_torch_builds_its_own_kernel(monkeypatch):
+    """torch's cache is shared by an account's virtual environments: the name keys the build by the
+    environment and torch, so another venv neither reuses an incompatible build nor rebuilds this one."""
+    flags = te_fused._cpu_flags()
+    here = te_fused.kernel_name(flags)
+    assert here == te_fused.kernel_name(flags)  # stable in one environment
+    monkeypatch.setattr(te_fused.sys, "prefix", "/elsewhere/venv")
+    assert te_fused.kernel_name(flags) != here
+    monkeypatch.undo()
+    monkeypatch.setattr(te_fused.torch, "__version__", "0.0.1")
+    assert te_fused.kernel_name(flags) != here
 
 
 def layer_inputs(nq: int, nk: int, dx: int, seed: int = 0):

@@ -51,7 +51,7 @@ def open_raw(name: str) -> xr.Dataset:
         if suffix in _TIFF_SUFFIXES:
             _need("rioxarray", "geotiff")
             return _open_geotiff(local)
-        return xr.open_dataset(local, chunks={}, decode_timedelta=False)
+        return xr.open_dataset(local, engine=netcdf_engine(local), chunks={}, decode_timedelta=False)
     except (OSError, ValueError, KeyError) as err:
         if isinstance(err, FileNotFoundError):
             raise
@@ -60,6 +60,26 @@ def open_raw(name: str) -> xr.Dataset:
     except ImportError as err:
         raise ValueError(f"{name}: the reader for this format is not installed ({err}); "
                          "install geonp[grib] for GRIB or geonp[geotiff] for GeoTIFF") from None
+
+
+#: The first bytes of NetCDF-3 (classic, 64-bit offset, CDF-5) and of HDF5, which NetCDF-4 is.
+_NETCDF_SIGNATURES = (b"CDF\x01", b"CDF\x02", b"CDF\x05", b"\x89HDF\r\n\x1a\n")
+
+
+def netcdf_engine(path: str | os.PathLike) -> str | None:
+    """``"netcdf4"`` for a NetCDF or HDF5 file (by its first bytes), else None (xarray guesses).
+
+    Naming the engine keeps xarray from loading every installed backend to ask each whether it
+    can read the file: with rasterio (GeoTIFF) and eccodes (GRIB) installed beside netCDF4, that
+    loaded their own copies of the HDF5 and netCDF libraries into the process, which then
+    aborted at exit ("double free or corruption") after the work was done, exit status 134.
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError:
+        return None
+    return "netcdf4" if head.startswith(_NETCDF_SIGNATURES) else None
 
 
 def _open_geotiff(path: str) -> xr.Dataset:

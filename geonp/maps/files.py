@@ -6,6 +6,7 @@ from pathlib import Path
 
 import xarray as xr
 
+from geonp.data.readers import netcdf_engine
 from geonp.maps.figure import filled_variables, plot_infill
 
 
@@ -69,7 +70,7 @@ def _open(path: Path, what: str) -> xr.Dataset:
     try:
         if path.is_dir() or path.suffix == ".zarr":
             return xr.open_zarr(path)
-        return xr.open_dataset(path)
+        return xr.open_dataset(path, engine=netcdf_engine(path))
     except Exception as err:  # noqa: BLE001 - any reader failure is the same to the user: not a dataset
         raise ValueError(f"{what} {path} is not a readable Zarr or NetCDF dataset ({type(err).__name__})") from None
 

@@ -64,11 +64,23 @@ def _built_before(name: str) -> bool:
     return any(Path(root or get_default_build_root()).glob(pattern))
 
 
+def kernel_name(flags: list[str]) -> str:
+    """The extension's name, which is its cache folder: one build per CPU flag set, source, torch
+    and Python environment. torch's cache is shared by every virtual environment of an account; a
+    name without the environment in it had another venv's torch rebuild the kernel silently (the
+    announcement below goes by the name), and two venvs take turns rebuilding it."""
+    import hashlib
+
+    key = "|".join([_SOURCE.read_text(), torch.__version__, sys.prefix, *flags])
+    return "geonp_te_attention_cpu" + ("_avx2" if "-mavx2" in flags else "") + "_" + \
+        hashlib.sha256(key.encode()).hexdigest()[:10]
+
+
 @functools.cache
 def cpu_kernel() -> ModuleType | None:
     """The compiled kernel module, or None (no compiler, no ninja, a failed build)."""
     flags = _cpu_flags()
-    name = "geonp_te_attention_cpu" + ("_avx2" if "-mavx2" in flags else "")
+    name = kernel_name(flags)
     try:
         from torch.utils.cpp_extension import load
 

@@ -57,7 +57,8 @@ def test_with_every_point_as_neighbour_it_is_pykrige():
     values[rng.random(yy.shape) < 0.75] = np.nan
     valid = np.ones(yy.shape, bool)
     # 60 per quadrant: more than the observed cells, so every one is a neighbour.
-    mean, std, params = krige_scene(values, valid, neighbours=4 * 60, rng=np.random.default_rng(1))
+    mean, std, fit = krige_scene(values, valid, neighbours=4 * 60, rng=np.random.default_rng(1))
+    params = fit["params"]
     # PyKrige given the variogram the scene was fitted (returned in the data's units).
     seen = np.isfinite(values)
     z = values[seen]
@@ -86,7 +87,7 @@ def test_a_stack_is_kriged_scene_by_scene_and_sparse_scenes_fall_back():
     assert np.isfinite(mean[gap]).all() and (std[gap] > 0).all() and np.isnan(mean[~gap]).all()
     truth = np.stack([np.sin(yy / 4.0 + t) + np.cos(xx / 5.0) for t in range(2)])
     assert np.sqrt(np.mean((mean[:2][gap[:2]] - truth[gap[:2]]) ** 2)) < 0.2  # the field spans +-2
-    assert "2 scenes" in what
+    assert "exponential (2)" in what  # the third scene is too sparse for its own variogram
 
 
 def test_quadrant_counts_count_what_the_search_splits():
@@ -139,3 +140,43 @@ def test_sigma_is_calibrated_on_cloud_shaped_gaps():
     mean, std, _ = krige_scene(values, np.ones(yy.shape, bool))
     z = np.abs(mean[gaps] - field[gaps]) / std[gaps]
     assert 0.8 < np.mean(z < 1.645) < 0.97
+
+
+def test_universal_kriging_with_a_linear_drift_agrees_with_pykrige():
+    """The drift's bordered system against PyKrige's UniversalKriging (regional linear drift) given
+    the same variogram: an independent implementation of the same predictor."""
+    from pykrige.uk import UniversalKriging
+
+    from geonp.models.field_kriging import _kriger
+
+    rng = np.random.default_rng(3)
+    yy, xx = np.mgrid[0:24, 0:24]
+    field = 0.2 * yy - 0.1 * xx + np.sin(yy / 3.0) + rng.normal(0, 0.1, yy.shape)
+    seen = rng.random(yy.shape) < 0.3
+    pts = np.argwhere(seen).astype(float)
+    z = field[seen]
+    params = [0.8, 6.0, 0.05]
+    krige = _kriger(pts, z, seen, "exponential", params, neighbours=4 * 200, drift=True)  # every point a neighbour
+    cells = np.argwhere(~seen).astype(float)
+    mean, sd = krige(seen, cells)
+    uk = UniversalKriging(pts[:, 0], pts[:, 1], z, variogram_model="exponential",
+                          variogram_parameters={"psill": params[0], "range": params[1], "nugget": params[2]},
+                          drift_terms=["regional_linear"], exact_values=True)
+    zq, ss = uk.execute("points", cells[:, 0], cells[:, 1])
+    np.testing.assert_allclose(mean, np.asarray(zq), atol=1e-5)
+    np.testing.assert_allclose(sd**2, np.asarray(ss), atol=1e-5)
+
+
+def test_a_scene_with_a_trend_is_kriged_with_one_where_the_check_says_so():
+    rng = np.random.default_rng(4)
+    yy, xx = np.mgrid[0:60, 0:60]
+    field = 0.15 * yy + 0.1 * xx + 0.3 * np.sin(xx / 2.0) + rng.normal(0, 0.05, yy.shape)
+    values = field.copy()
+    values[15:45, 20:50] = np.nan  # a wide cloud across the trend
+    valid = np.ones(yy.shape, bool)
+    plain, _, fit0 = krige_scene(values, valid, rng=np.random.default_rng(0))
+    chosen, _, fit = krige_scene(values, valid, trend="auto", variogram_model="auto", rng=np.random.default_rng(0))
+    assert fit0["trend"] is False and fit["trend"] is True and fit["model"] in ("exponential", "spherical", "gaussian")
+    gap = np.isnan(values)
+    rmse = lambda m: float(np.sqrt(np.mean((m[gap] - field[gap]) ** 2)))  # noqa: E731
+    assert rmse(chosen) < rmse(plain)

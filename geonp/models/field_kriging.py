@@ -108,30 +108,41 @@ def quadrant_counts(observed: np.ndarray, cells: np.ndarray) -> np.ndarray:
 
 
 def krige_scene(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, variogram_model: str = "exponential",
-                fit_points: int = 2000, nlags: int = 20, max_lag: int = 64, rng: np.random.Generator | None = None,
-                fallback: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray, list[float] | None]:
+                trend: bool | str = False, fit_points: int = 2000, nlags: int = 20, max_lag: int = 64,
+                rng: np.random.Generator | None = None, fallback: tuple[float, float] | None = None,
+                ) -> tuple[np.ndarray, np.ndarray, dict | None]:
     """Krige every gap of one scene.
 
     Args:
         values: ``[R, C]``, NaN at gaps.
         valid: ``[R, C]`` bool, True where a value can exist.
         neighbours: neighbours per gap cell, a quarter from each quadrant.
-        variogram_model: one of :data:`BOUNDED_MODELS`.
+        variogram_model: one of :data:`BOUNDED_MODELS`, or ``"auto"``: each is fitted and the one
+            whose kriging best predicts the scene's own cells hidden under random clouds is used.
+        trend: ``False`` (ordinary kriging: a constant unknown mean in each neighbourhood),
+            ``True`` (universal kriging with a linear drift in the row and column in each
+            neighbourhood, the variogram fitted to what the scene's plane leaves), or ``"auto"``:
+            whichever predicts the hidden cells better.
         max_lag: the experimental variogram's longest lag, in cells along each axis and diagonal
             (:func:`geonp.variogram.grid_semivariance`); the nearer neighbours of a kriging system lie well within it.
         fit_points, nlags: for a scene too sparse for pairs on the grid: the variogram of up to
             ``fit_points`` random observed cells in ``nlags`` distance bins.
-        rng: draws the fitting cells; default seed 0.
+        rng: draws the fitting and checking cells; default seed 0.
         fallback: ``(mean, spread)`` for a scene with fewer than :data:`MIN_SCENE_POINTS` observed
             cells (the whole field's, from :func:`krige_stack`); default the scene's own.
 
     Returns:
-        ``(mean, std, params)``: ``[R, C]`` float64 at the gaps (valid and not observed), NaN
-        elsewhere; ``params`` the fitted ``[partial sill, range, nugget]`` in the scene's units
+        ``(mean, std, fit)``: ``[R, C]`` float64 at the gaps (valid and not observed), NaN
+        elsewhere; ``fit`` is ``{"model", "trend", "params"}``, the variogram family, whether a
+        drift was used and the fitted ``[partial sill, range, nugget]`` in the scene's units
         (None when the scene had too few observed cells and got its mean and spread).
     """
-    if variogram_model not in BOUNDED_MODELS:
-        raise ValueError(f"variogram_model must be one of {BOUNDED_MODELS}, got {variogram_model!r}")
+    families = BOUNDED_MODELS if variogram_model == "auto" else (variogram_model,)
+    if any(f not in BOUNDED_MODELS for f in families):
+        raise ValueError(f"variogram_model must be one of {BOUNDED_MODELS} or 'auto', got {variogram_model!r}")
+    if trend not in (False, True, "auto"):
+        raise ValueError(f"trend must be False, True or 'auto', got {trend!r}")
+    trends = (False, True) if trend == "auto" else (bool(trend),)
     rng = np.random.default_rng(0) if rng is None else rng
     observed = np.isfinite(values) & valid
     gaps = valid & ~np.isfinite(values)
@@ -150,83 +161,128 @@ def krige_scene(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, 
         return mean, std, None
     centre, scale = z.mean(), z.std()
     zs = (z - centre) / scale
-    params = fit_grid_variogram(np.where(observed, (values - centre) / scale, np.nan), variogram_model, max_lag)
-    if params is None:  # too few pairs on the grid's axes and diagonals: scattered points
-        pick = rng.choice(len(z), size=min(fit_points, len(z)), replace=False)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            params = fit_variogram(pts[pick], zs[pick], variogram_model, nlags)
-    psill, rng_, nugget = params
+    # Kriging's sigma is as right as the variogram family's shape (an exponential one on a smooth
+    # 1-degree SST scene doubled it), and which family and drift suit a scene is the scene's to
+    # say. Observed cells hidden under random clouds, kriged from the rest, measure both: the
+    # family and drift that predict them best are used, and sigma is scaled to make their
+    # root-mean-square standardised error 1. Cloud-shaped, so the check has the distances to the
+    # nearest observation that gaps have, which leaving single cells out does not.
+    hide = random_clouds(values.shape, 0.15, rng, float(rng.uniform(2.0, 8.0))) & observed
+    check = np.argwhere(hide)
+    checkable = len(check) >= MIN_SCENE_POINTS and (observed & ~hide).sum() >= MIN_SCENE_POINTS
+    if checkable:
+        check = check[rng.choice(len(check), size=min(CHECK_POINTS, len(check)), replace=False)]
+        truth = (values[tuple(check.T)] - centre) / scale
+    best = None
+    for drift in trends:
+        resid = _plane_residuals(pts, zs) if drift else zs
+        grid = np.full(values.shape, np.nan)
+        grid[observed] = resid
+        for family in families:
+            params = fit_grid_variogram(grid, family, max_lag)
+            if params is None:  # too few pairs on the grid's axes and diagonals: scattered points
+                pick = rng.choice(len(z), size=min(fit_points, len(z)), replace=False)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    params = fit_variogram(pts[pick], resid[pick], family, nlags)
+            krige = _kriger(pts, zs, observed, family, params, neighbours, drift)
+            score, q2 = 0.0, 1.0
+            if checkable:
+                cv_mean, cv_sd = krige(observed & ~hide, check.astype(np.float64))
+                score = float(np.mean((cv_mean - truth) ** 2))
+                q2 = float(np.sqrt(np.mean(((cv_mean - truth) / cv_sd) ** 2)))
+            if best is None or score < best[0] - 1e-12:
+                best = (score, q2, family, drift, params, krige)
+    _, q2, family, drift, params, krige = best
+    m_out, s_out = krige(observed, tgt)
+    mean[gaps] = centre + scale * m_out
+    std[gaps] = scale * s_out * (q2 if np.isfinite(q2) and q2 > 0 else 1.0)
+    psill, range_, nugget = params
+    return mean, std, {"model": family, "trend": drift,
+                       "params": [float(psill * scale**2), float(range_), float(nugget * scale**2)]}
+
+
+def _plane_residuals(pts: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """What the least-squares plane in row and column leaves of ``z [N]`` at ``pts [N, 2]``."""
+    design = np.column_stack([np.ones(len(z)), pts - pts.mean(0)])
+    coef, *_ = np.linalg.lstsq(design, z, rcond=None)
+    return z - design @ coef
+
+
+def _kriger(pts: np.ndarray, zs: np.ndarray, observed: np.ndarray, family: str, params: list[float],
+            neighbours: int, drift: bool):
+    """``krige(seen [R, C], cells [M, 2]) -> (mean, s.d.)``: standardised kriging of ``cells`` from the
+    observed cells ``seen`` (a subset of ``observed``) with the fitted ``family`` variogram."""
     from pykrige.ok import OrdinaryKriging
 
-    gamma = OrdinaryKriging.variogram_dict[variogram_model]
+    gamma = OrdinaryKriging.variogram_dict[family]
+    psill, range_, nugget = params
     total = psill + nugget
 
     def cov(h: np.ndarray) -> np.ndarray:
-        return np.where(h > 0, total - gamma([psill, rng_, nugget], h), total)
+        return np.where(h > 0, total - gamma([psill, range_, nugget], h), total)
 
     def krige(seen: np.ndarray, cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Standardised kriging mean and s.d. at ``cells [M, 2]`` from the observed cells ``seen [R, C]``."""
         use = seen[observed]  # which of pts (row-major, like argwhere) count
         near = quadrant_neighbours(pts[use], cells, max(1, neighbours // 4),
                                    available=quadrant_counts(seen, cells.astype(np.int64)))  # [M, K]
-        return _solve(pts[use], zs[use], cells, near, cov, total)
+        return _solve(pts[use], zs[use], cells, near, cov, total, drift)
 
-    m_out, s_out = krige(observed, tgt)
-    # Kriging's sigma is as right as the variogram family's shape (an exponential one on a smooth
-    # 1-degree SST scene doubled it). Observed cells hidden under random clouds, kriged from the
-    # rest with the same variogram, measure the error against it, and sigma is scaled to make
-    # their root-mean-square standardised error 1: cloud-shaped, so the check has the distances
-    # to the nearest observation that gaps have, which leaving single cells out does not.
-    hide = random_clouds(values.shape, 0.15, rng, float(rng.uniform(2.0, 8.0))) & observed
-    check = np.argwhere(hide)
-    if len(check) >= MIN_SCENE_POINTS and (observed & ~hide).sum() >= MIN_SCENE_POINTS:
-        check = check[rng.choice(len(check), size=min(CHECK_POINTS, len(check)), replace=False)]
-        cv_mean, cv_sd = krige(observed & ~hide, check.astype(np.float64))
-        truth = (values[tuple(check.T)] - centre) / scale
-        q2 = float(np.sqrt(np.mean(((cv_mean - truth) / cv_sd) ** 2)))
-    else:
-        q2 = 1.0
-    mean[gaps] = centre + scale * m_out
-    std[gaps] = scale * s_out * (q2 if np.isfinite(q2) and q2 > 0 else 1.0)
-    return mean, std, [float(psill * scale**2), float(rng_), float(nugget * scale**2)]
+    return krige
 
 
 def _solve(pts: np.ndarray, zs: np.ndarray, cells: np.ndarray, near: np.ndarray, cov, total: float,
-           ) -> tuple[np.ndarray, np.ndarray]:
-    """Ordinary kriging at ``cells [M, 2]`` from the neighbours ``near [M, K]`` (indices into
-    ``pts``/``zs``, -1 absent), covariance ``cov(h)`` with ``cov(0) = total``: mean and s.d. ``[M]``."""
+           drift: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Kriging at ``cells [M, 2]`` from the neighbours ``near [M, K]`` (indices into ``pts``/``zs``,
+    -1 absent), covariance ``cov(h)`` with ``cov(0) = total``: mean and s.d. ``[M]``. Ordinary
+    kriging (an unknown constant mean), or with ``drift`` universal kriging with an unknown linear
+    trend in row and column: the bordered system ``[[K, F], [F^T, 0]] [w, mu] = [k_*, f_*]``,
+    variance ``total - w k_* - mu f_*``."""
     m_out, s_out = np.empty(len(cells)), np.empty(len(cells))
+    p = 3 if drift else 1
     for start in range(0, len(cells), _BATCH):
         idx = near[start:start + _BATCH]
         ok = idx >= 0  # [B, K]
+        b, k = idx.shape
         xs = pts[np.where(ok, idx, 0)]  # [B, K, 2]
         h_nn = np.linalg.norm(xs[:, :, None, :] - xs[:, None, :, :], axis=-1)
         k_nn = cov(h_nn) * ok[:, :, None] * ok[:, None, :]
-        k_nn[:, np.arange(k_nn.shape[1]), np.arange(k_nn.shape[1])] = np.where(ok, total + 1e-10, 1.0)
-        k_t = cov(np.linalg.norm(xs - cells[start:start + _BATCH, None, :], axis=-1)) * ok  # [B, K]
-        solved = np.linalg.solve(k_nn, np.stack([k_t, ok.astype(np.float64)], -1))  # K^-1 [k_*, 1]
-        a, b = solved[..., 0], solved[..., 1]
-        lagrange = ((ok * a).sum(-1) - 1) / np.maximum((ok * b).sum(-1), 1e-12)
-        w = a - lagrange[:, None] * b
-        m_out[start:start + len(idx)] = (w * np.where(ok, zs[np.where(ok, idx, 0)], 0.0)).sum(-1)
-        s_out[start:start + len(idx)] = np.sqrt(np.clip(total - (w * k_t).sum(-1) - lagrange, 1e-12, None))
+        k_nn[:, np.arange(k), np.arange(k)] = np.where(ok, total + 1e-10, 1.0)
+        rel = xs - cells[start:start + _BATCH, None, :]  # neighbours relative to the target: its drift is [1, 0, 0]
+        k_t = cov(np.linalg.norm(rel, axis=-1)) * ok  # [B, K]
+        # The drift's columns in units of the neighbourhood's size, so the system stays well scaled.
+        reach = np.maximum(np.abs(np.where(ok[..., None], rel, 0.0)).max(axis=(1, 2)), 1.0)[:, None]
+        f = np.stack([ok.astype(np.float64), *(rel[..., i] / reach * ok for i in range(p - 1))], -1)  # [B, K, P]
+        a = np.zeros((b, k + p, k + p))
+        a[:, :k, :k], a[:, :k, k:], a[:, k:, :k] = k_nn, f, np.swapaxes(f, 1, 2)
+        a[:, np.arange(k, k + p), np.arange(k, k + p)] = -1e-10  # a collinear neighbourhood leaves the drift undefined
+        rhs = np.zeros((b, k + p))
+        rhs[:, :k], rhs[:, k] = k_t, 1.0
+        solved = np.linalg.solve(a, rhs[..., None])[..., 0]
+        w, mu = solved[:, :k], solved[:, k:]
+        m_out[start:start + b] = (w * np.where(ok, zs[np.where(ok, idx, 0)], 0.0)).sum(-1)
+        s_out[start:start + b] = np.sqrt(np.clip(total - (w * k_t).sum(-1) - mu[:, 0], 1e-12, None))
     return m_out, s_out
 
 
 def krige_stack(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, variogram_model: str = "exponential",
-                rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray, str]:
-    """:func:`krige_scene` on every step of ``values [T, R, C]`` (``valid`` ``[R, C]`` or ``[T, R, C]``);
-    returns ``(mean, std, what)``, the first two ``[T, R, C]`` with NaN except at the gaps."""
+                trend: bool | str = False, rng: np.random.Generator | None = None,
+                ) -> tuple[np.ndarray, np.ndarray, str]:
+    """:func:`krige_scene` on every step of ``values [T, R, C]`` (``valid`` ``[R, C]`` or ``[T, R, C]``;
+    ``variogram_model`` and ``trend`` as there); returns ``(mean, std, what)``, the first two
+    ``[T, R, C]`` with NaN except at the gaps."""
     rng = np.random.default_rng(0) if rng is None else rng
     valid = np.broadcast_to(np.asarray(valid, bool), values.shape)
     mean, std = np.full(values.shape, np.nan), np.full(values.shape, np.nan)
     seen = values[np.isfinite(values) & valid]
     whole = (float(seen.mean()), float(seen.std()) or 1e-6) if seen.size else None
-    fitted = 0
+    chosen = []
     for t in range(values.shape[0]):
-        mean[t], std[t], params = krige_scene(values[t], valid[t], neighbours=neighbours,
-                                              variogram_model=variogram_model, rng=rng, fallback=whole)
-        fitted += params is not None
-    return mean, std, f"ordinary kriging, {variogram_model} variogram fitted per scene ({fitted} scenes), " \
+        mean[t], std[t], fit = krige_scene(values[t], valid[t], neighbours=neighbours, variogram_model=variogram_model,
+                                           trend=trend, rng=rng, fallback=whole)
+        if fit is not None:
+            chosen.append(f"{fit['model']}{' with a linear drift' if fit['trend'] else ''}")
+    kinds = ", ".join(f"{k} ({n})" for k, n in zip(*np.unique(chosen, return_counts=True))) if chosen else "none"
+    how = "kriging" if trend is False else "kriging, with a linear drift where it checked better"
+    return mean, std, f"{'ordinary ' if trend is False else ''}{how}; variogram fitted per scene: {kinds}; " \
                       f"{neighbours} neighbours by quadrant"

@@ -5,7 +5,10 @@ using translation-equivariant transformer neural processes and baselines that
 all share one calling convention (see :mod:`geonp.models`).
 """
 
+from geonp.threads import quiet_openmp
 from geonp.version import __version__
+
+quiet_openmp()  # before torch loads its OpenMP runtime: idle threads sleep instead of spinning (geonp.threads)
 
 __all__ = ["__version__", "infill"]
 

@@ -90,6 +90,8 @@ def _parser() -> argparse.ArgumentParser:
     infill.add_argument("--workers", type=int, default=None, metavar="N",
                         help="start a local dask cluster of N worker processes and spread blocks over it")
     infill.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    infill.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="CPU threads (default: the cores this process may use: affinity, container quota)")
     infill.add_argument("--zarr-format", type=int, default=3, choices=(2, 3), help="(default: 3)")
     infill.add_argument("--overwrite", action="store_true", help="replace an existing output store")
     infill.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -112,6 +114,8 @@ def _parser() -> argparse.ArgumentParser:
                           help="fine-tuning steps for trainable models, as infill's (default: %(default)s)")
     evaluate.add_argument("--device", default="auto", help="auto, cpu or cuda (default: %(default)s)")
     evaluate.add_argument("--seed", type=int, default=0, help="random seed of the hidden cells (default: 0)")
+    evaluate.add_argument("--threads", type=int, default=None, metavar="N",
+                          help="CPU threads (default: the cores this process may use)")
 
     plot = sub.add_parser(
         "plot", help="draw an infill output as map panels (observed, truth, mean, sigma, flags) into a PNG",
@@ -204,14 +208,14 @@ def _run(args: argparse.Namespace) -> int:
                     calibrate_sigma=args.calibrate_sigma or None, nugget=args.nugget, device=args.device,
                     batch_size=args.batch_size, window=args.window, scheduler=args.scheduler, workers=args.workers,
                     seed=args.seed, zarr_format=args.zarr_format, overwrite=args.overwrite,
-                    progress=not args.quiet, command=args.command_line)
+                    progress=not args.quiet, command=args.command_line, threads=args.threads)
     elif args.command == "evaluate":
         from geonp.evaluate import run_evaluate
 
         checkpoints = dict(_pair(c, "--checkpoint") for c in args.checkpoint)
         results = run_evaluate(args.input, args.var, args.model, args.out, valid_mask=args.valid_mask,
                                checkpoints=checkpoints, fit_steps=args.fit_steps, seed=args.seed,
-                               satellite=args.satellite, options={"device": args.device},
+                               satellite=args.satellite, options={"device": args.device, "threads": args.threads},
                                elevation=args.elevation, progress=True)
         print(f"wrote {args.out} ({len(results)} variable(s), {len(args.model)} model(s))")
     elif args.command == "plot":

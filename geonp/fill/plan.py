@@ -28,6 +28,7 @@ from geonp.fill.stack import add_history, reconstruct, stack_block
 from geonp.tasks.covariate_maps import unscaled_count
 from geonp.tasks.far_context import FAR_SHARE, MIN_FAR, OPENING
 from geonp.tasks.windows import WindowSpec, canonical, extra_indices
+from geonp.threads import configure as configure_threads
 from geonp.version import __version__
 
 
@@ -116,17 +117,20 @@ def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = 
          elevation: str | Path | None = None, window: WindowSpec | tuple | str | None = None,
          device: str = "auto", batch_size: int = 16, seed: int = 0, fit_steps: int = FIT_STEPS,
          calibrate_sigma: bool | None = None, nugget: str = "auto", source: str = "the input",
-         command: str | None = None) -> Plan:
+         command: str | None = None, threads: int | None = None) -> Plan:
     """Check the request against the cube and load the model; raises ValueError with one line.
 
     ``nugget``: for a model whose kriging head takes the scene's nugget share, which nugget it uses
-    (:data:`geonp.fill.nugget.NUGGET_CHOICES`; ``auto`` chooses per field on the input's own cells)."""
+    (:data:`geonp.fill.nugget.NUGGET_CHOICES`; ``auto`` chooses per field on the input's own cells).
+    ``threads``: the CPU threads of the fill (default: the cores this process may use,
+    :func:`geonp.threads.usable_cores`)."""
     if nugget not in NUGGET_CHOICES:
         raise ValueError(f"--nugget must be one of {', '.join(NUGGET_CHOICES)}, got {nugget!r}")
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
     if fit_steps < 0:
         raise ValueError(f"--fit-steps must be >= 0, got {fit_steps}")
+    configure_threads(threads)
     dev = resolve_device(device)
     if elevation is not None:
         from geonp.data import attach_elevation

@@ -1,0 +1,84 @@
+"""How many threads geonp's numeric work runs on: the cores this process may use, chosen by geonp.
+
+PyTorch and the BLAS libraries size their thread pools by the machine's cores, whatever share of
+them a process may use (a container's CPU quota, ``taskset``, a batch job's allocation, a dask
+worker beside others), and OpenMP threads spin while they wait for work. On a busy machine both
+cost several-fold: ``geonp demo`` took 526 s beside another job against 62 s alone (issue 54).
+So geonp decides: :func:`usable_cores` reads the process's CPU affinity and cgroup quota (and a
+dask worker's share), :func:`configure` sizes torch's and the BLAS pools to it (or to
+``--threads``), and importing geonp asks OpenMP to sleep rather than spin while idle
+(``OMP_WAIT_POLICY=PASSIVE``, unless the environment says otherwise; it takes effect only when
+geonp is imported before torch, as the command line does).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+#: What OpenMP threads do while they wait, unless the environment says otherwise (set on import).
+WAIT_POLICY = "PASSIVE"
+
+
+def quiet_openmp() -> None:
+    """Ask OpenMP runtimes loaded after this to sleep while idle (``OMP_WAIT_POLICY``), unless set."""
+    os.environ.setdefault("OMP_WAIT_POLICY", WAIT_POLICY)
+
+
+def cgroup_quota(root: str | os.PathLike = "/sys/fs/cgroup") -> float | None:
+    """The CPU quota of this process's cgroup in cores (``2.5`` for 250 ms per 100 ms), or None.
+
+    Reads cgroup v2's ``cpu.max`` (``"max 100000"``: no quota; ``"250000 100000"``: 2.5 cores), else
+    cgroup v1's ``cpu/cpu.cfs_quota_us`` and ``cpu.cfs_period_us`` (quota -1: none)."""
+    root = Path(root)
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return None if quota <= 0 or period <= 0 else quota / period
+    except (OSError, ValueError):
+        return None
+
+
+def _dask_worker_threads() -> int:
+    """Task threads of the dask worker this runs in (they share its cores), 1 outside one."""
+    try:
+        from distributed import get_worker
+
+        return max(1, int(get_worker().state.nthreads))
+    except (ImportError, ValueError, AttributeError):
+        return 1
+
+
+def usable_cores() -> int:
+    """Cores this process may use: its CPU affinity, within its cgroup's CPU quota (rounded up),
+    divided among a dask worker's task threads; at least 1."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    quota = cgroup_quota()
+    if quota is not None:
+        cores = min(cores, max(1, math.ceil(quota)))
+    return max(1, cores // _dask_worker_threads())
+
+
+def configure(threads: int | None = None) -> int:
+    """Size torch's intra-op pool and the BLAS and OpenMP pools (threadpoolctl) to ``threads``
+    (default :func:`usable_cores`); returns the number used.
+
+    Raises:
+        ValueError: ``threads`` below 1.
+    """
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"--threads must be a whole number >= 1, got {threads!r}")
+    n = usable_cores() if threads is None else threads
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+    threadpool_limits(n)
+    return n

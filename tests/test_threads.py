@@ -1,0 +1,59 @@
+"""geonp sizes its thread pools to the cores it may use, and keeps idle OpenMP threads asleep."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from geonp import threads
+
+
+def test_the_cgroup_quota_is_read_in_both_versions(tmp_path):
+    (tmp_path / "cpu.max").write_text("250000 100000\n")
+    assert threads.cgroup_quota(tmp_path) == 2.5
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert threads.cgroup_quota(tmp_path) is None
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("150000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert threads.cgroup_quota(v1) == 1.5
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert threads.cgroup_quota(v1) is None
+    assert threads.cgroup_quota(tmp_path / "absent") is None
+
+
+def test_usable_cores_follow_the_quota_and_the_affinity(monkeypatch):
+    monkeypatch.setattr(threads, "cgroup_quota", lambda root="/sys/fs/cgroup": 1.2)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    assert threads.usable_cores() == 2  # 1.2 cores of quota: two threads, not four
+    monkeypatch.setattr(threads, "cgroup_quota", lambda root="/sys/fs/cgroup": None)
+    assert threads.usable_cores() == 4
+    monkeypatch.setattr(threads, "_dask_worker_threads", lambda: 3)
+    assert threads.usable_cores() == 1  # a dask worker's three task threads share the four cores
+
+
+def test_configure_sizes_torch_and_refuses_nonsense():
+    before = torch.get_num_threads()
+    try:
+        assert threads.configure(1) == 1 and torch.get_num_threads() == 1
+        assert threads.configure() == threads.usable_cores() == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="--threads"):
+            threads.configure(bad)
+
+
+def test_importing_geonp_keeps_idle_openmp_threads_asleep_unless_told_otherwise():
+    code = "import os, geonp; print(os.environ.get('OMP_WAIT_POLICY'))"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.stdout.strip() == "PASSIVE"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**env, "OMP_WAIT_POLICY": "ACTIVE"})
+    assert out.stdout.strip() == "ACTIVE"

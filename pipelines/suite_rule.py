@@ -129,6 +129,7 @@ class Comparison:
     scenes: dict[str, dict[str, tuple[float, float, float]]]
     suite: dict[str, tuple[float, float, float]]
     worse: list[str]
+    commits: str = ""  # the commits the candidate's rows were measured at
 
     @property
     def adopt(self) -> bool:
@@ -157,7 +158,8 @@ def compare(rows: Sequence[dict], candidate: str, baseline: str, scenes: Sequenc
     per = {s: {m: ratio_interval(a[s], b[s], m) for m in ("rmse", "crps")} for s in names}
     suite = {m: geometric_interval([per[s][m][0] for s in names]) for m in ("rmse", "crps")}
     worse = [s for s in names if any(per[s][m][1] > 1 for m in ("rmse", "crps"))]
-    return Comparison(candidate, baseline, per, suite, worse)
+    commits = ", ".join(sorted({str(a[s].get("commit", "unrecorded")) for s in names}))
+    return Comparison(candidate, baseline, per, suite, worse, commits)
 
 
 def load_rows(split: str, path: Path | None = None) -> list[dict]:
@@ -174,18 +176,16 @@ def record(comparison: Comparison, split: str, what: str, out: Path) -> None:
     """Append one line for ``comparison`` to the decisions table ``out`` (created with its header)."""
     import datetime as dt
 
-    from pipelines.provenance import git_commit
-
     if not out.exists():
         out.write_text("# Suite decisions: every variant measured against the shipped row\n\n"
                        "The rule (`pipelines/suite_rule.py`): adopt when the paired bootstrap 95% intervals (over "
                        "scenes) of the geometric-mean RMSE and CRPS ratios both lie below 1 and no scene is worse "
                        "beyond its own noise (block bootstrap). Ratios are candidate / baseline.\n\n"
-                       "| date | commit | split | candidate | baseline | what | scenes | RMSE ratio [95%] | "
+                       "| date | measured at | split | candidate | baseline | what | scenes | RMSE ratio [95%] | "
                        "CRPS ratio [95%] | scenes worse | verdict |\n|---|---|---|---|---|---|---:|---|---|---|---|\n")
     c = comparison
     fmt = lambda t: f"{t[0]:.4f} [{t[1]:.4f}, {t[2]:.4f}]"  # noqa: E731
-    line = (f"| {dt.date.today().isoformat()} | {git_commit()} | {split} | `{c.candidate}` | `{c.baseline}` | {what} | "
+    line = (f"| {dt.date.today().isoformat()} | {c.commits} | {split} | `{c.candidate}` | `{c.baseline}` | {what} | "
             f"{len(c.scenes)} | {fmt(c.suite['rmse'])} | {fmt(c.suite['crps'])} | {', '.join(c.worse) or '–'} | "
             f"{'adopt' if c.adopt else 'reject'} |\n")
     with out.open("a") as f:

@@ -1,12 +1,12 @@
-"""geonp.fill.blend: cells hidden under the input's own gap shapes, weights that fit, sigma that covers."""
+"""pipelines.experiments.blend: cells hidden under the input's own gap shapes, weights that fit, sigma that covers."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from geonp.fill.blend import SHRINK_CELLS, apply_blend, best_weights, check_cells, fit_blend
 from geonp.metrics import WIDE_DISTANCE_BINS
+from pipelines.experiments.blend import SHRINK_CELLS, apply_blend, best_weights, check_cells, fit_blend
 
 
 def test_check_cells_hides_observed_cells_of_steps_with_gaps_within_the_share():

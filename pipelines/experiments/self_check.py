@@ -30,13 +30,13 @@ import torch
 from geonp.data.cube import renamed_from
 from geonp.evaluate import static_valid_area
 from geonp.fill import FIT_STEPS
-from geonp.fill.blend import apply_blend, check_cells, fit_blend
 from geonp.fill.engine import fill_in_memory, infill
 from geonp.fill.nugget import use_network_nugget
 from geonp.fill.plan import plan
 from geonp.fill.prepare import prepare
 from geonp.tasks.hidden import distance_to_context, hide_under_mask
 from pipelines.benchmarks.suite import block_stats, write_json
+from pipelines.experiments.blend import apply_blend, check_cells, fit_blend
 from pipelines.provenance import REPO, git_commit, header
 from pipelines.suite_rule import compare, load_rows
 from pipelines.suite_scenes import SPLITS, Scene, draw, load

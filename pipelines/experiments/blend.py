@@ -11,7 +11,9 @@ together (:data:`SHRINK_CELLS` pseudo-cells), so a scene with few checked cells 
 observations keeps the blend its near cells chose.
 
 This module holds the arithmetic only: which fillers, and how a run fills the checked cube, are
-the caller's (:mod:`geonp.fill.engine`).
+the caller's (``pipelines.experiments.self_check``). Measured on the scene suite's validation
+split and not adopted (``pipelines/results/suite_decisions.md``): the blends a scene's own checked
+cells chose lost to te-pt-tnp alone, so this stays an experiment, not a part of ``geonp infill``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,156 @@
+"""How fast each filler fills, alone on the machine and beside another job (issue 54).
+
+    python -m pipelines.benchmarks.fill_speed                                   # every case, quiet and contended
+    python -m pipelines.benchmarks.fill_speed --cases scene150k demo --models te-pt-tnp kriging
+    python -m pipelines.benchmarks.fill_speed --cases cube1m --models te-pt-tnp --quiet-only
+
+Cases (each filled whole with ``geonp.infill``, the defaults a user gets, in a process of its own):
+
+- ``scene150k``: the wide-cloud validation scene (MODIS LST, 150,000 cells, its observed cells
+  under the night pass's clouds: ``pipelines.benchmarks.wide_clouds``);
+- ``demo``: ``geonp demo``'s HadISST SST under 30% synthetic clouds;
+- ``stack``: Alboran SST, 10 days of 201 x 301, every real cloud gap of every day;
+- ``cube1m``: ERA5 2 m temperature over the UK, the whole hourly month (744 x 33 x 49), every step
+  under smooth random clouds of 85% cover: about a million gap cells.
+
+Each (case, model) runs once quiet, then once *contended*: beside another CPU-bound PyTorch job
+with its default threads (matrix products in a loop, started first and stopped after), with no
+setting changed. Reported: wall time of the fill, peak resident memory of the process, gap cells
+filled per second, and the contended time over the quiet one (issue 54's goal: at most 2.5).
+Writes ``pipelines/results/fill_speed_cpu.md`` and ``.json`` (rows of earlier runs kept unless
+rerun).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+from pipelines.provenance import REPO, git_commit, header
+
+CASES = ("scene150k", "demo", "stack", "cube1m")
+MODELS = ("linear", "kriging", "dineof", "te-pt-tnp")
+OUT = REPO / "pipelines" / "results" / "fill_speed_cpu"
+#: The other job: PyTorch matrix products with its default threads, as a notebook or a training run would be.
+COMPETITOR = "import torch\na = torch.randn(1200, 1200)\nwhile True:\n    a = torch.tanh(a @ a / 1200)\n"
+
+
+def load_case(case: str):
+    """``(dataset to fill, variable, valid mask or None)`` of a case, its gaps in place."""
+    from geonp.data import open_cube, open_satellite
+    from geonp.data.readers import data_folder
+    from geonp.tasks.clouds import random_clouds
+    from geonp.tasks.hidden import hide_under_mask
+
+    if case == "scene150k":
+        from pipelines.benchmarks.wide_clouds import scene
+
+        ds, variable, under, _ = scene("validation")
+        masked, _ = hide_under_mask(ds[variable].compute(), ds["valid"].compute(), under)
+        return ds.assign({variable: masked}), variable, None
+    if case == "demo":
+        from geonp.demo import cloudy_scene
+
+        return cloudy_scene()[0], "sst", None
+    if case == "stack":
+        return open_satellite(data_folder() / "satellite/alboran_sst_avhrr_2017-05.nc", "SST",
+                              valid_mask="mask").compute(), "SST", None
+    if case == "cube1m":
+        ds = open_cube(data_folder() / "era5/era5_t2m_uk_2019-03_hourly.nc").compute()
+        rng = np.random.default_rng(0)
+        shape = ds["t2m"].shape[1:]
+        clouds = np.stack([random_clouds(shape, 0.85, rng, 6.0) for _ in range(ds.sizes["time"])])
+        return ds.assign(t2m=ds["t2m"].where(~clouds)), "t2m", None
+    raise ValueError(f"unknown case {case!r}; one of {', '.join(CASES)}")
+
+
+def one(case: str, model: str) -> dict:
+    """Fill one case with one model in this process; what the parent records."""
+    import geonp
+    from geonp.models import te_fused
+
+    if model == "te-pt-tnp":
+        te_fused.cpu_kernel()  # a one-time build is not the fill's time
+    ds, variable, valid = load_case(case)
+    gaps = int((~np.isfinite(ds[variable].values) & np.broadcast_to(ds["valid"].values, ds[variable].shape)).sum()
+               if "valid" in ds else (~np.isfinite(ds[variable].values)).sum())
+    start = time.perf_counter()
+    geonp.infill(ds, variable, model, device="cpu")
+    wall = time.perf_counter() - start
+    return {"case": case, "model": model, "gap_cells": gaps, "wall_s": round(wall, 1),
+            "cells_per_s": round(gaps / wall), "peak_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                                                                / 2**20, 2), "threads": torch.get_num_threads()}
+
+
+def measure(case: str, model: str, contended: bool) -> dict | None:
+    """Run :func:`one` in a child process, beside the competitor when ``contended``."""
+    other = subprocess.Popen([sys.executable, "-c", COMPETITOR]) if contended else None
+    try:
+        if other is not None:
+            time.sleep(5)  # the other job at full speed before the fill starts
+        out = subprocess.run([sys.executable, "-m", "pipelines.benchmarks.fill_speed", "--one", case, model],
+                             capture_output=True, text=True, cwd=REPO, timeout=7200)
+    finally:
+        if other is not None:
+            other.kill()
+            other.wait()
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        print(f"{case} {model}: failed ({out.stderr.strip().splitlines()[-1:]})", flush=True)
+        return None
+    return {**json.loads(lines[-1]), "contended": contended}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", nargs="*", default=list(CASES), choices=CASES)
+    parser.add_argument("--models", nargs="*", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--quiet-only", action="store_true", help="skip the contended runs")
+    parser.add_argument("--one", nargs=2, metavar=("CASE", "MODEL"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one(*args.one)), flush=True)
+        return
+    text = header("Fill speed, quiet and beside another job", torch.device("cpu"),
+                  "each fill alone in its process with geonp's defaults (te-pt-tnp: 30 fit steps, the nugget check); "
+                  "contended: beside a PyTorch job with its default threads; dineof on the multi-date cases only")
+    commit = git_commit()
+    rows = []
+    for case in args.cases:
+        for model in args.models:
+            if model == "dineof" and case in ("scene150k", "demo"):
+                continue
+            for contended in (False,) if args.quiet_only else (False, True):
+                row = measure(case, model, contended)
+                if row is not None:
+                    rows.append({**row, "commit": commit})
+                    print(json.dumps(rows[-1]), flush=True)
+    path = OUT.with_suffix(".json")
+    ran = {(r["case"], r["model"], r["contended"]) for r in rows}
+    if path.exists():
+        rows += [r for r in json.loads(path.read_text())["rows"] if (r["case"], r["model"], r["contended"]) not in ran]
+    rows.sort(key=lambda r: (CASES.index(r["case"]), MODELS.index(r["model"]), r["contended"]))
+    lines = ["| case | model | gap cells | quiet s | contended s | contended / quiet | cells/s (quiet) | peak GB | "
+             "threads | commit |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for (case, model) in dict.fromkeys((r["case"], r["model"]) for r in rows):
+        quiet = next((r for r in rows if (r["case"], r["model"], r["contended"]) == (case, model, False)), None)
+        busy = next((r for r in rows if (r["case"], r["model"], r["contended"]) == (case, model, True)), None)
+        first = quiet or busy
+        ratio = f"{busy['wall_s'] / quiet['wall_s']:.2f}" if quiet and busy else "–"
+        lines.append(f"| {case} | {model} | {first['gap_cells']} | {quiet['wall_s'] if quiet else '–'} | "
+                     f"{busy['wall_s'] if busy else '–'} | {ratio} | {quiet['cells_per_s'] if quiet else '–'} | "
+                     f"{first['peak_gb']} | {first['threads']} | {first['commit']} |")
+    OUT.with_suffix(".md").write_text(text + "\n" + "\n".join(lines) + "\n")
+    path.write_text(json.dumps({"header": text, "rows": rows}, indent=1) + "\n")
+    print(OUT.with_suffix(".md").read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -16,7 +16,7 @@ For each suite scene (``pipelines.suite_scenes``), with the cells the suite hide
 Then each rule (:data:`RULES`) learns its blend on the checked cells (:func:`geonp.fill.blend.fit_blend`)
 and applies it at the suite's hidden cells; its rows are scored like the suite's (block sums) and
 judged against the suite's ``te-pt-tnp`` row by ``pipelines.suite_rule``. Writes
-``pipelines/results/self_check_<split>.md`` and ``.json``.
+``pipelines/results/self_check_<split>_fit<N>.md`` and ``.json``.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def main() -> None:
         lines.append(f"| {rule}@{args.fit_steps} | {', '.join(names)} | {sigma} | "
                      + verdict.text().replace("\n  ", "; ").replace("\n", " ") + " |")
         print(verdict.text(), flush=True)
-    out = REPO / "pipelines" / "results" / f"self_check_{args.split}@{args.fit_steps}.md"
+    out = REPO / "pipelines" / "results" / f"self_check_{args.split}_fit{args.fit_steps}.md"
     text = header(f"Self-checked blends on the suite ({args.split} split)", torch.device("cpu"),
                   f"te-pt-tnp prepared on the checked cube ({args.fit_steps} fit steps, the nugget check); "
                   "fills cached under runs/self_check")

@@ -180,3 +180,17 @@ def test_a_scene_with_a_trend_is_kriged_with_one_where_the_check_says_so():
     gap = np.isnan(values)
     rmse = lambda m: float(np.sqrt(np.mean((m[gap] - field[gap]) ** 2)))  # noqa: E731
     assert rmse(chosen) < rmse(plain)
+
+
+def test_the_check_can_hide_cells_under_the_scenes_own_gaps_moved():
+    rng = np.random.default_rng(5)
+    yy, xx = np.mgrid[0:50, 0:50]
+    values = np.sin(yy / 5.0) + np.cos(xx / 6.0) + rng.normal(0, 0.05, yy.shape)
+    values[10:30, 15:35] = np.nan
+    valid = np.ones(yy.shape, bool)
+    for check in ("clouds", "gaps"):
+        mean, std, fit = krige_scene(values, valid, check=check, rng=np.random.default_rng(0))
+        gap = np.isnan(values)
+        assert np.isfinite(mean[gap]).all() and (std[gap] > 0).all() and fit["model"] == "exponential"
+    with pytest.raises(ValueError, match="check"):
+        krige_scene(values, valid, check="nope")

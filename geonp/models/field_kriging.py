@@ -108,7 +108,8 @@ def quadrant_counts(observed: np.ndarray, cells: np.ndarray) -> np.ndarray:
 
 
 def krige_scene(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, variogram_model: str = "exponential",
-                trend: bool | str = False, fit_points: int = 2000, nlags: int = 20, max_lag: int = 64,
+                trend: bool | str = False, check: str = "clouds", fit_points: int = 2000, nlags: int = 20,
+                max_lag: int = 64,
                 rng: np.random.Generator | None = None, fallback: tuple[float, float] | None = None,
                 ) -> tuple[np.ndarray, np.ndarray, dict | None]:
     """Krige every gap of one scene.
@@ -123,6 +124,10 @@ def krige_scene(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, 
             ``True`` (universal kriging with a linear drift in the row and column in each
             neighbourhood, the variogram fitted to what the scene's plane leaves), or ``"auto"``:
             whichever predicts the hidden cells better.
+        check: the cells hidden to choose the family and drift and to scale sigma: ``"clouds"``,
+            smooth random clouds of 15% cover, 2-8 cells across; ``"gaps"``, the scene's own gaps
+            moved elsewhere (as many as fit in 15% of its observed cells, random clouds where it
+            has none), so the check's cells lie as far from an observation as the gaps' do.
         max_lag: the experimental variogram's longest lag, in cells along each axis and diagonal
             (:func:`geonp.variogram.grid_semivariance`); the nearer neighbours of a kriging system lie well within it.
         fit_points, nlags: for a scene too sparse for pairs on the grid: the variogram of up to
@@ -167,7 +172,13 @@ def krige_scene(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, 
     # family and drift that predict them best are used, and sigma is scaled to make their
     # root-mean-square standardised error 1. Cloud-shaped, so the check has the distances to the
     # nearest observation that gaps have, which leaving single cells out does not.
+    if check not in ("clouds", "gaps"):
+        raise ValueError(f"check must be 'clouds' or 'gaps', got {check!r}")
     hide = random_clouds(values.shape, 0.15, rng, float(rng.uniform(2.0, 8.0))) & observed
+    if check == "gaps" and gaps.sum() >= MIN_SCENE_POINTS:
+        moved = np.roll(gaps, (int(rng.integers(values.shape[0])), int(rng.integers(values.shape[1]))), axis=(0, 1))
+        if (moved & observed).sum() >= MIN_SCENE_POINTS and (observed & ~moved).sum() >= MIN_SCENE_POINTS:
+            hide = moved & observed
     check = np.argwhere(hide)
     checkable = len(check) >= MIN_SCENE_POINTS and (observed & ~hide).sum() >= MIN_SCENE_POINTS
     if checkable:
@@ -266,11 +277,11 @@ def _solve(pts: np.ndarray, zs: np.ndarray, cells: np.ndarray, near: np.ndarray,
 
 
 def krige_stack(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, variogram_model: str = "exponential",
-                trend: bool | str = False, rng: np.random.Generator | None = None,
+                trend: bool | str = False, check: str = "clouds", rng: np.random.Generator | None = None,
                 ) -> tuple[np.ndarray, np.ndarray, str]:
     """:func:`krige_scene` on every step of ``values [T, R, C]`` (``valid`` ``[R, C]`` or ``[T, R, C]``;
-    ``variogram_model`` and ``trend`` as there); returns ``(mean, std, what)``, the first two
-    ``[T, R, C]`` with NaN except at the gaps."""
+    ``variogram_model``, ``trend`` and ``check`` as there); returns ``(mean, std, what)``, the first
+    two ``[T, R, C]`` with NaN except at the gaps."""
     rng = np.random.default_rng(0) if rng is None else rng
     valid = np.broadcast_to(np.asarray(valid, bool), values.shape)
     mean, std = np.full(values.shape, np.nan), np.full(values.shape, np.nan)
@@ -279,7 +290,7 @@ def krige_stack(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, 
     chosen = []
     for t in range(values.shape[0]):
         mean[t], std[t], fit = krige_scene(values[t], valid[t], neighbours=neighbours, variogram_model=variogram_model,
-                                           trend=trend, rng=rng, fallback=whole)
+                                           trend=trend, check=check, rng=rng, fallback=whole)
         if fit is not None:
             chosen.append(f"{fit['model']}{' with a linear drift' if fit['trend'] else ''}")
     kinds = ", ".join(f"{k} ({n})" for k, n in zip(*np.unique(chosen, return_counts=True))) if chosen else "none"

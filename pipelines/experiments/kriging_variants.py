@@ -38,6 +38,10 @@ VARIANTS = {
     "kriging-trend": {"trend": "auto"},
     "kriging-auto": {"variogram_model": "auto", "trend": "auto"},
     "kriging-auto-128": {"variogram_model": "auto", "trend": "auto", "neighbours": 128},
+    "kriging-gapcheck": {"check": "gaps"},
+    "kriging-family-gapcheck": {"variogram_model": "auto", "check": "gaps"},
+    "kriging-auto-gapcheck": {"variogram_model": "auto", "trend": "auto", "check": "gaps"},
+    "kriging-128": {"neighbours": 128},
 }
 
 
@@ -45,6 +49,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--split", choices=SPLITS, required=True)
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--reuse", action="store_true", help="keep the earlier table's rows of variants not run now")
     args = parser.parse_args()
     text = header(f"Kriging variants on the suite ({args.split} split)", torch.device("cpu"),
                   "each variant's whole-stack kriging of every suite scene, the suite's cells hidden")
@@ -70,6 +75,10 @@ def main() -> None:
                          "blocks": block_stats(cells, mean[hide], std[hide])})
         print(f"{scene.name}: " + ", ".join(f"{r['model']} {r['rmse']:.4g}" for r in rows[-len(args.variants):]),
               flush=True)
+    out = REPO / "pipelines" / "results" / f"kriging_variants_{args.split}.md"
+    if args.reuse and out.with_suffix(".json").exists():
+        rows += [r for r in json.loads(out.with_suffix(".json").read_text())["rows"] if r["model"] not in args.variants]
+    labels = [v for v in VARIANTS if v in {r["model"] for r in rows}]
     suite = load_rows(args.split)
     scenes = {s["scene"]: s for s in json.loads(
         (REPO / "pipelines" / "results" / f"suite_{args.split}.json").read_text())["scenes"]}
@@ -77,20 +86,19 @@ def main() -> None:
     lines = ["| variant | keywords | against the suite's kriging | dense single-date scenes above linear's RMSE "
              "(beyond noise) | wall s / kriging-now |", "|---|---|---|---|---:|"]
     linear = rows_by_scene(suite, "linear")
-    for label in args.variants:
+    for label in labels:
         verdict = compare(rows + suite, label, "kriging")
         mine = rows_by_scene(rows, label)
         above = [s for s in dense if mine[s]["rmse"] > linear[s]["rmse"]]
         beyond = [s for s in above if ratio_interval(mine[s], linear[s], "rmse")[1] > 1]
-        now = rows_by_scene(rows, "kriging-now") if "kriging-now" in args.variants else mine
+        now = rows_by_scene(rows, "kriging-now") if "kriging-now" in labels else mine
         wall = np.exp(np.mean([np.log(mine[s]["wall_s"] / now[s]["wall_s"]) for s in mine]))
         lines.append(f"| {label} | `{VARIANTS[label]}` | " + verdict.text().replace("\n  ", "; ").replace("\n", " ")
                      + f" | {len(above)} ({len(beyond)}){': ' + ', '.join(above) if above else ''} | {wall:.2f} |")
         print(verdict.text(), flush=True)
-    chosen = [f"- {scene} {label}: {w}" for (scene, label), w in what.items() if label == "kriging-auto"]
-    out = REPO / "pipelines" / "results" / f"kriging_variants_{args.split}.md"
+    chosen = [f"- {scene} {label}: {w}" for (scene, label), w in what.items() if "auto" in str(VARIANTS[label])]
     out.write_text(text + "\n" + "\n".join(lines) + f"\n\nDense single-date scenes: {', '.join(dense)}.\n\n"
-                   "What `kriging-auto` chose per scene:\n\n" + "\n".join(chosen) + "\n")
+                   "What the variants that choose per scene chose (this run's):\n\n" + "\n".join(chosen) + "\n")
     write_json(out.with_suffix(".json"), text, args.split, [], rows)
     print(out.read_text())
 

@@ -13,6 +13,7 @@ from geonp.metrics import WIDE_DISTANCE_BINS
 from pipelines.suite_rule import (
     COVERAGE_RANGE,
     MIN_BIN_CELLS,
+    TIE,
     coverage_interval,
     geometric_interval,
     ratio_interval,
@@ -58,7 +59,7 @@ def goals(scenes: Sequence[dict], rows: Sequence[dict]) -> str:
         crps_o = [by[m][s]["crps"] / others[s]["crps"] for s in vs]
         below = sum(all(by[m][s]["crps"] < by[k][s]["crps"] for k in ("kriging", "dineof") if s in by.get(k, {}))
                     for s in vs)
-        worse = sum(ratio_interval(by[m][s], by["linear"][s], "rmse")[1] > 1 for s in names)
+        worse = sum(ratio_interval(by[m][s], by["linear"][s], "rmse")[1] > 1 + TIE for s in names)
         judged = worse_bins = in_range = out_noise = 0
         for s in names:
             for i in range(len(BIN_LABELS)):
@@ -66,7 +67,7 @@ def goals(scenes: Sequence[dict], rows: Sequence[dict]) -> str:
                 if n < MIN_BIN_CELLS:
                     continue
                 judged += 1
-                worse_bins += ratio_interval(by[m][s], by["linear"][s], "rmse", [i])[1] > 1
+                worse_bins += ratio_interval(by[m][s], by["linear"][s], "rmse", [i])[1] > 1 + TIE
                 in_range += COVERAGE_RANGE[0] <= cov <= COVERAGE_RANGE[1]
                 out_noise += high < COVERAGE_RANGE[0] or low > COVERAGE_RANGE[1]
         kw = [by[m][s]["wall_s"] / by["kriging"][s]["wall_s"] for s in names if s in by.get("kriging", {})]
@@ -76,7 +77,7 @@ def goals(scenes: Sequence[dict], rows: Sequence[dict]) -> str:
                      f"{math.exp(sum(map(math.log, kw)) / len(kw)) if kw else math.nan:.1f} |")
     dense = [s["scene"] for s in scenes if s["kind"] == "single" and s["median_distance"] <= DENSE_MEDIAN]
     kriging_worse = [s for s in dense if s in by.get("kriging", {}) and s in by.get("linear", {})
-                     and ratio_interval(by["kriging"][s], by["linear"][s], "rmse")[1] > 1]
+                     and ratio_interval(by["kriging"][s], by["linear"][s], "rmse")[1] > 1 + TIE]
     kriging_above = [s for s in dense if s in by.get("kriging", {}) and s in by.get("linear", {})
                      and by["kriging"][s]["rmse"] > by["linear"][s]["rmse"]]
     return ("Goals (issue 53), each with its 95% interval: geometric-mean RMSE <= 0.85x linear's and <= 0.92x the "
@@ -122,7 +123,7 @@ def by_distance(scenes: Sequence[dict], rows: Sequence[dict], model: str) -> str
                 continue
             r, rlow, _ = ratio_interval(by[model][name], by["linear"][name], "rmse", [i])
             judged = n >= MIN_BIN_CELLS
-            rcells.append(f"{r:.2f}{'*' if judged and rlow > 1 else ''}" + ("" if judged else " (few)"))
+            rcells.append(f"{r:.2f}{'*' if judged and rlow > 1 + TIE else ''}" + ("" if judged else " (few)"))
             out = judged and (high < COVERAGE_RANGE[0] or low > COVERAGE_RANGE[1])
             ccells.append(f"{cov:.2f}{'*' if out else ''}" + ("" if judged else " (few)"))
         ratio.append(f"| {name} | " + " | ".join(rcells) + " |")

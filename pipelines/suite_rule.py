@@ -36,6 +36,9 @@ import numpy as np
 N_BOOT = 2000  # draws per interval: the 2.5% / 97.5% percentiles move by well under 0.1% between seeds
 COVERAGE_RANGE = (0.85, 0.95)
 MIN_BIN_CELLS = 30  # a distance bin with fewer hidden cells is reported, never judged
+#: Ratios within this of 1 are ties: block sums are stored to 6 significant digits, so two rows with
+#: the same predictions can differ by a few parts in a million.
+TIE = 1e-5
 
 
 def block_sums(row: dict, bins: Sequence[int] | None = None) -> dict[str, np.ndarray]:
@@ -133,7 +136,7 @@ class Comparison:
 
     @property
     def adopt(self) -> bool:
-        return (bool(self.scenes) and all(self.suite[m][2] < 1 for m in ("rmse", "crps")) and not self.worse)
+        return (bool(self.scenes) and all(self.suite[m][2] < 1 - TIE for m in ("rmse", "crps")) and not self.worse)
 
     def text(self) -> str:
         """The verdict, the suite intervals and the scenes worse beyond noise, in a few lines."""
@@ -157,7 +160,7 @@ def compare(rows: Sequence[dict], candidate: str, baseline: str, scenes: Sequenc
     names = [s for s in (scenes or a) if s in a and s in b]
     per = {s: {m: ratio_interval(a[s], b[s], m) for m in ("rmse", "crps")} for s in names}
     suite = {m: geometric_interval([per[s][m][0] for s in names]) for m in ("rmse", "crps")}
-    worse = [s for s in names if any(per[s][m][1] > 1 for m in ("rmse", "crps"))]
+    worse = [s for s in names if any(per[s][m][1] > 1 + TIE for m in ("rmse", "crps"))]
     commits = ", ".join(sorted({str(a[s].get("commit", "unrecorded")) for s in names}))
     return Comparison(candidate, baseline, per, suite, worse, commits)
 

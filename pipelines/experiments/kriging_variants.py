@@ -28,7 +28,7 @@ from geonp.tasks.hidden import distance_to_context, hide_under_mask
 from pipelines.benchmarks.suite import block_stats, write_json
 from pipelines.provenance import REPO, git_commit, header
 from pipelines.suite_report import DENSE_MEDIAN
-from pipelines.suite_rule import compare, load_rows, ratio_interval, rows_by_scene
+from pipelines.suite_rule import TIE, compare, load_rows, ratio_interval, rows_by_scene
 from pipelines.suite_scenes import SPLITS, draw, load
 
 #: Label -> krige_stack keywords.
@@ -90,7 +90,7 @@ def main() -> None:
         verdict = compare(rows + suite, label, "kriging")
         mine = rows_by_scene(rows, label)
         above = [s for s in dense if mine[s]["rmse"] > linear[s]["rmse"]]
-        beyond = [s for s in above if ratio_interval(mine[s], linear[s], "rmse")[1] > 1]
+        beyond = [s for s in above if ratio_interval(mine[s], linear[s], "rmse")[1] > 1 + TIE]
         now = rows_by_scene(rows, "kriging-now") if "kriging-now" in labels else mine
         wall = np.exp(np.mean([np.log(mine[s]["wall_s"] / now[s]["wall_s"]) for s in mine]))
         lines.append(f"| {label} | `{VARIANTS[label]}` | " + verdict.text().replace("\n  ", "; ").replace("\n", " ")

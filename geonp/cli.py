@@ -95,6 +95,9 @@ def _parser() -> argparse.ArgumentParser:
     infill.add_argument("--zarr-format", type=int, default=3, choices=(2, 3), help="(default: 3)")
     infill.add_argument("--overwrite", action="store_true", help="replace an existing output store")
     infill.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    infill.add_argument("-v", "--verbose", action="store_true",
+                        help="after the fill, print how it was made: the model's inputs from the cube's history, "
+                             "the noise level chosen and why, sigma's calibration (the store's geonp_* attributes)")
 
     evaluate = sub.add_parser(
         "evaluate", help="artificial-gap cross-validation of several models on a cube (markdown + JSON table)",
@@ -209,6 +212,8 @@ def _run(args: argparse.Namespace) -> int:
                     batch_size=args.batch_size, window=args.window, scheduler=args.scheduler, workers=args.workers,
                     seed=args.seed, zarr_format=args.zarr_format, overwrite=args.overwrite,
                     progress=not args.quiet, command=args.command_line, threads=args.threads)
+        if args.verbose:
+            _print_how_made(args.out)
     elif args.command == "evaluate":
         from geonp.evaluate import run_evaluate
 
@@ -230,7 +235,10 @@ def _run(args: argparse.Namespace) -> int:
         from geonp.models import available, presets
 
         for name in available():
-            print(f"{name:14s} presets: {', '.join(presets(name))}")
+            sizes = presets(name)
+            # A preset that changes nothing is no choice: linear interpolation has none to offer.
+            listed = ", ".join(sizes) if any(sizes.values()) else "none (nothing to size)"
+            print(f"{name:14s} presets: {listed}")
         said = {"dineof": "no weights: filled from the EOFs of the field's whole stack (needs 3+ observed steps)",
                 "kriging": "no weights: ordinary kriging per scene, variogram fitted per scene, quadrant neighbours"}
         for name in STACK_METHODS:
@@ -249,6 +257,22 @@ def _run(args: argparse.Namespace) -> int:
             return EXIT_FAILURE
         print(f"ERA5 store ready: {out}")
     return EXIT_OK
+
+
+#: The store's attributes ``geonp infill -v`` prints, in the words it prints them with.
+HOW_MADE = {"geonp_model": "model", "geonp_checkpoint": "weights", "geonp_fit_steps": "fine-tuning steps",
+            "geonp_history": "from the cube's history", "geonp_nugget": "noise level (nugget)",
+            "geonp_sigma_scales": "sigma calibration"}
+
+
+def _print_how_made(store: str) -> None:
+    """The details of a finished fill that progress leaves out, from its store's attributes."""
+    import xarray as xr
+
+    attrs = xr.open_zarr(store).attrs
+    for key, words in HOW_MADE.items():
+        if key in attrs:
+            print(f"{words}: {attrs[key]}")
 
 
 def _train_ddp(args: argparse.Namespace) -> int:

@@ -47,9 +47,11 @@ def test_train_command_writes_a_loadable_model(tmp_path, capsys):
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["step"] == 9
 
 
-def test_models_lists_names(capsys):
+def test_models_lists_names_and_only_presets_that_change_something(capsys):
     assert main(["models"]) == 0
-    assert "te-pt-tnp" in capsys.readouterr().out
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "paper, small, tiny" in lines["te-pt-tnp"]
+    assert "none" in lines["linear"] and "small" not in lines["linear"]
 
 
 def test_every_command_exits_cleanly_with_the_readers_of_the_test_extras(tmp_path):

@@ -267,6 +267,6 @@ def test_the_spread_covariate_is_the_other_steps_standard_deviation():
     changed[3] *= 10.0  # a step's own value never enters its spread
     np.testing.assert_allclose(other_steps_spread(changed)[3], pred[3], atol=1e-6, equal_nan=True)
     maps, what = history_covariates(v, None, ["mean", "spread"])
-    assert what == "mean, spread" and np.isfinite(maps).all()
+    assert what.endswith("(mean), the cell's spread over the other dates (spread)") and np.isfinite(maps).all()
     assert maps[1, 1, 0, 0] == np.float32(np.nanmedian(pred))  # no spread known: the typical cell's
     assert maps[1, 0, 0, 0] == 1.0

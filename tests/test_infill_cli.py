@@ -60,6 +60,13 @@ def test_writes_cf_zarr_and_leaves_input_alone(cube_file: Path, tmp_path: Path, 
     assert _infill(cube_file, "-o", out, "--checkpoint", tiny_checkpoint, "--fit-steps", "0", "--overwrite") == 0
 
 
+def test_verbose_prints_how_the_fill_was_made(cube_file: Path, tmp_path: Path, tiny_checkpoint: str, capsys) -> None:
+    out = tmp_path / "out.zarr"
+    assert _infill(cube_file, "-o", out, "--checkpoint", tiny_checkpoint, "--fit-steps", "0", "-v") == 0
+    printed = capsys.readouterr().out
+    assert "model: te-pt-tnp" in printed and "fine-tuning steps: 0" in printed
+
+
 def test_zarr_v2_on_request(cube_file: Path, tmp_path: Path) -> None:
     out = tmp_path / "v2.zarr"
     assert _infill(cube_file, "-o", out, "--model", "linear", "--zarr-format", "2", "--window", "1,30,40") == 0

@@ -68,8 +68,11 @@ def _check_same_layout(given: xr.Dataset, out: xr.Dataset) -> None:
     for name in given.coords:
         xr.testing.assert_identical(out[name].reset_coords(drop=True).load(), given[name].reset_coords(drop=True))
     for key, value in given.attrs.items():
-        if key != "history":
+        if key not in ("history", "Conventions"):
             assert out.attrs[key] == value
+    # The output names the CF version geonp writes; the input's is kept beside it.
+    assert out.attrs["Conventions"] == "CF-1.11"
+    assert out.attrs.get("geonp_input_conventions") == given.attrs.get("Conventions")
     assert out.attrs["history"].endswith("made by a test")
     assert PROGRESS not in out.variables and WITHOUT_CONTEXT not in out.variables
     # Aligns with the input exactly, observed cells unchanged, every gap filled.
@@ -175,3 +178,16 @@ def test_a_north_to_south_scene_without_time_comes_back_as_given() -> None:
                           attrs={"history": "made by a test"})
     out = geonp.infill(given_ds, "t2m", model="linear", fit_steps=0)
     _check_same_layout(given_ds, out)
+
+
+def test_a_bounds_attribute_whose_variable_was_left_behind_is_dropped() -> None:
+    # HadISST's time names a time_bnds that a one-variable read leaves behind: CF requires the named
+    # variable, so the output must not point at nothing; a bounds variable that is there stays.
+    given = _input(False, False, "axis", "plain", False, 0)
+    given["time"].attrs["bounds"] = "time_bnds"
+    given["lat"].attrs["bounds"] = "lat_bnds"
+    lat = given["lat"].values
+    given["lat_bnds"] = (("lat", "bnds"), np.stack([lat - 0.5, lat + 0.5], axis=1))
+    out = geonp.infill(given, "t2m", model="linear", fit_steps=0)
+    assert "bounds" not in out["time"].attrs and "bounds" not in out["time"].encoding
+    assert out["lat"].attrs["bounds"] == "lat_bnds" and "lat_bnds" in out.variables

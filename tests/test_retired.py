@@ -69,20 +69,3 @@ def test_a_run_saved_with_the_gate_resumes_as_an_uninterrupted_run(tmp_path):
     resumed = train(TrainConfig(out_dir=str(tmp_path / "b"), steps=4, **base), resume=True, progress=False)
     for (k, a), (_, b) in zip(straight.model.state_dict().items(), resumed.model.state_dict().items()):
         assert torch.equal(a, b), k
-
-
-def test_the_committed_long_run_resumes_without_its_gate():
-    """history-folds-small (pipelines/weights/resume/accuracy/) was started with the unused gate:
-    a state saved then resumes with the gate's two optimizer slots left out and every other moment
-    in place (a state saved since has no gate)."""
-    from geonp.train_state import load_state
-
-    folder = REPO / "pipelines/weights/resume/accuracy/history-folds-small"
-    cfg = TrainConfig.from_yaml(folder / "config.yaml")
-    model = build(cfg.model, 4, 1, preset=cfg.preset, **cfg.model_args)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
-    step, _, _ = load_state(folder / "state.safetensors", model, opt, rank=0, world=1)
-    _, meta = read_checkpoint(folder / "state.safetensors")
-    saved = len(meta["optimizer"]["param_groups"][0]["params"])
-    assert step >= 1800 and saved in (len(list(model.parameters())), len(list(model.parameters())) + 2)
-    assert len(opt.state) == len(list(model.parameters()))  # every parameter that trains has its moments

@@ -15,7 +15,11 @@ result with the file they gave, so :func:`restore_layout` maps each output layer
   mapping, cell measures and auxiliary coordinates a layer names); coordinates of the working
   cube the input did not have (an elevation input) are dropped;
 * global attributes are the input's, every one as it was, then geonp's provenance under ``geonp_``
-  names (``history`` gains a line at the top; ``title`` and ``Conventions`` only where the input has none).
+  names (``history`` gains a line at the top; ``title`` only where the input has none).
+  ``Conventions`` names the CF version geonp writes (the input's, when it differs, is kept as
+  ``geonp_input_conventions``), and a ``bounds`` attribute whose variable the input did not
+  carry through (HadISST's ``time`` names a ``time_bnds`` that a one-variable read leaves
+  behind) is dropped rather than left pointing at nothing.
 """
 
 from __future__ import annotations
@@ -64,8 +68,18 @@ def restore_layout(out: xr.Dataset, like: xr.Dataset, renamed: Mapping[str, str]
     for name in _companions(like, sorted(bases), list(result.coords)):
         if name not in result.variables:
             result[name] = _input_coordinate(like[name])
+    _drop_dangling_bounds(result)
     result.attrs = _global_attributes(like.attrs, out.attrs)
     return result
+
+
+def _drop_dangling_bounds(ds: xr.Dataset) -> None:
+    """Remove, in place, ``bounds`` attributes that name a variable ``ds`` does not hold (CF
+    requires the named variable to exist; a reader that follows it would fail)."""
+    for var in ds.variables.values():
+        for where in (var.attrs, var.encoding):
+            if where.get("bounds") and str(where["bounds"]) not in ds.variables:
+                del where["bounds"]
 
 
 def _companions(like: xr.Dataset, layers: list[str], coords: list[str]) -> list[str]:
@@ -171,12 +185,17 @@ def _input_coordinate(coord: xr.DataArray) -> xr.DataArray:
 
 
 def _global_attributes(given: Mapping, provenance: Mapping) -> dict:
-    """Every global attribute of the input as it was, then geonp's: ``geonp_*`` ones, defaults the
-    input lacks (``title``, ``Conventions``), and this run's ``history`` line above the input's."""
+    """Every global attribute of the input as it was, then geonp's: ``geonp_*`` ones, the
+    ``Conventions`` geonp writes to (the input's kept as ``geonp_input_conventions`` when it
+    differs), a ``title`` where the input has none, and this run's ``history`` line above the input's."""
     attrs = {k: v for k, v in given.items() if not str(k).startswith("geonp_")}
     for key, value in provenance.items():
         if key == "history" and given.get("history"):
             attrs["history"] = f"{value}\n{given['history']}"
+        elif key == "Conventions":
+            if given.get("Conventions") and given["Conventions"] != value:
+                attrs["geonp_input_conventions"] = given["Conventions"]
+            attrs[key] = value
         elif str(key).startswith("geonp_") or key not in attrs:
             attrs[key] = value
     return attrs

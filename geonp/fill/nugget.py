@@ -171,13 +171,13 @@ def choose_nugget(model: NeuralProcess, fields: list[Field], spec, device: torch
                f"on {scene.size} hidden cells "
                f"of {np.unique(window).size} windows, "
                f"difference {gain:.2g} +- {error:.2g}")
-        if gain > CHOICE_Z * error:
-            said.append(f"{f.label}: the scene's ({why})")
-        else:
+        scenes = gain > CHOICE_Z * error
+        if not scenes:
             _use_own(f)
-            said.append(f"{f.label}: the network's ({why})")
-        if say:
-            say(f"nugget: {said[-1]}")
+        said.append(f"{f.label}: the {'scene' if scenes else 'network'}'s ({why})")
+        if say:  # the figures stay in the output's geonp_nugget attribute (geonp infill -v prints them)
+            say(f"{f.label}: noise level (nugget) {'measured on the scene' if scenes else 'as trained'}, "
+                f"checked on {scene.size} of the scene's own cells")
     network = [f.label for f in fields if f.history is not None and float(f.history[-1].flat[0]) == OWN_NUGGET]
     return "; ".join(said), network
 

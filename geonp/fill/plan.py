@@ -178,9 +178,10 @@ def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = 
 def provenance(p: Plan, source: str) -> dict[str, Any]:
     """Global attributes saying how the output was made.
 
-    ``Conventions`` and ``title`` are defaults for an input that has none: the output keeps every
-    global attribute of its input (:func:`geonp.fill.layout.restore_layout`), and ``history``
-    gains this run's line. The rest is geonp's own, under ``geonp_`` names no input uses.
+    ``Conventions`` is the CF version geonp writes (it replaces the input's, kept as
+    ``geonp_input_conventions``); ``title`` is a default for an input that has none: the output
+    keeps every other global attribute of its input (:func:`geonp.fill.layout.restore_layout`),
+    and ``history`` gains this run's line. The rest is geonp's own, under ``geonp_`` names no input uses.
     """
     now = f"{dt.datetime.now(dt.UTC):%Y-%m-%dT%H:%M:%SZ}"
     attrs = {

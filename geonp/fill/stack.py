@@ -24,12 +24,12 @@ def add_history(field: Field, covariates: list[str], seed: int = 0) -> str:
     """Keep on ``field`` the history covariates a model takes (:func:`geonp.tasks.history.history_covariates`);
     returns a few words on what they are (for provenance)."""
     from geonp.tasks.covariate_maps import flat_covariates, flat_values
-    from geonp.tasks.history import MAX_HISTORY_CELLS, history_covariates
+    from geonp.tasks.history import MAX_HISTORY_CELLS, history_covariates, no_history_words
 
     cells = int(np.prod(field.shape))
     if cells > MAX_HISTORY_CELLS:  # decided before reading: the field is never loaded whole
         field.history = flat_covariates(len(covariates), field.shape, flat_values(covariates, field.mean))
-        return f"{field.label}: flat (the field's {cells:,} cells exceed {MAX_HISTORY_CELLS:,})"
+        return f"{field.label}: {no_history_words(f'the field has {cells:,} cells, more than {MAX_HISTORY_CELLS:,}')}"
     field.history, what = history_covariates(field.whole(), field.valid, covariates, rng=_rng(seed))
     return f"{field.label}: {what}"
 

@@ -28,6 +28,16 @@ MAX_HISTORY_CELLS = 50_000_000
 HISTORY_COVARIATES = ("dineof", "nearest_steps", "analogs", "mean", "spread", "coarse", "nugget")
 #: Of those, the ones that come from a step itself, not its history: computed for one scene too.
 STEP_COVARIATES = ("coarse", "nugget")
+#: What each covariate is, in the words the output's ``geonp_history`` attribute uses.
+COVARIATE_WORDS = {"dineof": "the DINEOF reconstruction from the other dates", "nearest_steps":
+                   "the nearest dates' values", "analogs": "the most similar dates' values", "mean":
+                   "the cell's mean over the other dates", "spread": "the cell's spread over the other dates",
+                   "coarse": "the scene's own large scale", "nugget": "the scene's noise level"}
+
+
+def no_history_words(why: str) -> str:
+    """The provenance words for a field that gets flat history covariates (``why``: the reason)."""
+    return f"no history used ({why}); the scene's own large scale and noise level where the model takes them"
 
 
 def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list[str] | tuple[str, ...], *,
@@ -86,37 +96,37 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
     mean = float(values[observed].mean()) if observed.any() else 0.0
     lacking = _without_history(values, observed)
     if lacking is not None and (values.size > MAX_HISTORY_CELLS or not set(names) & set(STEP_COVARIATES)):
-        return flat_covariates(len(names), values.shape, flat_values(names, mean)), f"flat ({lacking})"
+        return flat_covariates(len(names), values.shape, flat_values(names, mean)), no_history_words(lacking)
     out = np.full((len(names), *values.shape), mean, np.float32)
     said = []
     for i, name in enumerate(names):
         if name == "coarse":
             pred = coarse_trend(np.where(observed, values, np.nan), valid)
-            said.append("coarse")
+            said.append(f"{COVARIATE_WORDS[name]} ({name})")
         elif name == "nugget":  # last (unscaled_count): the drift covariates before it are in out[:i]
             shares = step_nugget_shares(drift_residuals(values, observed, out[:i]))
             known = np.isfinite(shares)
             # No step could be fitted: the network's own nugget (OWN_NUGGET), as for flat maps.
             out[i] = np.where(known, shares, np.median(shares[known]) if known.any() else OWN_NUGGET)[:, None, None]
-            said.append("nugget")
+            said.append(f"{COVARIATE_WORDS[name]} ({name})")
             continue
         elif lacking is not None:
-            said.append(f"{name} flat ({lacking})")
+            said.append(f"no {COVARIATE_WORDS[name]} ({name}: {lacking})")
             continue
         elif name == "dineof":
             rec = dineof(values, valid, rng=rng)
             pred = rec.held_out
-            said.append(f"dineof ({rec.modes} modes)")
+            said.append(f"{COVARIATE_WORDS[name]}, {rec.modes} modes ({name})")
         else:
             seen_only = np.where(observed, values, np.nan)
             per_cell = {"nearest_steps": nearest_steps, "analogs": analog_prediction, "mean": other_steps_mean,
                         "spread": other_steps_spread}
             pred = per_cell[name](seen_only)
-            said.append(name)
+            said.append(f"{COVARIATE_WORDS[name]} ({name})")
         # Where nothing predicts a cell: the field's mean, or for a spread the typical cell's spread.
         fallback = (float(np.nanmedian(pred)) if np.isfinite(pred).any() else 0.0) if name == "spread" else mean
         out[i] = np.where(np.isfinite(pred), pred, fallback)
-    return out, ", ".join(said)
+    return out, "inputs: " + ", ".join(said)
 
 
 #: :func:`history_folds`' generator seed by default (donor choice and DINEOF's cross-validation).

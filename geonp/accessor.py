@@ -46,9 +46,10 @@ class GeonpAccessor:
         Args:
             variables: the variable or variables to fill; default every gridded field.
             model: a registry name (``geonp models``); default the bundled te-pt-tnp.
-            options: checkpoint, valid_mask, elevation, window, device, batch_size, seed,
-                fit_steps (default :data:`geonp.fill.FIT_STEPS`, as on the command line),
-                progress; see :func:`geonp.fill.engine.infill`.
+            options: checkpoint, valid_mask, elevation, progress, and how to fill: ``options``
+                (a :class:`geonp.fill.FillOptions`) or its keywords (fit_steps, default 30 as on
+                the command line, window, device, batch_size, seed, nugget, calibrate_sigma,
+                threads); see :func:`geonp.fill.engine.infill`.
 
         Returns:
             ``v``, ``v_std`` (1-sigma, ``v``'s units) and ``v_flag`` (0 observed, 1 infilled,

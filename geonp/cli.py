@@ -14,7 +14,7 @@ import sys
 import warnings
 from typing import NoReturn
 
-from geonp.fill import FIT_STEPS, NUGGET_CHOICES
+from geonp.fill.options import NUGGET_CHOICES, FillOptions, FitOptions
 from geonp.interrupt import catch_ctrl_c
 from geonp.version import __version__
 
@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="fill synthetic clouds over HadISST SST (offline, ~1 minute on 2 CPU cores)")
     demo.add_argument("-o", "--out", default="geonp-demo", help="output folder (default: %(default)s)")
-    demo.add_argument("--fit-steps", type=int, default=FIT_STEPS,
+    demo.add_argument("--fit-steps", type=int, default=FitOptions().steps,
                       help="fine-tuning steps on the scene's visible cells (default: %(default)s)")
     demo.add_argument("--device", default="auto", help="auto, cpu or cuda (default: %(default)s)")
     demo.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
@@ -71,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
                              "every cell")
     infill.add_argument("--satellite", action="store_true",
                         help="open INPUT as a satellite product (QC flags to gaps, product valid area)")
-    infill.add_argument("--fit-steps", type=int, default=FIT_STEPS,
+    infill.add_argument("--fit-steps", type=int, default=FitOptions().steps,
                         help="fine-tune on INPUT's own observations for N steps first (default: %(default)s)")
     infill.add_argument("--calibrate-sigma", action="store_true",
                         help="scale sigma by distance to the nearest observation so that INPUT's own cells, "
@@ -113,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--satellite", action="store_true", help="open INPUT as a satellite product")
     evaluate.add_argument("--elevation", default=None, metavar="FILE",
                           help="DEM for the models whose weights take elevation (the others fill without it)")
-    evaluate.add_argument("--fit-steps", type=int, default=FIT_STEPS,
+    evaluate.add_argument("--fit-steps", type=int, default=FitOptions().steps,
                           help="fine-tuning steps for trainable models, as infill's (default: %(default)s)")
     evaluate.add_argument("--device", default="auto", help="auto, cpu or cuda (default: %(default)s)")
     evaluate.add_argument("--seed", type=int, default=0, help="random seed of the hidden cells (default: 0)")
@@ -206,12 +206,13 @@ def _run(args: argparse.Namespace) -> int:
     elif args.command == "infill":
         from geonp.fill.engine import infill_file
 
+        options = FillOptions(fit=FitOptions(steps=args.fit_steps), calibrate_sigma=args.calibrate_sigma,
+                              nugget=args.nugget, batch_size=args.batch_size, seed=args.seed, device=args.device,
+                              threads=args.threads, window=args.window)
         infill_file(args.input, args.out, args.var, args.model, satellite=args.satellite, checkpoint=args.checkpoint,
-                    elevation=args.elevation, valid_mask=args.valid_mask, fit_steps=args.fit_steps,
-                    calibrate_sigma=args.calibrate_sigma or None, nugget=args.nugget, device=args.device,
-                    batch_size=args.batch_size, window=args.window, scheduler=args.scheduler, workers=args.workers,
-                    seed=args.seed, zarr_format=args.zarr_format, overwrite=args.overwrite,
-                    progress=not args.quiet, command=args.command_line, threads=args.threads)
+                    elevation=args.elevation, valid_mask=args.valid_mask, options=options, scheduler=args.scheduler,
+                    workers=args.workers, zarr_format=args.zarr_format, overwrite=args.overwrite,
+                    progress=not args.quiet, command=args.command_line)
         if args.verbose:
             _print_how_made(args.out)
     elif args.command == "evaluate":

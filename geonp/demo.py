@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from geonp.fill import FIT_STEPS
+from geonp.fill.options import FitOptions
 from geonp.metrics import gaussian_skill
 from geonp.tasks.clouds import random_clouds
 
@@ -73,7 +73,7 @@ def cloudy_scene(seed: int = 0) -> tuple[xr.Dataset, np.ndarray, xr.DataArray]:
     return ds, hidden, truth
 
 
-def run_demo(out: str | Path = "geonp-demo", fit_steps: int = FIT_STEPS, device: str = "auto",
+def run_demo(out: str | Path = "geonp-demo", fit_steps: int = FitOptions().steps, device: str = "auto",
              overwrite: bool = False, verbose: bool = True) -> dict:
     """``geonp demo``: fill synthetic clouds over HadISST SST and score three models there.
 

@@ -26,7 +26,7 @@ import xarray as xr
 from geonp.data.cube import horizontal_dims, open_cube
 from geonp.data.satellite import open_satellite
 from geonp.data.valid import MaskSpec, valid_area
-from geonp.fill import FIT_STEPS
+from geonp.fill.options import FitOptions
 from geonp.metrics import (
     DISTANCE_BINS,
     Bins,
@@ -49,7 +49,7 @@ def evaluate(
     *,
     valid_mask: MaskSpec | None = None,
     checkpoints: Mapping[str, str] | None = None,
-    fit_steps: int | Mapping[str, int] = FIT_STEPS,
+    fit_steps: int | Mapping[str, int] | None = None,
     seed: int = 0,
     infill_fn: Callable[..., xr.Dataset] | None = None,
     options: Mapping[str, Any] | None = None,
@@ -73,9 +73,9 @@ def evaluate(
             DataArray, ``"observed"`` or ``"all"``); None: ``ds["valid"]`` if present, else every
             cell (see ``geonp.data.valid``; pass ``"observed"`` to leave out cells never observed).
         checkpoints: ``{model: checkpoint path}`` for the models that need one.
-        fit_steps: fine-tuning steps, for every model or ``{model: steps}`` (missing: geonp's
-            default, :data:`geonp.fill.FIT_STEPS`, the same as ``geonp infill``'s, so a model is
-            scored as infill fills with it); models without weights ignore it.
+        fit_steps: fine-tuning steps, for every model or ``{model: steps}`` (None, or a model
+            missing: geonp's default, ``FitOptions().steps``, the same as ``geonp infill``'s, so a
+            model is scored as infill fills with it); models without weights ignore it.
         seed: seeds the hidden cells and each infill call.
         infill_fn: replaces ``geonp.fill.engine.infill`` (same signature); for tests and wrappers.
         options: extra keyword arguments for every infill call (``device``, ...).
@@ -147,9 +147,11 @@ def evaluate(
     masked_ds = ds.assign({variable: masked})
 
     with_elevation = _elevation_takers(models, checkpoints or {}, elevation)
+    default = FitOptions().steps
     rows = []
     for model in models:
-        steps = fit_steps.get(model, FIT_STEPS) if isinstance(fit_steps, Mapping) else fit_steps
+        steps = fit_steps.get(model, default) if isinstance(fit_steps, Mapping) else \
+            (default if fit_steps is None else fit_steps)
         checkpoint = (checkpoints or {}).get(model)
         extra = {"elevation": elevation} if model in with_elevation else {}
         if progress:
@@ -198,7 +200,7 @@ def run_evaluate(
     *,
     valid_mask: MaskSpec | None = None,
     checkpoints: Mapping[str, str] | None = None,
-    fit_steps: int | Mapping[str, int] = FIT_STEPS,
+    fit_steps: int | Mapping[str, int] | None = None,
     seed: int = 0,
     satellite: bool = False,
     options: Mapping[str, Any] | None = None,
@@ -253,7 +255,8 @@ def run_evaluate(
     header = "\n".join([
         "# Gap-filling skill on artificially hidden cells", "",
         f"- input: {input}", f"- variables: {', '.join(variables)}", f"- models: {', '.join(models)}",
-        f"- seed: {seed}, fit steps: {fit_steps}, options: {dict(options or {})}"
+        f"- seed: {seed}, fit steps: {FitOptions().steps if fit_steps is None else fit_steps}, "
+        f"options: {dict(options or {})}"
         + (f", elevation: {elevation}" if elevation is not None else ""),
         f"- date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
         f"- versions: geonp {__version__}, numpy {np.__version__}, xarray {xr.__version__}, "

@@ -43,7 +43,7 @@ import yaml
 
 from geonp.atomic import write_text_atomic
 from geonp.device import resolve_device
-from geonp.metrics import task_log_likelihood, task_scores
+from geonp.metrics import task_scores
 from geonp.models import build, save
 from geonp.models.base import NeuralProcess
 from geonp.parallel import Group, setup, shutdown
@@ -52,6 +52,7 @@ from geonp.tasks.sources import make_task_source
 from geonp.train_config import TrainConfig
 from geonp.train_paths import check_paths
 from geonp.train_state import initialise_from, load_state, rank_state, restore_rank, save_state
+from geonp.train_step import optimizer, optimizer_step
 
 
 @dataclass
@@ -86,7 +87,7 @@ class _Run:
         self.generator = source
         if model is None:
             model = build(cfg.model, source.dim_x, source.dim_y, preset=cfg.preset, **cfg.model_args)
-        else:  # continue training a given model (fine-tuning): a copy, the caller's stays as it was
+        else:  # continue training a given model: a copy, the caller's stays as it was
             model = copy.deepcopy(model)
         self.model = model
         covariates = getattr(source, "covariates", [])
@@ -101,7 +102,7 @@ class _Run:
             self.initialised = initialise_from(self.model, cfg.init_from)
         self.model.to(self.device)
         self.net = group.wrap(self.model)  # what the loop calls: gradients averaged over ranks
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.opt = optimizer(self.model, cfg.lr, cfg.weight_decay)
         self.rng = torch.Generator().manual_seed(group.seed(cfg.seed))
         self.step, self.elapsed = 0, 0.0
 
@@ -117,13 +118,6 @@ class _Run:
         self.step, self.elapsed, mine = load_state(self.state_path, self.model, self.opt, self.group.rank,
                                                    self.group.world)
         restore_rank(mine, self.rng, self.device)
-
-
-def _loss(model: NeuralProcess, batch, device: torch.device) -> torch.Tensor:
-    batch = batch.to(device)
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-        dist = model(batch.xc, batch.yc, batch.xt, batch.mask_c, batch.mask_t)
-    return -task_log_likelihood(dist, batch.yt, batch.mask_t).mean()
 
 
 _LOG_COLUMNS = ["step", "train_loss", "val_nll", "tasks_per_s", "elapsed_s"]
@@ -147,15 +141,15 @@ def train(config: TrainConfig | dict | str | Path, resume: bool = False, progres
           on_step: Callable[[int, NeuralProcess, float], None] | None = None) -> TrainResult:
     """Train the configured model; see the module docstring for the files written.
 
-    The one training loop of geonp: ``geonp train`` and ``--fit-steps`` fine-tuning both run it.
-    Under torchrun each process trains on its own tasks with DistributedDataParallel (see
-    :mod:`geonp.parallel`).
+    ``geonp train`` runs it; ``--fit-steps`` fine-tuning takes the same optimizer step
+    (:mod:`geonp.train_step`) without this loop's files and process group. Under torchrun each
+    process trains on its own tasks with DistributedDataParallel (see :mod:`geonp.parallel`).
 
     Args:
         config: a :class:`TrainConfig`, a dict of its fields, or a YAML file.
         resume: continue the run in ``config.out_dir`` exactly (refused when there is none).
         progress: show a progress bar with loss and tasks/s.
-        model: train a copy of this model instead of building ``config.model`` (fine-tuning).
+        model: train a copy of this model instead of building ``config.model``.
         source: draw tasks from this task source instead of ``config.data``.
         on_step: called as ``on_step(step, model, loss)`` after every optimizer step (``model``
             in training mode).
@@ -219,20 +213,15 @@ def _train(run: _Run, resume: bool, progress: bool,
         while run.step < cfg.steps:
             if cfg.time_budget_s is not None and group.any(time.perf_counter() - start >= cfg.time_budget_s):
                 break
-            loss = _loss(run.net, run.generator.sample(cfg.batch_size, run.rng), run.device)
-            run.opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.clip_grad_norm)
-            for params in run.opt.param_groups:  # set every step: a resumed state holds the rate it was saved at
-                params["lr"] = cfg.learning_rate(run.step)
-            run.opt.step()
+            loss = optimizer_step(run.model, run.opt, run.generator.sample(cfg.batch_size, run.rng), run.device,
+                                  cfg.learning_rate(run.step), cfg.clip_grad_norm, net=run.net)
             run.step += 1
             run.elapsed = time.perf_counter() - start
-            window_loss += loss.item()
+            window_loss += loss
             window_steps += 1
             bar.update(1)
             if on_step is not None:
-                on_step(run.step, run.model, loss.item())
+                on_step(run.step, run.model, loss)
             is_val = bool(val) and (run.step % cfg.val_every == 0 or run.step == cfg.steps)
             if is_val:
                 val_nll = evaluate_nll(run.model, val, run.device)

@@ -14,7 +14,7 @@ from scipy import ndimage
 from scipy.stats import norm
 
 from geonp.evaluate import DONOR_CLOUDS, DONOR_GIVEN, DONOR_NONE, evaluate, run_evaluate, write_table
-from geonp.fill import FIT_STEPS
+from geonp.fill.options import FitOptions
 from geonp.metrics import DISTANCE_BINS, WIDE_DISTANCE_BINS
 from geonp.tasks.clouds import random_clouds
 from geonp.tasks.hidden import hide_cells
@@ -171,7 +171,7 @@ def test_evaluate_exact_scores_same_cells_and_timing():
     # Like for like: both models saw the very same masked cube, and the options reached them.
     np.testing.assert_array_equal(np.isnan(fake.calls[0]["masked"]), np.isnan(fake.calls[1]["masked"]))
     assert [c["checkpoint"] for c in fake.calls] == ["a.safetensors", None]
-    assert [c["fit_steps"] for c in fake.calls] == [FIT_STEPS, 5]  # a model not named: infill's default
+    assert [c["fit_steps"] for c in fake.calls] == [FitOptions().steps, 5]  # a model not named: infill's default
     assert all(c["seed"] == 3 and c["options"] == {"device": "cpu"} for c in fake.calls)
     assert isinstance(fake.calls[0]["valid"], xr.DataArray) and fake.calls[0]["valid"].dtype == bool
     hidden = np.isnan(fake.calls[0]["masked"]) & np.isfinite(ds["sst"].values)

@@ -6,7 +6,10 @@ import torch
 from conftest import smooth_cube
 
 from geonp.fill.finetune import finetune
+from geonp.fill.options import FitOptions
 from geonp.fill.plan import plan
+
+CPU = torch.device("cpu")
 
 
 def _plan(checkpoint):
@@ -16,9 +19,9 @@ def _plan(checkpoint):
 def test_the_first_steps_of_a_longer_run_are_the_shorter_run(tiny_checkpoint, one_thread):
     p = _plan(tiny_checkpoint)
     snaps = {}
-    finetune(p.choice.model, p.fields, p.spec, 6, torch.device("cpu"), 3, batch_size=4,
+    finetune(p.choice.model, p.fields, p.spec, CPU, FitOptions(steps=6, batch_size=4), 3,
              on_step=lambda step, m, loss: snaps.__setitem__(step, {k: v.clone() for k, v in m.state_dict().items()}))
-    short = finetune(p.choice.model, p.fields, p.spec, 4, torch.device("cpu"), 3, batch_size=4)
+    short = finetune(p.choice.model, p.fields, p.spec, CPU, FitOptions(steps=4, batch_size=4), 3)
     assert sorted(snaps) == [1, 2, 3, 4, 5, 6]
     for k, v in short.state_dict().items():
         torch.testing.assert_close(v, snaps[4][k], atol=0, rtol=0)
@@ -39,7 +42,7 @@ def test_fine_tuning_lowers_the_loss_on_the_cubes_own_cells(tiny_checkpoint, one
                            for b in held_out]).mean().item()
 
     messages = []
-    tuned = finetune(p.choice.model, p.fields, p.spec, 40, torch.device("cpu"), 3, batch_size=4, lr=1e-3,
+    tuned = finetune(p.choice.model, p.fields, p.spec, CPU, FitOptions(steps=40, batch_size=4, lr=1e-3), 3,
                      say=messages.append)
     assert len(messages) == 5  # "fine-tuning: step N/40, NLL x" every 8 steps
     before, after = nll(p.choice.model), nll(tuned)
@@ -52,19 +55,18 @@ def test_the_cli_and_the_python_api_share_one_fit_steps_default(tiny_checkpoint,
     import geonp
     from geonp.cli import _parser
     from geonp.demo import run_demo
-    from geonp.fill import FIT_STEPS
-
-    assert inspect.signature(plan).parameters["fit_steps"].default == FIT_STEPS
-    assert inspect.signature(run_demo).parameters["fit_steps"].default == FIT_STEPS
-    assert _parser().parse_args(["infill", "in.nc", "-o", "out.zarr"]).fit_steps == FIT_STEPS
+    steps = FitOptions().steps
+    assert inspect.signature(run_demo).parameters["fit_steps"].default == steps
+    for command in (["infill", "in.nc", "-o", "out.zarr"], ["evaluate", "in.nc", "--var", "v", "--model", "m"]):
+        assert _parser().parse_args(command).fit_steps == steps
     out = geonp.infill(smooth_cube(t=2, r=20, c=20), "sst", checkpoint=tiny_checkpoint)
-    assert out.attrs["geonp_fit_steps"] == FIT_STEPS
+    assert out.attrs["geonp_fit_steps"] == steps and f'"steps": {steps}' in out.attrs["geonp_options"]
 
 
 def test_wide_clouds_change_the_fine_tuning_windows(tiny_checkpoint, one_thread):
     p = _plan(tiny_checkpoint)
-    plain = finetune(p.choice.model, p.fields, p.spec, 2, torch.device("cpu"), 3, batch_size=4)
-    wide = finetune(p.choice.model, p.fields, p.spec, 2, torch.device("cpu"), 3, batch_size=4, wide_clouds=1.0)
+    plain = finetune(p.choice.model, p.fields, p.spec, CPU, FitOptions(steps=2, batch_size=4), 3)
+    wide = finetune(p.choice.model, p.fields, p.spec, CPU, FitOptions(steps=2, batch_size=4, wide_clouds=1.0), 3)
     assert any(not torch.equal(v, wide.state_dict()[k]) for k, v in plain.state_dict().items())
 
 
@@ -84,7 +86,7 @@ def test_own_gaps_copy_the_cubes_gaps_deterministically(tiny_checkpoint, one_thr
 
 def test_with_history_folds_fine_tuning_hides_the_cells_the_covariates_were_computed_without(tiny_checkpoint,
                                                                                              one_thread):
-    """A field with folds (a model with history covariates, ``FIT_HISTORY_FOLDS``): every
+    """A field with folds (a model with history covariates, ``FitOptions.history_folds``): every
     fine-tuning window's targets are one fold's hidden cells, and none of them is context."""
     import numpy as np
 
@@ -103,3 +105,22 @@ def test_with_history_folds_fine_tuning_hides_the_cells_the_covariates_were_comp
         marks_t, marks_c = batch.xt[b, batch.mask_t[b], 3], batch.xc[b, batch.mask_c[b], 3]
         assert marks_t.min() > marks_c.max()  # targets hidden, context not
     assert len(xt) and len(xc)
+
+
+def test_fine_tuning_is_trainings_step_without_the_run_machinery(tiny_checkpoint, one_thread):
+    """Fine-tuning takes training's optimizer step (geonp.train_step) without the resumable run's
+    loop: the same steps through geonp.train.train give the same weights, bit for bit."""
+    import copy
+
+    from geonp.fill.finetune import FieldWindows
+    from geonp.train import TrainConfig, train
+
+    p = _plan(tiny_checkpoint)
+    tuned = finetune(p.choice.model, p.fields, p.spec, CPU, FitOptions(steps=3, batch_size=4), 3)
+    cfg = TrainConfig(model=p.choice.model.registry_name, out_dir=None, steps=3, batch_size=4, lr=1e-4,
+                      weight_decay=0.0, clip_grad_norm=1.0, val_tasks=0, seed=3, val_seed=4, device="cpu")
+    source = FieldWindows(p.fields, p.spec, 3, p.choice.model.dim_x, None, 0.0, FitOptions().own_gaps)
+    start = copy.deepcopy(p.choice.model).for_training()
+    trained = train(cfg, progress=False, model=start, source=source).model.for_prediction()
+    for k, v in tuned.state_dict().items():
+        torch.testing.assert_close(v, trained.state_dict()[k], atol=0, rtol=0)

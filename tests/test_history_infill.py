@@ -191,10 +191,10 @@ def test_far_points_carry_the_covariates_mean_over_their_own_cells(kriging_check
 
 
 def test_fold_fine_tuning_when_asked_runs_and_leaves_no_folds_behind(kriging_checkpoints, monkeypatch):
-    """``geonp.fill.FIT_HISTORY_FOLDS`` (off by default) is read when fine-tuning starts; the
+    """``FitOptions.history_folds`` (0, off, by default) is taken when fine-tuning starts; the
     folds serve fine-tuning only and are dropped before the blocks are filled."""
-    import geonp.fill
     import geonp.fill.finetune
+    from geonp.fill.options import FillOptions, FitOptions
     from geonp.fill.plan import plan
 
     _, drift = kriging_checkpoints
@@ -207,12 +207,12 @@ def test_fold_fine_tuning_when_asked_runs_and_leaves_no_folds_behind(kriging_che
         seen.append(len(fields[0].folds))
         return real(model, fields, *args, **kwargs)
 
-    monkeypatch.setattr(geonp.fill.finetune, "finetune", counting)
-    monkeypatch.setattr(geonp.fill, "FIT_HISTORY_FOLDS", 3)
+    monkeypatch.setattr(geonp.fill.finetune, "finetune", counting)  # a spy: it fine-tunes as before
     from geonp.fill.prepare import _finetune
 
-    p = plan(ds, "v", "te-pt-tnp", checkpoint=drift, fit_steps=2, device="cpu")
+    options = FillOptions(fit=FitOptions(steps=2, history_folds=3), device="cpu")
+    p = plan(ds, "v", "te-pt-tnp", checkpoint=drift, options=options)
     _finetune(p, None, None)
     assert seen == [3] and all(f.folds == [] for f in p.fields)
-    out = geonp.infill(ds, "v", model="te-pt-tnp", checkpoint=drift, fit_steps=2)
+    out = geonp.infill(ds, "v", model="te-pt-tnp", checkpoint=drift, options=options)
     assert np.isfinite(out["v"].values).all()

@@ -29,7 +29,7 @@ def _without_context_text(totals: dict[str, int]) -> str:
     return ", ".join(f"{v} {n}" for v, n in totals.items())
 
 def infill(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = "te-pt-tnp", *,
-           progress: bool = False, like: xr.Dataset | None = None, **options: Any) -> xr.Dataset:
+           progress: bool = False, like: xr.Dataset | None = None, **keywords: Any) -> xr.Dataset:
     """Fill the gaps of ``ds`` in memory (``geonp.infill``).
 
     Every NaN cell of each variable inside its valid area is predicted; observed cells are
@@ -45,12 +45,14 @@ def infill(ds: xr.Dataset, variables: str | list[str] | None = None, model: str 
         like: the layout to return: its dimensions, coordinates and global attributes (default
             ``ds``; give the dataset as it was before :func:`geonp.data.cube.to_convention` to get
             its own names back, see :mod:`geonp.fill.layout`).
-        options: :func:`plan`'s keywords: ``checkpoint`` (weights instead of the bundled ones),
-            ``valid_mask`` (see :func:`geonp.data.valid.valid_area`), ``elevation`` (a DEM, for
-            models trained with it), ``window`` (cells each window predicts, ``(T, R, C)``),
-            ``device``, ``batch_size`` (windows per model call), ``seed`` and ``fit_steps``
-            (fine-tuning steps on ``ds``'s own observed cells first; default
-            :data:`geonp.fill.FIT_STEPS`).
+        keywords: :func:`plan`'s: what comes with the input, ``checkpoint`` (weights instead of
+            the bundled ones), ``valid_mask`` (see :func:`geonp.data.valid.valid_area`) and
+            ``elevation`` (a DEM, for models trained with it); then how to fill, either
+            ``options`` (a :class:`~geonp.fill.options.FillOptions`) or its keywords: ``fit_steps``
+            (fine-tuning steps on ``ds``'s own observed cells first; default 30, as on the command
+            line), ``window`` (cells each window predicts, ``(T, R, C)``), ``device``,
+            ``batch_size`` (windows per model call), ``seed``, ``nugget``, ``calibrate_sigma``,
+            ``threads``.
 
     Returns:
         A Dataset with, per variable ``v``: ``v`` (observed or predicted, ``v``'s units),
@@ -66,11 +68,12 @@ def infill(ds: xr.Dataset, variables: str | list[str] | None = None, model: str 
             another model, a window larger than the cube, bad option values.
     """
     say = _stderr if progress else None
-    p = plan(ds, variables, model, **options)
+    p = plan(ds, variables, model, **keywords)
     for note in p.notes:
         warnings.warn(note, stacklevel=2)
     prepare(p, None, say)
-    return fill_in_memory(p, ds if like is None else like, renamed_from(ds), options.get("source", "in-memory dataset"))
+    source = keywords.get("source", "in-memory dataset")
+    return fill_in_memory(p, ds if like is None else like, renamed_from(ds), source)
 
 
 def fill_in_memory(p: Plan, layout: xr.Dataset, renamed: dict, source: str) -> xr.Dataset:
@@ -99,7 +102,7 @@ def fill_in_memory(p: Plan, layout: xr.Dataset, renamed: dict, source: str) -> x
 def infill_to_zarr(ds: xr.Dataset, out: str | Path, variables: str | list[str] | None = None,
                    model: str = "te-pt-tnp", *, source: str = "the input", overwrite: bool = False,
                    zarr_format: int = 3, scheduler: str | None = None, workers: int | None = None,
-                   progress: bool = True, like: xr.Dataset | None = None, **options: Any) -> Path:
+                   progress: bool = True, like: xr.Dataset | None = None, **keywords: Any) -> Path:
     """Fill ``ds`` into the Zarr store ``out`` (see :mod:`geonp.fill.output`), resumably.
 
     Blocks (the input's chunks) are written one by one, each marked done after its data; the
@@ -119,7 +122,7 @@ def infill_to_zarr(ds: xr.Dataset, out: str | Path, variables: str | list[str] |
             over it (not with ``scheduler``).
         progress: progress lines on stderr.
         like: the layout of the finished store (default ``ds``; see :func:`infill`).
-        options: :func:`plan`'s keywords, as for :func:`infill`.
+        keywords: :func:`plan`'s, as for :func:`infill`.
 
     Returns:
         ``Path(out)``: the finished CF store (``v``, ``v_std``, ``v_flag`` per variable, the
@@ -134,7 +137,7 @@ def infill_to_zarr(ds: xr.Dataset, out: str | Path, variables: str | list[str] |
         raise ValueError(f"--workers must be >= 1, got {workers}")
     out = Path(out)
     say = _stderr if progress else None
-    p = plan(ds, variables, model, source=source, **options)
+    p = plan(ds, variables, model, source=source, **keywords)
     for note in p.notes:  # shown even with --quiet: the user should know why nothing was filled
         _stderr(f"geonp: note: {note}")
     template = output_template(xr.Dataset(p.cubes), p.names)
@@ -164,7 +167,7 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr)
 
 def infill_file(input: str, out: str | Path, variables: list[str] | None = None, model: str = "te-pt-tnp", *,
-                satellite: bool = False, **options: Any) -> Path:
+                satellite: bool = False, **keywords: Any) -> Path:
     """``geonp infill INPUT -o OUT``: open a file and fill it into a Zarr store.
 
     Args:
@@ -174,7 +177,7 @@ def infill_file(input: str, out: str | Path, variables: list[str] | None = None,
         model: a registry name, as for :func:`infill`.
         satellite: open ``input`` with ``open_satellite`` (QC flags to gaps, the product's valid
             area; exactly one variable) instead of ``open_cube``.
-        options: :func:`infill_to_zarr`'s and :func:`plan`'s keywords.
+        keywords: :func:`infill_to_zarr`'s and :func:`plan`'s.
 
     Returns:
         ``Path(out)``, the finished store, laid out like ``input``.
@@ -193,8 +196,8 @@ def infill_file(input: str, out: str | Path, variables: list[str] | None = None,
     if satellite:
         if not variables or len(variables) != 1:
             raise ValueError("--satellite: name exactly one --var (the product variable to screen and fill)")
-        valid_mask = options.pop("valid_mask", None)
+        valid_mask = keywords.pop("valid_mask", None)
         ds = open_satellite(input, variables[0], valid_mask=valid_mask)
     else:
         ds = open_cube(input)
-    return infill_to_zarr(ds, out, variables, model, source=str(input), like=open_input(input), **options)
+    return infill_to_zarr(ds, out, variables, model, source=str(input), like=open_input(input), **keywords)

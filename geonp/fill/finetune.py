@@ -5,7 +5,9 @@ step draws windows of the same geometry infill uses, hides a cloud-shaped part o
 cells in the prediction region, and minimises the Gaussian negative log-likelihood of the hidden
 values given the rest. The bundled weights are trained with the same windows
 (``pipelines/release/pretrain.py``), so pretraining and fine-tuning see one task distribution, and
-through one training loop (:func:`geonp.train.train`), so they optimise one loss.
+with one optimizer step (:func:`geonp.train_step.optimizer_step`), so they optimise one loss; the
+resumable-run machinery of :mod:`geonp.train` (state files, logs, several processes) stays out of
+a fill, which keeps its fine-tuned weights itself (:mod:`geonp.fill.prepare`).
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ import dask
 import numpy as np
 import torch
 
-from geonp.fill import FIT_LR, FIT_OWN_GAPS, FIT_WIDE_CLOUDS
 from geonp.fill.field import Field
+from geonp.fill.options import FitOptions
 from geonp.models.base import NeuralProcess
 from geonp.tasks.batch import Batch
 from geonp.tasks.history import HistoryFold
 from geonp.tasks.training import training_window
 from geonp.tasks.windows import WindowSpec, WindowTask, collate_windows
+from geonp.threads import adapt as adapt_threads
+from geonp.train_step import optimizer, optimizer_step
 
 
 class FieldWindows:
@@ -38,8 +42,7 @@ class FieldWindows:
     """
 
     def __init__(self, fields: list[Field], spec: WindowSpec, seed: int, dim_x: int,
-                 elevation: np.ndarray | None = None, wide_clouds: float = FIT_WIDE_CLOUDS,
-                 own_gaps: float = FIT_OWN_GAPS) -> None:
+                 elevation: np.ndarray | None = None, wide_clouds: float = 0.0, own_gaps: float = 0.0) -> None:
         self.fields, self.spec, self.elevation, self.wide_clouds = fields, spec, elevation, wide_clouds
         self.own_gaps = own_gaps
         self.dim_x, self.dim_y = dim_x, 1
@@ -66,40 +69,36 @@ class FieldWindows:
         return []  # the fine-tuned model is judged by the evaluation, not by a held-out loss here
 
 
-def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, steps: int, device: torch.device,
-             seed: int = 0, elevation: np.ndarray | None = None, say: Callable[[str], None] | None = None,
-             batch_size: int = 8, lr: float = FIT_LR, wide_clouds: float = FIT_WIDE_CLOUDS,
-             own_gaps: float = FIT_OWN_GAPS,
+def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, device: torch.device,
+             options: FitOptions | None = None, seed: int = 0, elevation: np.ndarray | None = None,
+             say: Callable[[str], None] | None = None,
              on_step: Callable[[int, NeuralProcess, float], None] | None = None) -> NeuralProcess:
-    """A fine-tuned copy of ``model`` after ``steps`` optimizer steps on windows of ``fields``.
+    """A fine-tuned copy of ``model`` after ``options.steps`` optimizer steps on windows of ``fields``.
 
-    Runs geonp's training loop (:func:`geonp.train.train`) in memory: AdamW without weight
-    decay (i.e. Adam), gradients clipped at norm 1. ``wide_clouds``: share of windows whose clouds
-    span the whole view (see :func:`~geonp.tasks.training.training_window`); ``own_gaps``: share of
-    windows hidden under the input's own gaps from elsewhere (see :class:`FieldWindows`). Each
-    window reads only its own slab of the cube, so memory does not grow with the cube.
-    Deterministic for a given seed: the first ``n`` steps of a longer run are an ``n``-step run,
-    so ``on_step(step, model, loss)`` (called after every step, ``model`` in training mode) can
-    take snapshots for a fine-tuning curve in one run.
+    Adam (AdamW without weight decay) at ``options.lr``, gradients clipped at norm 1, as
+    training steps are (:func:`geonp.train_step.optimizer_step`). ``options.wide_clouds``: share of
+    windows whose clouds span the whole view (see :func:`~geonp.tasks.training.training_window`);
+    ``options.own_gaps``: share of windows hidden under the input's own gaps from elsewhere (see
+    :class:`FieldWindows`). Each window reads only its own slab of the cube, so memory does not
+    grow with the cube. Deterministic for a given seed: the first ``n`` steps of a longer run are
+    an ``n``-step run, so ``on_step(step, model, loss)`` (called after every step, ``model`` in
+    training mode) can take snapshots for a fine-tuning curve in one run. ``model`` is unchanged.
     """
-    from geonp.train import TrainConfig, train
-
-    every = max(1, steps // 5)
+    options = FitOptions() if options is None else options
+    every = max(1, options.steps // 5)
     losses: list[float] = []
-
-    def step_done(step: int, tuned: NeuralProcess, loss: float) -> None:
-        losses.append(loss)
+    torch.manual_seed(seed)  # as a training run seeds before it starts: whatever draws from torch follows the seed
+    tuned = copy.deepcopy(model).for_training().to(device)
+    tuned.train()
+    opt = optimizer(tuned, options.lr, weight_decay=0.0)
+    source = FieldWindows(fields, spec, seed, model.dim_x, elevation, options.wide_clouds, options.own_gaps)
+    for step in range(1, options.steps + 1):
+        adapt_threads()
+        losses.append(optimizer_step(tuned, opt, source.sample(options.batch_size), device, options.lr, 1.0))
         if on_step is not None:
-            on_step(step, tuned, loss)
+            on_step(step, tuned, losses[-1])
         if say and step % every == 0:
-            say(f"fine-tuning: step {step}/{steps}, NLL {np.mean(losses[-every:]):.3f}")
-
-    cfg = TrainConfig(model=model.registry_name, out_dir=None, steps=steps, batch_size=batch_size, lr=lr,
-                      weight_decay=0.0, clip_grad_norm=1.0, val_tasks=0, seed=seed, val_seed=seed + 1,
-                      device=str(device), log_every=every)
-    start = copy.deepcopy(model).for_training()
-    source = FieldWindows(fields, spec, seed, model.dim_x, elevation, wide_clouds, own_gaps)
-    tuned = train(cfg, progress=False, model=start, source=source, on_step=step_done).model
+            say(f"fine-tuning: step {step}/{options.steps}, NLL {np.mean(losses[-every:]):.3f}")
     return tuned.for_prediction()
 
 

@@ -17,12 +17,11 @@ import numpy as np
 import torch
 import xarray as xr
 
-import geonp.fill as fill_defaults
 from geonp.device import resolve_device
-from geonp.fill import FIT_STEPS, NUGGET_CHOICES
 from geonp.fill.blocks import BlockResult, fill_block
 from geonp.fill.field import Field, select_variables, summarise, valid_cells
 from geonp.fill.nugget import takes_nugget
+from geonp.fill.options import FillOptions
 from geonp.fill.predictor import ModelChoice, choose_model
 from geonp.fill.stack import add_history, reconstruct, stack_block
 from geonp.tasks.covariate_maps import unscaled_count
@@ -34,7 +33,7 @@ from geonp.version import __version__
 
 @dataclass
 class Plan:
-    """Everything a block needs: the fields, the model, the window spec and run settings."""
+    """Everything a block needs: the fields, the model, the window spec and how to fill (``options``)."""
 
     fields: list[Field]
     choice: ModelChoice
@@ -42,12 +41,8 @@ class Plan:
     cubes: dict[str, xr.DataArray]  # each variable as [*extra, time, rows, cols] (see ``canonical``)
     shape: tuple[int, int, int]  # the largest field's [time, rows, cols], which ``spec`` is fitted to
     elevation: np.ndarray | None
-    device: torch.device
-    batch_size: int
-    seed: int
-    fit_steps: int
-    calibrate_sigma: bool = False  # scale sigma on the input's own cells (geonp.fill.calibrate)
-    nugget: str = "auto"  # the kriging head's nugget, for a model that takes the scene's (geonp.fill.nugget)
+    device: torch.device  # options.device, resolved
+    options: FillOptions
     command: str = "geonp.infill(...) (Python)"
     notes: list[str] = field(default_factory=list)
     history: str | None = None  # the history covariates each field got, when the model takes them
@@ -61,7 +56,7 @@ class Plan:
         # A field of another shape than the largest (no time axis beside a cube that has one)
         # gets the same windows clipped to it, as a cube of that shape alone would.
         return fill_block(f, key, self.choice.model, self.spec_for(f), self.elevation, self.device,
-                          self.batch_size, self.seed)
+                          self.options.batch_size, self.options.seed)
 
     def spec_for(self, f: Field) -> WindowSpec:
         """The windows of field ``f``: ``spec``, clipped to a field smaller than the largest."""
@@ -114,24 +109,20 @@ def _window_spec(window: WindowSpec | tuple | str | None, shape: tuple[int, int,
 
 def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = "te-pt-tnp", *,
          checkpoint: str | Path | None = None, valid_mask: str | Path | xr.DataArray | None = None,
-         elevation: str | Path | None = None, window: WindowSpec | tuple | str | None = None,
-         device: str = "auto", batch_size: int = 16, seed: int = 0, fit_steps: int = FIT_STEPS,
-         calibrate_sigma: bool | None = None, nugget: str = "auto", source: str = "the input",
-         command: str | None = None, threads: int | None = None) -> Plan:
+         elevation: str | Path | None = None, options: FillOptions | None = None, source: str = "the input",
+         command: str | None = None, **keywords: Any) -> Plan:
     """Check the request against the cube and load the model; raises ValueError with one line.
 
-    ``nugget``: for a model whose kriging head takes the scene's nugget share, which nugget it uses
-    (:data:`geonp.fill.nugget.NUGGET_CHOICES`; ``auto`` chooses per field on the input's own cells).
-    ``threads``: the CPU threads of the fill (default: the cores this process may use,
-    :func:`geonp.threads.usable_cores`)."""
-    if nugget not in NUGGET_CHOICES:
-        raise ValueError(f"--nugget must be one of {', '.join(NUGGET_CHOICES)}, got {nugget!r}")
-    if batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
-    if fit_steps < 0:
-        raise ValueError(f"--fit-steps must be >= 0, got {fit_steps}")
-    configure_threads(threads)
-    dev = resolve_device(device)
+    ``options``: how to fill (:class:`~geonp.fill.options.FillOptions`; default its defaults), or
+    instead its keywords (``fit_steps=0, seed=3``, :meth:`FillOptions.from_keywords`), not both.
+    ``checkpoint``, ``valid_mask`` and ``elevation`` say what the input is and what it comes with."""
+    if options is None:
+        options = FillOptions.from_keywords(**keywords)
+    elif keywords:
+        raise ValueError(f"give options= or its keywords ({', '.join(sorted(keywords))}), not both")
+    nugget, seed = options.nugget, options.seed
+    configure_threads(options.threads)
+    dev = resolve_device(options.device)
     if elevation is not None:
         from geonp.data import attach_elevation
 
@@ -155,9 +146,9 @@ def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = 
         if "elevation" not in ds.coords:
             raise ValueError(f"--model {model}: the model takes elevation but {source} has none; pass --elevation")
         elev = np.nan_to_num(ds["elevation"].transpose(*fields[0].data.dims[1:]).values.astype(np.float64))
-    spec = _window_spec(window, largest, choice.scaling, choice.model is not None and choice.model.supports_gridded)
-    result = Plan(fields, choice, spec, cubes, largest, elev, dev, batch_size, seed, fit_steps,
-                  fill_defaults.CALIBRATE_SIGMA if calibrate_sigma is None else bool(calibrate_sigma), nugget)
+    gridded = choice.model is not None and choice.model.supports_gridded
+    spec = _window_spec(options.window, largest, choice.scaling, gridded)
+    result = Plan(fields, choice, spec, cubes, largest, elev, dev, options)
     if choice.covariates:
         result.history = "; ".join(add_history(f, choice.covariates, seed) for f in fields if f.observed)
     if choice.model is None:
@@ -193,7 +184,8 @@ def provenance(p: Plan, source: str) -> dict[str, Any]:
         "geonp_model": p.choice.name,
         "geonp_checkpoint": str(p.choice.checkpoint) if p.choice.checkpoint else "none (model without weights)",
         "geonp_checkpoint_sha256": p.choice.sha256 or "none",
-        "geonp_fit_steps": p.fit_steps,
+        "geonp_fit_steps": p.options.fit.steps,
+        "geonp_options": p.options.describe(),
         "geonp_window": str(p.spec.as_dict()),
         "geonp_date_created": now,
     }
@@ -210,9 +202,8 @@ def provenance(p: Plan, source: str) -> dict[str, Any]:
 def request(p: Plan, source: str) -> dict[str, Any]:
     """The store's record of the request: a store written under another request is not resumed."""
     return {"source": str(source), "variables": p.names, "model": p.choice.name,
-            "checkpoint_sha256": p.choice.sha256, "fit_steps": p.fit_steps, "window": p.spec.as_dict(),
-            "seed": p.seed, "elevation": p.elevation is not None, "calibrate_sigma": p.calibrate_sigma,
-            "nugget": p.nugget,
+            "checkpoint_sha256": p.choice.sha256, "options": p.options.record(), "window": p.spec.as_dict(),
+            "elevation": p.elevation is not None,
             "valid_cells": [int(f.valid.sum()) for f in p.fields],
             # How windows reach beyond their halo: a store filled under another rule is not resumed.
             "far_context": {"min_far": MIN_FAR, "opening": OPENING, "share": FAR_SHARE}}

@@ -12,7 +12,6 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-import geonp.fill as fill_defaults
 from geonp.atomic import write_text_atomic
 from geonp.fill.nugget import choose_nugget, takes_nugget, use_network_nugget
 from geonp.fill.plan import Plan
@@ -46,15 +45,16 @@ def _choose_nugget(p: Plan, store_dir: Path | None, say: Callable[[str], None] |
         use_network_nugget(p.fields, record["network"])
         p.nugget_chosen, p.nugget_network = record["said"], record["network"]
         return
-    p.nugget_chosen, p.nugget_network = choose_nugget(p.choice.model, p.fields, p.spec, p.device, p.nugget, p.seed,
-                                                      p.elevation, p.choice.covariates, say)
+    p.nugget_chosen, p.nugget_network = choose_nugget(p.choice.model, p.fields, p.spec, p.device, p.options.nugget,
+                                                      p.options.seed, p.elevation, p.choice.covariates, say)
     if saved is not None:
         write_text_atomic(saved, json.dumps({"said": p.nugget_chosen, "network": p.nugget_network}))
 
 
 def _finetune(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None) -> None:
     """``--fit-steps``: fine-tune on the cube's own observations (reusing weights saved by a killed run)."""
-    if p.fit_steps == 0 or p.choice.model is None or not p.choice.model.trainable or all(f.gaps == 0 for f in p.fields):
+    fit = p.options.fit
+    if fit.steps == 0 or p.choice.model is None or not p.choice.model.trainable or all(f.gaps == 0 for f in p.fields):
         return
     from geonp.fill.finetune import finetune
     from geonp.models import load, save
@@ -65,25 +65,24 @@ def _finetune(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None
         # another order, and a resumed run must write what an uninterrupted one would.
         p.choice.model = load(saved, device=p.device).for_prediction()
         return
-    folds = fill_defaults.FIT_HISTORY_FOLDS  # read now, so setting geonp.fill.FIT_HISTORY_FOLDS takes effect
-    if p.choice.covariates and folds:
+    if p.choice.covariates and fit.history_folds:
         for f in p.fields:
-            add_history_folds(f, p.choice.covariates, folds, p.seed)
-    p.choice.model = finetune(p.choice.model, p.fields, p.spec, p.fit_steps, p.device, p.seed, p.elevation, say)
+            add_history_folds(f, p.choice.covariates, fit.history_folds, p.options.seed)
+    p.choice.model = finetune(p.choice.model, p.fields, p.spec, p.device, fit, p.options.seed, p.elevation, say)
     for f in p.fields:
         f.folds = []  # only fine-tuning needs them: blocks (and dask workers) do not carry them
     if saved is not None:
-        save(p.choice.model, saved, extra={"infill": {"fit_steps": p.fit_steps}})
+        save(p.choice.model, saved, extra={"infill": {"fit_steps": fit.steps}})
 
 def _calibrate(p: Plan, say: Callable[[str], None] | None) -> None:
     """Sigma scaled per distance bin on the input's own hidden cells (:mod:`geonp.fill.calibrate`),
     when the plan asks for it and the model is a trained neural process."""
-    if not p.calibrate_sigma or p.choice.model is None or not p.choice.model.trainable \
+    if not p.options.calibrate_sigma or p.choice.model is None or not p.choice.model.trainable \
             or all(f.gaps == 0 for f in p.fields):
         return
     from geonp.fill.calibrate import calibrate, describe
 
-    p.choice.model, scales = calibrate(p.choice.model, p.fields, p.spec, p.device, p.seed, p.elevation,
+    p.choice.model, scales = calibrate(p.choice.model, p.fields, p.spec, p.device, p.options.seed, p.elevation,
                                        p.choice.covariates)
     p.sigma_scales = describe(scales)
     if say:

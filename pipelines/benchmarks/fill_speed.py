@@ -3,6 +3,7 @@
     python -m pipelines.benchmarks.fill_speed                                   # every case, quiet and contended
     python -m pipelines.benchmarks.fill_speed --cases scene150k demo --models te-pt-tnp kriging
     python -m pipelines.benchmarks.fill_speed --cases cube1m --models te-pt-tnp --quiet-only
+    python -m pipelines.benchmarks.fill_speed --cases demo --models te-pt-tnp --threads 2   # a fixed count
 
 Cases (each filled whole with ``geonp.infill``, the defaults a user gets, in a process of its own):
 
@@ -17,6 +18,9 @@ Each (case, model) runs once quiet, then once *contended*: beside another CPU-bo
 with its default threads (matrix products in a loop, started first and stopped after), with no
 setting changed. Reported: wall time of the fill, peak resident memory of the process, gap cells
 filled per second, and the contended time over the quiet one (issue 54's goal: at most 2.5).
+``--threads N`` fills with a fixed thread count (``geonp infill --threads N``) instead of geonp's
+choice (``auto``: the usable cores, less those another job holds, :func:`geonp.threads.adapt`);
+rows are kept per setting, so a table can show both.
 Writes ``pipelines/results/fill_speed_cpu.md`` and ``.json`` (rows of earlier runs kept unless
 rerun).
 """
@@ -71,7 +75,7 @@ def load_case(case: str):
     raise ValueError(f"unknown case {case!r}; one of {', '.join(CASES)}")
 
 
-def one(case: str, model: str) -> dict:
+def one(case: str, model: str, threads: int | None = None) -> dict:
     """Fill one case with one model in this process; what the parent records."""
     import geonp
     from geonp.models import te_fused
@@ -82,20 +86,21 @@ def one(case: str, model: str) -> dict:
     gaps = int((~np.isfinite(ds[variable].values) & np.broadcast_to(ds["valid"].values, ds[variable].shape)).sum()
                if "valid" in ds else (~np.isfinite(ds[variable].values)).sum())
     start = time.perf_counter()
-    geonp.infill(ds, variable, model, device="cpu")
+    geonp.infill(ds, variable, model, device="cpu", threads=threads)
     wall = time.perf_counter() - start
-    return {"case": case, "model": model, "gap_cells": gaps, "wall_s": round(wall, 1),
-            "cells_per_s": round(gaps / wall), "peak_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-                                                                / 2**20, 2), "threads": torch.get_num_threads()}
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return {"case": case, "model": model, "threads_asked": threads or "auto", "gap_cells": gaps,
+            "wall_s": round(wall, 1), "cells_per_s": round(gaps / wall), "peak_gb": round(peak_gb, 2)}
 
 
-def measure(case: str, model: str, contended: bool) -> dict | None:
+def measure(case: str, model: str, contended: bool, threads: int | None = None) -> dict | None:
     """Run :func:`one` in a child process, beside the competitor when ``contended``."""
     other = subprocess.Popen([sys.executable, "-c", COMPETITOR]) if contended else None
     try:
         if other is not None:
             time.sleep(5)  # the other job at full speed before the fill starts
-        out = subprocess.run([sys.executable, "-m", "pipelines.benchmarks.fill_speed", "--one", case, model],
+        fixed = ["--threads", str(threads)] if threads else []
+        out = subprocess.run([sys.executable, "-m", "pipelines.benchmarks.fill_speed", "--one", case, model, *fixed],
                              capture_output=True, text=True, cwd=REPO, timeout=7200)
     finally:
         if other is not None:
@@ -113,10 +118,11 @@ def main() -> None:
     parser.add_argument("--cases", nargs="*", default=list(CASES), choices=CASES)
     parser.add_argument("--models", nargs="*", default=list(MODELS), choices=MODELS)
     parser.add_argument("--quiet-only", action="store_true", help="skip the contended runs")
+    parser.add_argument("--threads", type=int, default=None, help="a fixed thread count (default: geonp's choice)")
     parser.add_argument("--one", nargs=2, metavar=("CASE", "MODEL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(*args.one)), flush=True)
+        print(json.dumps(one(*args.one, threads=args.threads)), flush=True)
         return
     text = header("Fill speed, quiet and beside another job", torch.device("cpu"),
                   "each fill alone in its process with geonp's defaults (te-pt-tnp: 30 fit steps, the nugget check); "
@@ -128,25 +134,28 @@ def main() -> None:
             if model == "dineof" and case in ("scene150k", "demo"):
                 continue
             for contended in (False,) if args.quiet_only else (False, True):
-                row = measure(case, model, contended)
+                row = measure(case, model, contended, args.threads)
                 if row is not None:
                     rows.append({**row, "commit": commit})
                     print(json.dumps(rows[-1]), flush=True)
     path = OUT.with_suffix(".json")
-    ran = {(r["case"], r["model"], r["contended"]) for r in rows}
+    def key(r: dict) -> tuple:
+        return r["case"], r["model"], str(r.get("threads_asked", "auto")), r["contended"]
+
+    ran = {key(r) for r in rows}
     if path.exists():
-        rows += [r for r in json.loads(path.read_text())["rows"] if (r["case"], r["model"], r["contended"]) not in ran]
-    rows.sort(key=lambda r: (CASES.index(r["case"]), MODELS.index(r["model"]), r["contended"]))
-    lines = ["| case | model | gap cells | quiet s | contended s | contended / quiet | cells/s (quiet) | peak GB | "
-             "threads | commit |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for (case, model) in dict.fromkeys((r["case"], r["model"]) for r in rows):
-        quiet = next((r for r in rows if (r["case"], r["model"], r["contended"]) == (case, model, False)), None)
-        busy = next((r for r in rows if (r["case"], r["model"], r["contended"]) == (case, model, True)), None)
+        rows += [r for r in json.loads(path.read_text())["rows"] if key(r) not in ran]
+    rows.sort(key=lambda r: (CASES.index(r["case"]), MODELS.index(r["model"]), key(r)[2], r["contended"]))
+    lines = ["| case | model | threads | gap cells | quiet s | contended s | contended / quiet | cells/s (quiet) | "
+             "peak GB | commit |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for setting in dict.fromkeys(key(r)[:3] for r in rows):
+        quiet = next((r for r in rows if key(r) == (*setting, False)), None)
+        busy = next((r for r in rows if key(r) == (*setting, True)), None)
         first = quiet or busy
         ratio = f"{busy['wall_s'] / quiet['wall_s']:.2f}" if quiet and busy else "–"
-        lines.append(f"| {case} | {model} | {first['gap_cells']} | {quiet['wall_s'] if quiet else '–'} | "
-                     f"{busy['wall_s'] if busy else '–'} | {ratio} | {quiet['cells_per_s'] if quiet else '–'} | "
-                     f"{first['peak_gb']} | {first['threads']} | {first['commit']} |")
+        lines.append(f"| {setting[0]} | {setting[1]} | {setting[2]} | {first['gap_cells']} | "
+                     f"{quiet['wall_s'] if quiet else '–'} | {busy['wall_s'] if busy else '–'} | {ratio} | "
+                     f"{quiet['cells_per_s'] if quiet else '–'} | {first['peak_gb']} | {first['commit']} |")
     OUT.with_suffix(".md").write_text(text + "\n" + "\n".join(lines) + "\n")
     path.write_text(json.dumps({"header": text, "rows": rows}, indent=1) + "\n")
     print(OUT.with_suffix(".md").read_text())

@@ -40,7 +40,7 @@ from geonp.data import open_satellite
 from geonp.data.readers import data_folder
 from geonp.device import resolve_device
 from geonp.evaluate import evaluate
-from geonp.fill import NUGGET_CHOICES
+from geonp.fill.options import NUGGET_CHOICES
 from geonp.fill.predictor import bundled_checkpoint
 from geonp.skill_table import write_table
 from pipelines.benchmarks.satellite_cv import _earlier, keep_earlier

@@ -36,7 +36,7 @@ import torch
 
 from geonp.device import resolve_device
 from geonp.evaluate import evaluate
-from geonp.fill import FIT_STEPS
+from geonp.fill.options import FitOptions
 from geonp.metrics import WIDE_DISTANCE_BINS, distance_bin
 from pipelines.checkpoint_variants import bundled_variants
 from pipelines.provenance import REPO, git_commit, header
@@ -46,8 +46,8 @@ from pipelines.suite_scenes import SPEC, SPLITS, Scene, draw, load
 ROWS = ["linear", "kriging", "dineof", "te-pt-tnp"]
 BINS = WIDE_DISTANCE_BINS
 BUDGET = ("bundled weights unless a row names others; `te-pt-tnp` fills with geonp's defaults (fine-tuned "
-          f"{FIT_STEPS} steps on the scene, the nugget check), `@N` with N fit steps; a row's commit is the run "
-          "that produced it (`--reuse` keeps earlier rows of scenes drawn the same)")
+          f"{FitOptions().steps} steps on the scene, the nugget check), `@N` with N fit steps; a row's commit is "
+          "the run that produced it (`--reuse` keeps earlier rows of scenes drawn the same)")
 
 
 def scene_record(scene: Scene, res: dict) -> dict:
@@ -133,7 +133,7 @@ def run(scenes: list[Scene], rows: list[str], trained: dict[str, str], seed: int
             if label == "dineof" and scene.kind == "single":
                 continue  # DINEOF needs a history
             model, checkpoints = ("te-pt-tnp", {"te-pt-tnp": trained[label]}) if label in trained else (label, None)
-            steps = int(fit) if fit else (FIT_STEPS if model == "te-pt-tnp" else 0)
+            steps = int(fit) if fit else (FitOptions().steps if model == "te-pt-tnp" else 0)
             try:
                 res = evaluate(ds, variable, [model], checkpoints=checkpoints, fit_steps=steps, seed=seed,
                                options={"device": "auto"}, hide_under=under, distance_bins=BINS, keep_cells=True)

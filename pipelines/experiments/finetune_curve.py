@@ -35,6 +35,7 @@ from geonp.data import open_satellite
 from geonp.data.readers import data_folder
 from geonp.evaluate import evaluate, static_valid_area
 from geonp.fill.finetune import finetune
+from geonp.fill.options import FitOptions
 from geonp.fill.plan import plan
 from geonp.models import save
 from geonp.tasks.hidden import hide_cells
@@ -80,8 +81,8 @@ def curve(scene: str, checkpoint: str, model: str, steps: list[int], lrs: list[f
             if step in steps:
                 snaps[step] = (copy.deepcopy(m).eval(), time.perf_counter() - start)
 
-        finetune(p.choice.model, p.fields, p.spec, max(steps), torch.device("cpu"), SEED, p.elevation, lr=lr,
-                 wide_clouds=wide, own_gaps=own, on_step=keep)
+        fit = FitOptions(steps=max(steps), lr=lr, wide_clouds=wide, own_gaps=own)
+        finetune(p.choice.model, p.fields, p.spec, torch.device("cpu"), fit, SEED, p.elevation, on_step=keep)
         for step in sorted(snaps):
             score(snaps[step][0], step, lr, wide, own, snaps[step][1])
     return rows

@@ -29,9 +29,9 @@ import torch
 
 from geonp.data.cube import renamed_from
 from geonp.evaluate import static_valid_area
-from geonp.fill import FIT_STEPS
 from geonp.fill.engine import fill_in_memory, infill
 from geonp.fill.nugget import use_network_nugget
+from geonp.fill.options import FitOptions
 from geonp.fill.plan import plan
 from geonp.fill.prepare import prepare
 from geonp.tasks.hidden import distance_to_context, hide_under_mask
@@ -54,7 +54,7 @@ RULES = {
 CACHE = REPO / "runs" / "self_check"
 
 
-def fill_scene(scene: Scene, fit_steps: int = FIT_STEPS, seed: int = 0) -> dict[str, np.ndarray]:
+def fill_scene(scene: Scene, fit_steps: int = FitOptions().steps, seed: int = 0) -> dict[str, np.ndarray]:
     """Steps 1-2 of the module docstring for one scene: the arrays the rules need."""
     ds, variable, under = load(scene)
     da = ds[variable].compute()
@@ -114,7 +114,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--split", choices=SPLITS, required=True)
     parser.add_argument("--scenes", nargs="*", default=None)
-    parser.add_argument("--fit-steps", type=int, default=FIT_STEPS, help="te-pt-tnp's fine-tuning steps")
+    parser.add_argument("--fit-steps", type=int, default=FitOptions().steps, help="te-pt-tnp's fine-tuning steps")
     parser.add_argument("--score", action="store_true", help="only score the cached fills")
     args = parser.parse_args()
     scenes = [s for s in draw(args.split) if not args.scenes or s.name in args.scenes]

@@ -27,7 +27,6 @@ from torch.distributions import Normal
 
 from geonp.metrics import DISTANCE_BINS
 from geonp.models.base import NeuralProcess
-from geonp.threads import adapt as adapt_threads
 
 #: Windows predicted to calibrate (in batches of :data:`BATCH`): each holds 100-400 hidden cells.
 CALIBRATION_WINDOWS = 64
@@ -114,7 +113,6 @@ def measure(model: NeuralProcess, source, device: torch.device | str, cells_per_
     zs, bins = [], []
     for _ in range(max(1, windows // BATCH)):
         b = source.sample(BATCH).to(device)
-        adapt_threads()
         dist = model(b.xc, b.yc, b.xt, b.mask_c, b.mask_t)
         z = ((b.yt - dist.loc) / dist.scale)[..., 0]  # [B, Nt]
         d = target_distance(b.xc, b.xt, b.mask_c, cells_per_unit)

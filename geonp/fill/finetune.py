@@ -26,7 +26,6 @@ from geonp.tasks.batch import Batch
 from geonp.tasks.history import HistoryFold
 from geonp.tasks.training import training_window
 from geonp.tasks.windows import WindowSpec, WindowTask, collate_windows
-from geonp.threads import adapt as adapt_threads
 from geonp.train_step import optimizer, optimizer_step
 
 
@@ -93,7 +92,6 @@ def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, device
     opt = optimizer(tuned, options.lr, weight_decay=0.0)
     source = FieldWindows(fields, spec, seed, model.dim_x, elevation, options.wide_clouds, options.own_gaps)
     for step in range(1, options.steps + 1):
-        adapt_threads()
         losses.append(optimizer_step(tuned, opt, source.sample(options.batch_size), device, options.lr, 1.0))
         if on_step is not None:
             on_step(step, tuned, losses[-1])

@@ -30,7 +30,6 @@ from geonp.fill.field import Field
 from geonp.fill.options import NUGGET_CHOICES
 from geonp.models.base import NeuralProcess
 from geonp.tasks.covariate_maps import OWN_NUGGET, flat_covariates, is_flat
-from geonp.threads import adapt as adapt_threads
 
 #: Windows each option is scored on first, as many as calibration's (in its batches of
 #: :data:`geonp.fill.calibrate.BATCH`, with its history folds): each hides 100-400 cells.
@@ -86,7 +85,6 @@ def paired_crps(model: NeuralProcess, source, device: torch.device | str, window
         keep = b.mask_t.cpu().numpy()  # [B, Nt]
         window.append(np.broadcast_to(i * BATCH + np.arange(keep.shape[0])[:, None], keep.shape)[keep])
         for xc, xt, out in ((b.xc, b.xt, scene), (with_own_nugget(b.xc), with_own_nugget(b.xt), own)):
-            adapt_threads()
             dist = model(xc, b.yc, xt, b.mask_c, b.mask_t)
             out.append(sr.crps_normal(b.yt[..., 0].cpu().numpy()[keep], dist.loc[..., 0].float().cpu().numpy()[keep],
                                       dist.scale[..., 0].float().cpu().numpy()[keep]))

@@ -26,7 +26,6 @@ from geonp.models.registry import available, load_with_meta
 from geonp.tasks.covariate_maps import check_nugget_input
 from geonp.tasks.history import HISTORY_COVARIATES
 from geonp.tasks.windows import WindowTask, collate_windows
-from geonp.threads import adapt as adapt_threads
 
 #: ``--model`` names filled from a field's whole stack rather than window by window (:mod:`geonp.fill.stack`).
 STACK_METHODS = ("dineof", "kriging")
@@ -181,7 +180,6 @@ def predict_windows(model: NeuralProcess, tasks: list[WindowTask], device: torch
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
         b = collate_windows([tasks[i] for i in chunk], device)
-        adapt_threads()  # every batch: another job may have started or stopped since the last
         dist = model(b.xc, b.yc, b.xt, b.mask_c, b.mask_t)
         loc = dist.loc[..., 0].float().cpu().numpy()  # [B, Nt]
         scale = dist.scale[..., 0].float().cpu().numpy()

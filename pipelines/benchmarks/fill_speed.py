@@ -19,8 +19,10 @@ with its default threads (matrix products in a loop, started first and stopped a
 setting changed. Reported: wall time of the fill, peak resident memory of the process, gap cells
 filled per second, and the contended time over the quiet one (issue 54's goal: at most 2.5).
 ``--threads N`` fills with a fixed thread count (``geonp infill --threads N``) instead of geonp's
-choice (``auto``: the usable cores, less those another job holds, :func:`geonp.threads.adapt`);
-rows are kept per setting, so a table can show both.
+choice (``auto``: the cores the process may use, :func:`geonp.threads.configure`); rows are kept
+per setting, so a table can show both. (The ``auto`` rows at commit 916d601 ran with threads that
+gave way to the other job, ``geonp.threads.adapt``; no faster than 2 fixed threads beside it,
+304.8 s against 238.7 s, it was removed.)
 Writes ``pipelines/results/fill_speed_cpu.md`` and ``.json`` (rows of earlier runs kept unless
 rerun).
 """

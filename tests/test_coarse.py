@@ -65,7 +65,7 @@ def test_history_covariates_compute_coarse_for_one_scene_and_keep_history_flat()
     assert maps.shape == (2, 1, 100, 120)
     assert np.ptp(maps[0]) == 0.0  # one scene: no history to learn from
     np.testing.assert_allclose(maps[1, 0, 20:80, 30:90], plane()[20:80, 30:90], atol=1e-5)
-    assert "coarse" in what and "dineof flat" in what
+    assert "coarse" in what and "dineof not used" in what
 
 
 def test_blocks_in_one_line_give_the_step_mean_instead_of_failing():

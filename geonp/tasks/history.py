@@ -111,7 +111,7 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
             said.append(f"{COVARIATE_WORDS[name]} ({name})")
             continue
         elif lacking is not None:
-            said.append(f"no {COVARIATE_WORDS[name]} ({name}: {lacking})")
+            said.append(f"{name} not used ({lacking})")
             continue
         elif name == "dineof":
             rec = dineof(values, valid, rng=rng)

@@ -42,3 +42,15 @@ def test_the_output_records_the_options_it_was_filled_with():
     out = geonp.infill(smooth_cube(t=2, r=12, c=12), "sst", model="linear", options=FillOptions(seed=7))
     recorded = json.loads(out.attrs["geonp_options"])
     assert recorded["seed"] == 7 and recorded["fit"]["steps"] == FitOptions().steps and recorded["nugget"] == "auto"
+
+
+def test_the_checks_on_the_inputs_own_cells_hide_them_as_fine_tuning_does():
+    """The nugget check and calibration draw FieldWindows with its defaults: half of them under the
+    input's own gaps, as fine-tuning's windows (an earlier refactor had left them at none)."""
+    import inspect
+
+    from geonp.fill.finetune import FieldWindows
+
+    defaults = inspect.signature(FieldWindows).parameters
+    assert defaults["own_gaps"].default == FitOptions().own_gaps == 0.5
+    assert defaults["wide_clouds"].default == FitOptions().wide_clouds

@@ -41,7 +41,8 @@ class FieldWindows:
     """
 
     def __init__(self, fields: list[Field], spec: WindowSpec, seed: int, dim_x: int,
-                 elevation: np.ndarray | None = None, wide_clouds: float = 0.0, own_gaps: float = 0.0) -> None:
+                 elevation: np.ndarray | None = None, wide_clouds: float = FitOptions.wide_clouds,
+                 own_gaps: float = FitOptions.own_gaps) -> None:
         self.fields, self.spec, self.elevation, self.wide_clouds = fields, spec, elevation, wide_clouds
         self.own_gaps = own_gaps
         self.dim_x, self.dim_y = dim_x, 1

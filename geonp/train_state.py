@@ -16,7 +16,6 @@ import torch
 from geonp.checkpoint import read_checkpoint, write_checkpoint
 from geonp.models.base import NeuralProcess
 from geonp.models.registry import same_model
-from geonp.models.retired import drop_retired_weights
 
 
 def rank_state(rng: torch.Generator, device: torch.device) -> dict[str, Any]:
@@ -68,9 +67,8 @@ def load_state(path: Path, model: NeuralProcess, opt: torch.optim.Optimizer, ran
         raise ValueError(f"checkpoint {path}: written by {written} training process(es), resumed with {world}; "
                          f"resume with --nproc-per-node giving {written} in all")
     weights = {k[6:]: v for k, v in tensors.items() if k.startswith("model.")}
-    kept = drop_retired_weights(meta["model"]["name"], meta["model"]["kwargs"], weights, str(path))
-    model.load_state_dict(kept)
-    _restore_optimizer(opt, tensors, meta["optimizer"], retired=len(weights) - len(kept))
+    model.load_state_dict(weights)
+    _restore_optimizer(opt, tensors, meta["optimizer"])
     mine: dict[str, Any] = {}
     for key, value in tensors.items():  # rank 0's "rng.data", rank r's "rng.data.r"
         parts = key.split(".")
@@ -117,10 +115,8 @@ def _optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tens
     return tensors, {"param_groups": state["param_groups"], "scalars": scalars}
 
 
-def _restore_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict[str, Any],
-                       retired: int = 0) -> None:
-    """Put back the optimizer state; ``retired``: parameters of a retired part the state was saved
-    with, the last ones registered (:mod:`geonp.models.retired`), left out."""
+def _restore_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    """Put back the optimizer state saved by :func:`_optimizer_tensors`."""
     state: dict[int, dict[str, Any]] = {}
     for name, value in tensors.items():
         if name.startswith("optim."):
@@ -130,13 +126,4 @@ def _restore_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tens
         idx, key = name.split(".", 1)
         state.setdefault(int(idx), {})[key] = value
     groups = meta["param_groups"]
-    if retired:
-        # The retired part (the kriging gate) was the last registered, so its parameters are the
-        # last of the one group geonp's optimizer has; unused, they never got optimizer state.
-        if len(groups) != 1:
-            raise ValueError(f"optimizer state with {len(groups)} parameter groups and {retired} retired "
-                             "parameters: cannot tell which to leave out")
-        count = len(groups[-1]["params"]) - retired
-        groups = [*groups[:-1], {**groups[-1], "params": groups[-1]["params"][:count]}]
-        state = {i: v for i, v in state.items() if i < count}
     opt.load_state_dict({"state": state, "param_groups": groups})

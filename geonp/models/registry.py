@@ -17,7 +17,6 @@ import torch
 from geonp.checkpoint import read_checkpoint, write_checkpoint
 from geonp.models.base import NeuralProcess
 from geonp.models.catalog import MODELS, PRESETS
-from geonp.models.retired import drop_retired_weights, without_retired
 
 #: Build arguments that change how a model computes, not what it computes (memory knobs):
 #: checkpoints that differ only in these describe the same model.
@@ -80,14 +79,14 @@ def build(name: str, dim_x: int, dim_y: int, preset: str = "paper", **overrides:
         The model; ``model.config`` records how it was built, so :func:`save` can rebuild it.
 
     Raises:
-        ValueError: an unknown name or preset, an argument the model does not take, or one that
-            asks for a retired variant (:mod:`geonp.models.retired`).
+        ValueError: an unknown name or preset, or an argument the model does not take (a variant
+            that lost is not an argument: its row and commit are in ``pipelines/results``).
     """
     _ensure_loaded()
     _check_name(name)
     if preset not in PRESETS[name]:
         raise ValueError(f"unknown preset {preset!r} for model {name!r}; available: {', '.join(PRESETS[name])}")
-    kwargs = without_retired(name, {**PRESETS[name][preset], **overrides})
+    kwargs = {**PRESETS[name][preset], **overrides}
     cls = MODELS[name]
     try:
         model = cls(dim_x=dim_x, dim_y=dim_y, **kwargs)
@@ -98,12 +97,10 @@ def build(name: str, dim_x: int, dim_y: int, preset: str = "paper", **overrides:
 
 
 def same_model(config_a: dict[str, Any], config_b: dict[str, Any]) -> bool:
-    """Whether two build configs describe the same model, ignoring :data:`RUNTIME_KEYS` and retired
-    arguments that name the shipped behaviour (:func:`~geonp.models.retired.without_retired`)."""
+    """Whether two build configs describe the same model, ignoring :data:`RUNTIME_KEYS`."""
 
     def strip(cfg: dict[str, Any]) -> dict[str, Any]:
-        kwargs = {k: v for k, v in without_retired(cfg["name"], cfg.get("kwargs", {})).items()
-                  if k not in RUNTIME_KEYS}
+        kwargs = {k: v for k, v in cfg.get("kwargs", {}).items() if k not in RUNTIME_KEYS}
         return {**{k: v for k, v in cfg.items() if k not in ("kwargs", "preset")}, "kwargs": kwargs}
 
     return strip(config_a) == strip(config_b)
@@ -150,7 +147,6 @@ def load_with_meta(path: str | os.PathLike, device: str | torch.device = "cpu") 
     model = build(cfg["name"], cfg["dim_x"], cfg["dim_y"], preset=cfg.get("preset", "paper"), **cfg["kwargs"])
     prefix = "model." if meta["kind"] == "train-state" else ""
     state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-    state = drop_retired_weights(cfg["name"], cfg["kwargs"], state, str(path))
     try:
         model.load_state_dict(state, strict=True)
     except RuntimeError as err:

@@ -11,7 +11,7 @@ growing the bundled weights with ``init_from``) trained for the same number of s
 minutes each took on one CPU thread are in the table: the cost of the variant), or an existing
 checkpoint (``checkpoint:``; ``model_args:`` changes arguments that hold no weights), or a
 model without weights. A variant marked ``retired:`` needs a part the shipped model no longer
-has (:mod:`geonp.models.retired`): its rows stay, and it runs only at the commit it names. Runs live in
+has (removed after the commit it names): its rows stay, and it runs only at the commit it names. Runs live in
 ``runs/accuracy/<variant>`` and resume where they stopped.
 
 The split (stated in the README): *test* = the cells ``pipelines/benchmarks/satellite_cv.py`` hides (seed

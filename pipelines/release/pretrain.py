@@ -35,7 +35,7 @@ WEIGHTS = REPO / "geonp" / "weights"
 #: the local kriging's 64 neighbours taken 16 per quadrant around the target (flagship-q64). The
 #: predicted mean is the local kriging mean alone, the decoder setting sigma, in the model itself
 #: (flagship-q64-kriging-mean: validation RMSE 0.2094 / 1.297 / 1.708 against the learned gate's
-#: 0.2189 / 1.310 / 1.747; the gate is retired, geonp.models.retired). The drift slopes' prior
+#: 0.2189 / 1.310 / 1.747; the gate was removed after commit 3ab7466). The drift slopes' prior
 #: is empirical Bayes (chosen on history_cv's validation split: geometric mean CRPS over the five
 #: products 1.5% below each target's own slopes with the default 30 fit steps, RMSE 1.6%).
 #: Its kriging head takes the scene's nugget share as its last covariate (``kriging_nugget_input``),

@@ -65,13 +65,16 @@ def _built_before(name: str) -> bool:
 
 
 def kernel_name(flags: list[str]) -> str:
-    """The extension's name, which is its cache folder: one build per CPU flag set, source, torch
-    and Python environment. torch's cache is shared by every virtual environment of an account; a
-    name without the environment in it had another venv's torch rebuild the kernel silently (the
-    announcement below goes by the name), and two venvs take turns rebuilding it."""
+    """The extension's name, which is its cache folder: one build per CPU flag set, source (its
+    text and where it lies), torch and Python environment. torch's cache is shared by every
+    virtual environment of an account; a name without the environment in it had another venv's
+    torch rebuild the kernel silently (the announcement below goes by the name), and two venvs
+    take turns rebuilding it. The same holds for two checkouts sharing one environment: torch's
+    build file names the source by path, so a name without the path had each checkout rebuild
+    the other's kernel, silently, 30-40 s on the first call of every run."""
     import hashlib
 
-    key = "|".join([_SOURCE.read_text(), torch.__version__, sys.prefix, *flags])
+    key = "|".join([_SOURCE.read_text(), str(_SOURCE.resolve()), torch.__version__, sys.prefix, *flags])
     return "geonp_te_attention_cpu" + ("_avx2" if "-mavx2" in flags else "") + "_" + \
         hashlib.sha256(key.encode()).hexdigest()[:10]
 

@@ -63,6 +63,28 @@ def test_a_negative_share_is_the_networks_own_nugget():
     assert not torch.allclose(scene.loc, ref.loc)
 
 
+def test_both_nuggets_from_one_pass_equal_two_calls():
+    """The nugget check scores both options from one transformer pass (predict_per_nugget): the
+    same numbers, to the bit, as two calls with the targets' nugget share changed."""
+    kwargs = dict(preset="tiny", local_kriging=True, num_neighbours=4, kriging_neighbours=4)
+    model = build("te-pt-tnp", dim_x=5, dim_y=1, kriging_covariates=2, kriging_nugget_input=True, **kwargs).eval()
+    g = torch.Generator().manual_seed(2)
+    xc, yc, xt = torch.rand(2, 16, 5, generator=g), torch.randn(2, 16, 1, generator=g), torch.rand(2, 5, 5, generator=g)
+    mask_c = torch.ones(2, 16, dtype=torch.bool)
+    mask_c[1, 12:] = False
+    own_xt = xt.clone()
+    own_xt[..., -1] = OWN_NUGGET
+    with torch.no_grad():
+        pair = model.predict_per_nugget(xc, yc, xt, mask_c, None, [None, OWN_NUGGET])
+        calls = model(xc, yc, xt, mask_c), model(xc, yc, own_xt, mask_c)
+    for one, call in zip(pair, calls):
+        assert torch.equal(one.loc, call.loc) and torch.equal(one.scale, call.scale)
+    assert not torch.equal(pair[0].loc, pair[1].loc)
+    with pytest.raises(ValueError, match="kriging_nugget_input"):
+        build("te-pt-tnp", dim_x=4, dim_y=1, kriging_covariates=1, **kwargs).predict_per_nugget(
+            xc[..., :-1], yc, xt[..., :-1], mask_c, None, [None])
+
+
 @pytest.fixture(scope="module")
 def noisy_fills(nugget_weights) -> tuple[xr.Dataset, dict[str, xr.Dataset]]:
     """A noisy cube and its fills with each ``nugget`` choice (auto on 16 windows)."""
@@ -183,9 +205,10 @@ def test_windows_of_a_later_draw_are_numbered_after_the_earlier_ones(monkeypatch
             b.to = lambda device: b
             return b
 
-    def model(xc, yc, xt, mask_c, mask_t):
-        return Normal(torch.zeros(xt.shape[:-1] + (1,)), torch.ones(xt.shape[:-1] + (1,)))
+    def predict_per_nugget(xc, yc, xt, mask_c, mask_t, nuggets):
+        return [Normal(torch.zeros(xt.shape[:-1] + (1,)), torch.ones(xt.shape[:-1] + (1,))) for _ in nuggets]
 
+    model = SimpleNamespace(predict_per_nugget=predict_per_nugget)
     _, _, first = nugget_module.paired_crps(model, Source(), "cpu", windows=16)
     _, _, later = nugget_module.paired_crps(model, Source(), "cpu", windows=16, first=16)
     assert np.array_equal(np.unique(first), np.arange(16)) and np.array_equal(np.unique(later), np.arange(16, 32))

@@ -60,13 +60,6 @@ def takes_nugget(model: NeuralProcess | None) -> bool:
     return bool(getattr(model, "kriging_nugget_input", False))
 
 
-def with_own_nugget(x: torch.Tensor) -> torch.Tensor:
-    """Inputs ``x [B, N, Dx]`` whose last channel (the nugget share) says: the network's own."""
-    x = x.clone()
-    x[..., -1] = OWN_NUGGET
-    return x
-
-
 @torch.no_grad()
 def paired_crps(model: NeuralProcess, source, device: torch.device | str, windows: int | None = None,
                 first: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -84,8 +77,9 @@ def paired_crps(model: NeuralProcess, source, device: torch.device | str, window
             raise NothingToHide(str(err)) from None
         keep = b.mask_t.cpu().numpy()  # [B, Nt]
         window.append(np.broadcast_to(i * BATCH + np.arange(keep.shape[0])[:, None], keep.shape)[keep])
-        for xc, xt, out in ((b.xc, b.xt, scene), (with_own_nugget(b.xc), with_own_nugget(b.xt), own)):
-            dist = model(xc, b.yc, xt, b.mask_c, b.mask_t)
+        # Both options from one pass of the transformer: only the kriging head reads the nugget.
+        dists = model.predict_per_nugget(b.xc, b.yc, b.xt, b.mask_c, b.mask_t, [None, OWN_NUGGET])
+        for dist, out in zip(dists, (scene, own)):
             out.append(sr.crps_normal(b.yt[..., 0].cpu().numpy()[keep], dist.loc[..., 0].float().cpu().numpy()[keep],
                                       dist.scale[..., 0].float().cpu().numpy()[keep]))
     return np.concatenate(scene), np.concatenate(own), np.concatenate(window)

@@ -29,7 +29,7 @@ from torch import nn
 from torch.distributions import Normal
 
 from geonp.models.attention import AttentionBlock
-from geonp.models.base import NeuralProcess
+from geonp.models.base import NeuralProcess, check_inputs
 from geonp.models.catalog import register
 from geonp.models.layers import mlp
 from geonp.models.likelihood import GaussianHead
@@ -184,8 +184,8 @@ class TEPTTNP(_TETransformerNP):
     * the Gaussian likelihood (``min_scale``).
 
     Variants that lost (a learned gate or gain between decoder and kriging means, raw neighbour
-    values beside the tokens, context-to-context local attention) are retired
-    (:mod:`geonp.models.retired`).
+    values beside the tokens, context-to-context local attention) were removed after commit 3ab7466;
+    their rows are in ``pipelines/results/accuracy_ablation.md``.
     """
 
     def __init__(self, dim_x: int, dim_y: int, dim_model: int = 128, num_heads: int = 8, head_dim: int = 16,
@@ -280,6 +280,24 @@ class TEPTTNP(_TETransformerNP):
         return self.pseudo_offset + psi.to(xc.dtype) @ xc
 
     def predict(self, xc, yc, xt, mask_c, mask_t) -> Normal:
+        return self._predict(xc, yc, xt, mask_c, mask_t, [None])[0]
+
+    def predict_per_nugget(self, xc: torch.Tensor, yc: torch.Tensor, xt: torch.Tensor, mask_c: torch.Tensor | None,
+                           mask_t: torch.Tensor | None, nuggets: list[float | None]) -> list[Normal]:
+        """One prediction per entry of ``nuggets``: the targets' nugget share (the last input,
+        ``kriging_nugget_input``) as ``xt`` gives it (``None``) or set to that number everywhere.
+
+        Equal to calling the model once per entry with ``xt[..., -1]`` changed, at the cost of one
+        call: only the kriging head reads the nugget, so the transformer runs once and the head once
+        per entry (the nugget check of :mod:`geonp.fill.nugget` compares two). Shapes as
+        :meth:`forward`; each ``Normal`` has ``loc``/``scale`` ``[B, Nt, Dy]``.
+        """
+        if not self.kriging_nugget_input:
+            raise ValueError("predict_per_nugget needs a model that takes the nugget (kriging_nugget_input)")
+        xc, yc, xt, mask_c, mask_t = check_inputs(self, xc, yc, xt, mask_c, mask_t)
+        return self._predict(xc, yc, xt, mask_c, mask_t, nuggets)
+
+    def _predict(self, xc, yc, xt, mask_c, mask_t, nuggets: list[float | None]) -> list[Normal]:
         drift_c = drift_t = None
         if self.kriging_covariates:  # [B, N, Dx] -> locations [B, N, Dx - P], covariates [B, N, P]
             split = xc.shape[-1] - self.kriging_covariates
@@ -293,8 +311,10 @@ class TEPTTNP(_TETransformerNP):
         near_t, near_k = self._neighbourhoods(xc, xt, mask_c)  # each ([B, Nt, K] indices, mask) or None
         zt = self._encode(xc, yc, xt, mask_c, near_t)  # [B, Nt, Dz]
         if self.kriging is None:
-            return self.head(self.decoder(zt))
-        return self._kriging_head(zt, xc, yc, xt, near_k, drift_c, drift_t, mask_t, nugget_t)
+            return [self.head(self.decoder(zt))]
+        return [self._kriging_head(zt, xc, yc, xt, near_k, drift_c, drift_t, mask_t,
+                                   nugget_t if share is None else torch.full_like(nugget_t, share))
+                for share in nuggets]
 
     def _neighbourhoods(self, xc: torch.Tensor, xt: torch.Tensor, mask_c: torch.Tensor) -> tuple:
         """The targets' nearest context points for local attention and for the kriging head,

@@ -124,3 +124,21 @@ def test_fine_tuning_is_trainings_step_without_the_run_machinery(tiny_checkpoint
     trained = train(cfg, progress=False, model=start, source=source).model.for_prediction()
     for k, v in tuned.state_dict().items():
         torch.testing.assert_close(v, trained.state_dict()[k], atol=0, rtol=0)
+
+
+def test_head_scope_changes_the_head_alone(tiny_checkpoint, one_thread):
+    """``scope="head"``: the encoder's weights stay as they were, bit for bit, the head's move, and
+    the returned model's weights can all be trained again; a scope that is not one is refused."""
+    import pytest
+
+    from geonp.fill.finetune import HEAD_MODULES
+
+    p = _plan(tiny_checkpoint)
+    before = {k: v.clone() for k, v in p.choice.model.state_dict().items()}
+    tuned = finetune(p.choice.model, p.fields, p.spec, CPU, FitOptions(steps=3, batch_size=4, scope="head"), 3)
+    changed = {k for k, v in tuned.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed and all(k.split(".")[0] in HEAD_MODULES for k in changed)
+    assert any(k.startswith("decoder.") for k in changed)
+    assert all(q.requires_grad for q in tuned.parameters())
+    with pytest.raises(ValueError, match="fit scope must be one of all, head"):
+        FitOptions(scope="encoder")

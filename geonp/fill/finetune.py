@@ -28,6 +28,21 @@ from geonp.tasks.training import training_window
 from geonp.tasks.windows import WindowSpec, WindowTask, collate_windows
 from geonp.train_step import optimizer, optimizer_step
 
+#: The modules after the encoder, by attribute name, that ``FitOptions(scope="head")`` fine-tunes:
+#: the local kriging head and what carries its mean and variance to sigma (te-pt-tnp), the decoder
+#: and the likelihood (every transformer NP). Frozen, the encoder needs no gradient, so a step skips
+#: the backward pass through its attention, the most costly part of a step on the CPU.
+HEAD_MODULES = ("kriging", "kriging_in", "decoder", "head")
+
+
+def head_parameters(model: NeuralProcess) -> list[torch.nn.Parameter]:
+    """The parameters of ``model``'s :data:`HEAD_MODULES`; ValueError when it has none."""
+    params = [p for name, p in model.named_parameters() if name.split(".")[0] in HEAD_MODULES]
+    if not params:
+        raise ValueError(f"fit scope 'head': {type(model).__name__} has no head to fine-tune alone "
+                         f"(none of {', '.join(HEAD_MODULES)}); use scope 'all'")
+    return params
+
 
 class FieldWindows:
     """Task source of fine-tuning: self-supervised windows cut from the cube's own fields.
@@ -79,7 +94,8 @@ def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, device
     training steps are (:func:`geonp.train_step.optimizer_step`). ``options.wide_clouds``: share of
     windows whose clouds span the whole view (see :func:`~geonp.tasks.training.training_window`);
     ``options.own_gaps``: share of windows hidden under the input's own gaps from elsewhere (see
-    :class:`FieldWindows`). Each window reads only its own slab of the cube, so memory does not
+    :class:`FieldWindows`); ``options.scope``: every weight, or the head's alone
+    (:data:`HEAD_MODULES`). Each window reads only its own slab of the cube, so memory does not
     grow with the cube. Deterministic for a given seed: the first ``n`` steps of a longer run are
     an ``n``-step run, so ``on_step(step, model, loss)`` (called after every step, ``model`` in
     training mode) can take snapshots for a fine-tuning curve in one run. ``model`` is unchanged.
@@ -90,6 +106,10 @@ def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, device
     torch.manual_seed(seed)  # as a training run seeds before it starts: whatever draws from torch follows the seed
     tuned = copy.deepcopy(model).for_training().to(device)
     tuned.train()
+    if options.scope == "head":  # frozen weights get no gradient, and Adam leaves them be
+        fitted = {id(p) for p in head_parameters(tuned)}
+        for p in tuned.parameters():
+            p.requires_grad_(id(p) in fitted)
     opt = optimizer(tuned, options.lr, weight_decay=0.0)
     source = FieldWindows(fields, spec, seed, model.dim_x, elevation, options.wide_clouds, options.own_gaps)
     for step in range(1, options.steps + 1):
@@ -98,6 +118,8 @@ def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, device
             on_step(step, tuned, losses[-1])
         if say and step % every == 0:
             say(f"fine-tuning: step {step}/{options.steps}, NLL {np.mean(losses[-every:]):.3f}")
+    for p in tuned.parameters():
+        p.requires_grad_(True)
     return tuned.for_prediction()
 
 

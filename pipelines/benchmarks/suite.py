@@ -5,6 +5,7 @@
     python -m pipelines.benchmarks.suite --split validation --reuse --rows te-pt-tnp@0
     python -m pipelines.benchmarks.suite --split validation --reuse --rows small-10500 \\
         --checkpoint small-10500=pipelines/weights/te-pt-tnp-small-10500-spread.safetensors
+    python -m pipelines.benchmarks.suite --split validation --reuse --rows head --fit 'head={"scope": "head"}'
 
 The scenes are drawn by the rule in ``pipelines/suite.yaml`` (``pipelines.suite_scenes``): 48
 scenes of 23 fields from the shared data, satellite products under their own real gaps and
@@ -18,7 +19,9 @@ of cells so that ``pipelines.suite_rule`` can say what is noise.
 A row is ``MODEL[@FIT_STEPS]``: ``te-pt-tnp`` without ``@`` fills with geonp's defaults, as a
 user's ``geonp infill`` does; ``dineof`` scores the multi-date scenes only. ``LABEL[@FIT]`` with
 ``--checkpoint LABEL=PATH`` scores te-pt-tnp with other weights, ``--variant LABEL=JSON`` the
-bundled te-pt-tnp changed at inference (``pipelines.checkpoint_variants.bundled_variants``).
+bundled te-pt-tnp changed at inference (``pipelines.checkpoint_variants.bundled_variants``),
+``--fit LABEL=JSON`` the bundled te-pt-tnp fine-tuned with other :class:`~geonp.fill.options.FitOptions`
+(e.g. ``head='{"scope": "head"}'``).
 Writes ``pipelines/results/suite_<split>.md`` and ``.json`` (``{"header", "split", "scenes",
 "rows"}``; a row: ``scene, product, model, rmse, crps, cov90, rmse_by_distance, wall_s``, ...).
 """
@@ -121,8 +124,10 @@ def write_json(path: Path, text: str, split: str, scenes: list[dict], rows: list
 
 
 def run(scenes: list[Scene], rows: list[str], trained: dict[str, str], seed: int,
-        earlier: dict) -> tuple[list[dict], list[dict], list[str]]:
-    """Score ``rows`` on ``scenes``; returns (scene records, rows, notes of rows not scored)."""
+        earlier: dict, fits: dict[str, FitOptions] | None = None) -> tuple[list[dict], list[dict], list[str]]:
+    """Score ``rows`` on ``scenes``; returns (scene records, rows, notes of rows not scored).
+    ``trained``: row label -> te-pt-tnp weights; ``fits``: row label -> the bundled te-pt-tnp's fine-tuning."""
+    fits = fits or {}
     commit = git_commit()
     records, out, notes = [], [], []
     for scene in scenes:
@@ -133,10 +138,13 @@ def run(scenes: list[Scene], rows: list[str], trained: dict[str, str], seed: int
             if label == "dineof" and scene.kind == "single":
                 continue  # DINEOF needs a history
             model, checkpoints = ("te-pt-tnp", {"te-pt-tnp": trained[label]}) if label in trained else (label, None)
-            steps = int(fit) if fit else (FitOptions().steps if model == "te-pt-tnp" else 0)
+            options = {"device": "auto"}
+            if label in fits:
+                model, options["fit"] = "te-pt-tnp", fits[label]
+            steps = int(fit) if fit else (options.get("fit", FitOptions()).steps if model == "te-pt-tnp" else 0)
             try:
                 res = evaluate(ds, variable, [model], checkpoints=checkpoints, fit_steps=steps, seed=seed,
-                               options={"device": "auto"}, hide_under=under, distance_bins=BINS, keep_cells=True)
+                               options=options, hide_under=under, distance_bins=BINS, keep_cells=True)
             except ValueError as err:
                 notes.append(f"{scene.name} {row}: {err}")
                 print(f"{scene.name} {row}: not scored: {err}", flush=True)
@@ -153,6 +161,18 @@ def run(scenes: list[Scene], rows: list[str], trained: dict[str, str], seed: int
                                  "rerun every row without --reuse")
             records.append(record)
     return records, out, notes
+
+
+def fit_rows(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, FitOptions]:
+    """``--fit LABEL=JSON`` items as fine-tuning options per row label (a bad one: the parser's error)."""
+    fits = {}
+    for item in items:
+        label, _, text = item.partition("=")
+        try:
+            fits[label] = FitOptions(**json.loads(text))
+        except (ValueError, TypeError) as err:
+            parser.error(f"--fit {item!r}: {err}")
+    return fits
 
 
 def merge(split: str, records: list[dict], rows: list[dict], earlier: dict) -> tuple[list[dict], list[dict]]:
@@ -175,6 +195,8 @@ def main() -> None:
                         help="a row LABEL[@FIT] scores te-pt-tnp with these weights")
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL=JSON",
                         help="a row LABEL[@FIT] scores the bundled te-pt-tnp changed at inference only")
+    parser.add_argument("--fit", action="append", default=[], metavar="LABEL=JSON",
+                        help="a row LABEL[@FIT] scores the bundled te-pt-tnp fine-tuned with these FitOptions fields")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reuse", action="store_true", help="keep the earlier table's rows not run now")
     parser.add_argument("--out", default=None)
@@ -194,7 +216,7 @@ def main() -> None:
     text = header(f"Scene suite ({args.split} split)", resolve_device("auto"), BUDGET)  # the commit the run starts at
     with tempfile.TemporaryDirectory() as tmp:
         trained.update(bundled_variants(args.variant, Path(tmp)))
-        records, rows, notes = run(scenes, args.rows, trained, args.seed, earlier)
+        records, rows, notes = run(scenes, args.rows, trained, args.seed, earlier, fit_rows(parser, args.fit))
     scene_list, rows = merge(args.split, records, rows, earlier)
     body = report(scene_list, rows, args.split) + "".join(f"\n- not scored: {n}" for n in notes)
     out.write_text(text + "\n" + body + "\n")

@@ -75,12 +75,15 @@ def _parser() -> argparse.ArgumentParser:
                         help="fine-tune on INPUT's own observations for N steps first (default: %(default)s)")
     infill.add_argument("--calibrate-sigma", action="store_true",
                         help="scale sigma by distance to the nearest observation so that INPUT's own cells, "
-                             "hidden under its own gap patterns, get 90%% coverage (slower by 64 windows' "
-                             "predictions)")
+                             "hidden under its own gap patterns, get 90%% coverage (slower by --check-windows "
+                             "windows' predictions)")
     infill.add_argument("--nugget", choices=NUGGET_CHOICES, default="auto",
                         help="for weights whose kriging head takes the scene's nugget: choose it per field on "
                              "INPUT's own hidden cells, or always the scene's, or always the network's "
                              "(default: %(default)s)")
+    infill.add_argument("--check-windows", type=int, default=FillOptions.check_windows, metavar="N",
+                        help="windows of INPUT's own cells the nugget check and --calibrate-sigma score "
+                             "(each hides 100-400 cells; default: %(default)s)")
     infill.add_argument("--device", default="auto", help="auto, cpu or cuda (default: %(default)s)")
     infill.add_argument("--batch-size", type=int, default=16, help="windows per model call (default: %(default)s)")
     infill.add_argument("--window", default=None, metavar="T,R,C",
@@ -207,7 +210,8 @@ def _run(args: argparse.Namespace) -> int:
         from geonp.fill.engine import infill_file
 
         options = FillOptions(fit=FitOptions(steps=args.fit_steps), calibrate_sigma=args.calibrate_sigma,
-                              nugget=args.nugget, batch_size=args.batch_size, seed=args.seed, device=args.device,
+                              nugget=args.nugget, check_windows=args.check_windows, batch_size=args.batch_size,
+                              seed=args.seed, device=args.device,
                               threads=args.threads, window=args.window)
         infill_file(args.input, args.out, args.var, args.model, satellite=args.satellite, checkpoint=args.checkpoint,
                     elevation=args.elevation, valid_mask=args.valid_mask, options=options, scheduler=args.scheduler,

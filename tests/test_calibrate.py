@@ -68,11 +68,11 @@ def test_the_wrapper_scales_sigma_by_distance_bin_and_keeps_the_mean():
     assert dist.scale[0, :, 0].tolist() == [2.0, 2.0 * 2.0, 2.0 * 3.0, 2.0 * 1.5, 2.0 * 3.0]
 
 
-def test_infill_with_calibration_keeps_the_mean_and_records_the_scales(monkeypatch):
+def test_infill_with_calibration_keeps_the_mean_and_records_the_scales():
     ds = smooth_cube(t=2, r=24, c=30)
     plain = geonp.infill(ds, "sst", model="te-pt-tnp", fit_steps=0)
-    monkeypatch.setattr("geonp.fill.calibrate.CALIBRATION_WINDOWS", 16)  # a test's budget
-    calibrated = geonp.infill(ds, "sst", model="te-pt-tnp", fit_steps=0, calibrate_sigma=True)
+    calibrated = geonp.infill(ds, "sst", model="te-pt-tnp", fit_steps=0, calibrate_sigma=True,
+                              check_windows=16)  # a test's budget
     np.testing.assert_array_equal(plain["sst"].values, calibrated["sst"].values)
     gap = np.isnan(ds["sst"].values) & ds["valid"].values
     ratio = calibrated["sst_std"].values[gap] / plain["sst_std"].values[gap]
@@ -86,16 +86,15 @@ def test_infill_with_calibration_keeps_the_mean_and_records_the_scales(monkeypat
     assert "geonp_sigma_scales" not in plain.attrs
 
 
-def test_the_cli_flag_calibrates_and_records_the_scales_in_the_store(tmp_path, monkeypatch, tiny_checkpoint):
+def test_the_cli_flag_calibrates_and_records_the_scales_in_the_store(tmp_path, tiny_checkpoint):
     import xarray as xr
 
     from geonp.cli import main
 
     path = tmp_path / "in.nc"
     smooth_cube(t=2, r=24, c=30).to_netcdf(path)
-    monkeypatch.setattr("geonp.fill.calibrate.CALIBRATION_WINDOWS", 8)
     assert main(["infill", str(path), "--var", "sst", "--model", "te-pt-tnp", "--checkpoint", tiny_checkpoint,
-                 "--fit-steps", "0", "--calibrate-sigma", "-o", str(tmp_path / "out.zarr"), "-q"]) == 0
+                 "--fit-steps", "0", "--calibrate-sigma", "--check-windows", "8", "-o", str(tmp_path / "out.zarr"), "-q"]) == 0
     attrs = xr.open_zarr(tmp_path / "out.zarr").attrs
     assert len(attrs["geonp_sigma_scales"].split(", ")) == len(DISTANCE_BINS)
     assert '"calibrate_sigma": true' in attrs["geonp_request"]  # a store is resumed only under the same request
@@ -110,7 +109,7 @@ def test_too_few_observed_cells_to_calibrate_is_one_line():
         geonp.infill(ds, "sst", model="te-pt-tnp", fit_steps=0, calibrate_sigma=True)
 
 
-def test_a_single_scene_with_its_own_coarse_covariate_calibrates(monkeypatch, tmp_path):
+def test_a_single_scene_with_its_own_coarse_covariate_calibrates(tmp_path):
     """One scene has no history to fold, though its coarse covariate is not flat: calibration hides
     its cells under clouds as for a model without covariates (it once found no window to score)."""
     from geonp.fill.predictor import bundled_checkpoint
@@ -118,6 +117,6 @@ def test_a_single_scene_with_its_own_coarse_covariate_calibrates(monkeypatch, tm
 
     coarse = variant_checkpoint(bundled_checkpoint("te-pt-tnp"), tmp_path / "coarse.safetensors", covariates=["coarse"])
     ds = smooth_cube(t=1, r=40, c=48)
-    monkeypatch.setattr("geonp.fill.calibrate.CALIBRATION_WINDOWS", 16)  # a test's budget
-    out = geonp.infill(ds, "sst", model="te-pt-tnp", checkpoint=str(coarse), fit_steps=0, calibrate_sigma=True)
+    out = geonp.infill(ds, "sst", model="te-pt-tnp", checkpoint=str(coarse), fit_steps=0, calibrate_sigma=True,
+                       check_windows=16)  # a test's budget
     assert "geonp_sigma_scales" in out.attrs and "coarse" in out.attrs["geonp_history"]

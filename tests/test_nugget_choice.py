@@ -89,10 +89,8 @@ def test_both_nuggets_from_one_pass_equal_two_calls():
 def noisy_fills(nugget_weights) -> tuple[xr.Dataset, dict[str, xr.Dataset]]:
     """A noisy cube and its fills with each ``nugget`` choice (auto on 16 windows)."""
     ds = cube(noise=0.6)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(nugget_module, "CHOICE_WINDOWS", 16)
-        return ds, {choice: infill(ds, "v", "te-pt-tnp", checkpoint=nugget_weights, fit_steps=0, nugget=choice)
-                    for choice in ("auto", "scene", "model")}
+    return ds, {choice: infill(ds, "v", "te-pt-tnp", checkpoint=nugget_weights, fit_steps=0, nugget=choice,
+                               check_windows=16) for choice in ("auto", "scene", "model")}
 
 
 def test_auto_takes_the_scenes_nugget_where_the_field_is_noisy(noisy_fills):
@@ -142,9 +140,8 @@ def test_a_resumed_store_repeats_the_choice_it_made(nugget_weights, tmp_path, mo
     from geonp.fill import prepare
     from geonp.fill.plan import plan
 
-    monkeypatch.setattr(nugget_module, "CHOICE_WINDOWS", 8)
     ds = cube(noise=0.6)
-    first = plan(ds, "v", "te-pt-tnp", checkpoint=nugget_weights, fit_steps=0, nugget="model")
+    first = plan(ds, "v", "te-pt-tnp", checkpoint=nugget_weights, fit_steps=0, nugget="model", check_windows=8)
     prepare._choose_nugget(first, tmp_path, None)
     assert (tmp_path / "geonp_nugget.json").exists() and first.nugget_chosen == "v: the network's (asked)"
 
@@ -152,7 +149,7 @@ def test_a_resumed_store_repeats_the_choice_it_made(nugget_weights, tmp_path, mo
         raise AssertionError("a resumed run must not choose again")
 
     monkeypatch.setattr(prepare, "choose_nugget", never)
-    again = plan(ds, "v", "te-pt-tnp", checkpoint=nugget_weights, fit_steps=0, nugget="model")
+    again = plan(ds, "v", "te-pt-tnp", checkpoint=nugget_weights, fit_steps=0, nugget="model", check_windows=8)
     assert float(again.fields[0].history[-1].flat[0]) >= 0  # the scene's share, before the saved choice
     prepare._choose_nugget(again, tmp_path, None)
     assert again.nugget_chosen == first.nugget_chosen and np.all(again.fields[0].history[-1] == OWN_NUGGET)
@@ -172,18 +169,16 @@ def test_a_close_call_draws_more_windows_and_a_clear_one_does_not(monkeypatch, s
     """Every window gains 0.1 +- ``spread``: 2.6 standard errors after the first draw, clear of
     the threshold (one look); 1.5, within its margin though above it (a second look, at 2.2
     clear); or near zero at every draw (doubling up to CHOICE_MORE times the first)."""
-    monkeypatch.setattr(nugget_module, "CHOICE_WINDOWS", 8)
     calls = []
 
-    def fake(model, source, device, windows=None, first=0):
-        windows = windows or nugget_module.CHOICE_WINDOWS
+    def fake(model, source, device, windows, first=0):
         calls.append((first, windows))
         ids = np.arange(first, first + windows)
         gain = 0.1 + spread * np.where(ids % 2, 1.0, -1.0)  # alternating: mean 0.1 exactly
         return np.zeros(windows), gain, ids
 
     monkeypatch.setattr(nugget_module, "paired_crps", fake)
-    scene, own, window = nugget_module.settled_crps(None, None, "cpu")
+    scene, own, window = nugget_module.settled_crps(None, None, "cpu", 8)
     assert len(calls) == looks and calls[0] == (0, 8)
     assert calls == [(0, 8), (8, 8), (16, 16)][:looks]  # windows numbered on: none scored twice
     assert np.array_equal(window, np.arange(8 * 2 ** (looks - 1))) and scene.size == own.size == window.size

@@ -12,10 +12,10 @@ scene's nugget where it lowers the mean CRPS of those cells by more than :data:`
 standard errors; otherwise the network's own, which the weights were trained with. Chosen once
 per field, before fine-tuning, which then trains with it.
 
-The check is sequential: :data:`CHOICE_WINDOWS` windows first, then as many again as have been
-scored (64, 128, 256) while the gain lies within :data:`CHOICE_MARGIN` standard errors of the
-threshold, up to :data:`CHOICE_MORE` times the first draw. A clear case (most large scenes) costs the first draw
-only; a close one gets the windows that settle it.
+The check is sequential: ``windows`` windows first (``FillOptions.check_windows``, 64), then as
+many again as have been scored (64, 128, 256) while the gain lies within :data:`CHOICE_MARGIN`
+standard errors of the threshold, up to :data:`CHOICE_MORE` times the first draw. A clear case
+(most large scenes) costs the first draw only; a close one gets the windows that settle it.
 """
 
 from __future__ import annotations
@@ -27,19 +27,16 @@ import torch
 
 from geonp.fill.calibrate import BATCH, own_cell_windows
 from geonp.fill.field import Field
-from geonp.fill.options import NUGGET_CHOICES
+from geonp.fill.options import NUGGET_CHOICES, FillOptions
 from geonp.models.base import NeuralProcess
 from geonp.tasks.covariate_maps import OWN_NUGGET, flat_covariates, is_flat
 
-#: Windows each option is scored on first, as many as calibration's (in its batches of
-#: :data:`geonp.fill.calibrate.BATCH`, with its history folds): each hides 100-400 cells.
-CHOICE_WINDOWS = 64
 #: More windows are drawn while the gain is within this many standard errors of the threshold
 #: (:data:`CHOICE_Z` standard errors): at 64 windows four of history_cv's five validation
 #: products were (0.06 / 1.2 / 1.4 / 1.2 standard errors); with the windows this draws
 #: (128 / 128 / 256 / 256 / 64) all five end 1.4 or more from zero, on the side the fills say.
 CHOICE_MARGIN = 1.0
-#: At most this many times :data:`CHOICE_WINDOWS` are drawn (256 windows; about 0.2 s a window on
+#: At most this many times the first draw's windows are drawn (256 of 64; about 0.2 s a window on
 #: one thread for a 150k-cell scene, so a close call costs at most about 40 s more there).
 CHOICE_MORE = 4
 #: The scene's nugget replaces the network's own (the one the weights were trained with) only when it
@@ -61,16 +58,16 @@ def takes_nugget(model: NeuralProcess | None) -> bool:
 
 
 @torch.no_grad()
-def paired_crps(model: NeuralProcess, source, device: torch.device | str, windows: int | None = None,
+def paired_crps(model: NeuralProcess, source, device: torch.device | str, windows: int,
                 first: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """CRPS (in each window's standardised units) of every hidden cell of ``windows`` windows
-    (None: :data:`CHOICE_WINDOWS`) drawn by ``source``, ``(scene's nugget [n], network's own [n],
+    (in batches of :data:`geonp.fill.calibrate.BATCH`) drawn by ``source``, ``(scene's nugget [n], network's own [n],
     window of each cell [n])``: the same cells both ways, windows numbered from ``first``.
     :class:`NothingToHide` when ``source`` can draw no window."""
     import scoringrules as sr
 
     scene, own, window = [], [], []
-    for i in range(first // BATCH, first // BATCH + max(1, (windows or CHOICE_WINDOWS) // BATCH)):
+    for i in range(first // BATCH, first // BATCH + max(1, windows // BATCH)):
         try:
             b = source.sample(BATCH).to(device)
         except ValueError as err:  # FieldWindows: too few observed cells to hide any
@@ -100,15 +97,16 @@ def scene_gain(scene: np.ndarray, own: np.ndarray, window: np.ndarray) -> tuple[
     return gain, float(np.sqrt(np.square(totals).sum() * count / (count - 1)) / diff.size)
 
 
-def settled_crps(model: NeuralProcess, source, device: torch.device | str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`paired_crps` on :data:`CHOICE_WINDOWS` windows, then on as many again as have been
+def settled_crps(model: NeuralProcess, source, device: torch.device | str,
+                 windows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`paired_crps` on ``windows`` windows, then on as many again as have been
     scored while the scene's gain (:func:`scene_gain`) is within :data:`CHOICE_MARGIN` standard
     errors of the threshold (:data:`CHOICE_Z` standard errors) and fewer than
     :data:`CHOICE_MORE` times the first draw have been scored. A later draw that finds no window
     to hide ends it with what the earlier ones scored."""
-    scene, own, window = paired_crps(model, source, device)
-    drawn = CHOICE_WINDOWS
-    while drawn < CHOICE_MORE * CHOICE_WINDOWS:
+    scene, own, window = paired_crps(model, source, device, windows)
+    drawn = windows
+    while drawn < CHOICE_MORE * windows:
         gain, error = scene_gain(scene, own, window)
         if not abs(gain - CHOICE_Z * error) < CHOICE_MARGIN * error:
             break
@@ -123,7 +121,8 @@ def settled_crps(model: NeuralProcess, source, device: torch.device | str) -> tu
 
 def choose_nugget(model: NeuralProcess, fields: list[Field], spec, device: torch.device | str, choice: str = "auto",
                   seed: int = 0, elevation: np.ndarray | None = None, covariates: list[str] | None = None,
-                  say: Callable[[str], None] | None = None) -> tuple[str, list[str]]:
+                  say: Callable[[str], None] | None = None,
+                  windows: int = FillOptions.check_windows) -> tuple[str, list[str]]:
     """Set each field's nugget map (the last of ``field.history``) to the nugget ``choice`` gives
     (:data:`NUGGET_CHOICES`; ``auto``: the scene's where it lowers CRPS on the field's own hidden
     cells by more than :data:`CHOICE_Z` standard errors, else the network's own). Returns a few
@@ -131,7 +130,8 @@ def choose_nugget(model: NeuralProcess, fields: list[Field], spec, device: torch
     got the network's own (:func:`use_network_nugget` repeats the choice on a resumed run).
 
     ``model`` must take the nugget (:func:`takes_nugget`); ``covariates`` are the names of its
-    history covariates (the folds' windows need them). A field whose nugget map is flat (no
+    history covariates (the folds' windows need them); ``windows``: the first draw of the check
+    (:func:`settled_crps`; ``FillOptions.check_windows``). A field whose nugget map is flat (no
     step could be fitted) keeps the network's own.
     """
     if choice not in NUGGET_CHOICES:
@@ -151,7 +151,7 @@ def choose_nugget(model: NeuralProcess, fields: list[Field], spec, device: torch
             continue
         with own_cell_windows([f], spec, seed, seed + 15485863, model.dim_x, elevation, covariates) as source:
             try:
-                scene, own, window = settled_crps(model, source, device)
+                scene, own, window = settled_crps(model, source, device, windows)
             except NothingToHide:
                 scene = own = window = np.zeros(0)
         if not scene.size:

@@ -91,6 +91,12 @@ class FillOptions:
             more distance bins into 0.85-0.95 (16 -> 20 of 23) but raised CRPS by 0.9%, and the
             rule chooses by CRPS (docs/results/history_cv_test.md).
         nugget: ``--nugget``, one of :data:`NUGGET_CHOICES`.
+        check_windows: ``--check-windows``: windows of the input's own observed cells (each hides
+            100-400 of them under gap shapes the input has) that the nugget check scores first (up
+            to four times as many on a close call, :mod:`geonp.fill.nugget`) and that
+            ``--calibrate-sigma`` scales sigma on. 64: on history_cv's five validation products
+            64 windows, doubled while the call was close, took every nugget choice the way the
+            fills went. Fewer: faster and noisier choices.
         batch_size: windows per model call.
         seed: the run's random seed (fine-tuning windows, the nugget check, DINEOF).
         device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
@@ -102,6 +108,7 @@ class FillOptions:
     fit: FitOptions = field(default_factory=FitOptions)
     calibrate_sigma: bool = False
     nugget: str = "auto"
+    check_windows: int = 64
     batch_size: int = 16
     seed: int = 0
     device: str = "auto"
@@ -113,6 +120,8 @@ class FillOptions:
             raise ValueError(f"--nugget must be one of {', '.join(NUGGET_CHOICES)}, got {self.nugget!r}")
         if int(self.batch_size) < 1:
             raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if int(self.check_windows) < 1:
+            raise ValueError(f"--check-windows must be >= 1, got {self.check_windows}")
         if self.threads is not None and int(self.threads) < 1:
             raise ValueError(f"--threads must be >= 1, got {self.threads}")
 
@@ -125,8 +134,8 @@ class FillOptions:
             fit_steps: fine-tuning steps (None: ``fit``'s, by default 30).
             calibrate_sigma: scale sigma on the input's own cells (None: off).
             fit: fine-tuning options to start from (None: :class:`FitOptions`' defaults).
-            keywords: the other fields by name (``nugget``, ``batch_size``, ``seed``, ``device``,
-                ``threads``, ``window``); a None value keeps the default.
+            keywords: the other fields by name (``nugget``, ``check_windows``, ``batch_size``,
+                ``seed``, ``device``, ``threads``, ``window``); a None value keeps the default.
 
         Returns:
             The options.
@@ -152,11 +161,13 @@ class FillOptions:
         """What a resumed run must repeat to write the same store (not where or how fast it runs).
 
         Returns:
-            ``{"fit": {...}, "calibrate_sigma", "nugget", "seed", "window"}``, JSON-serialisable.
+            ``{"fit": {...}, "calibrate_sigma", "nugget", "check_windows", "seed", "window"}``,
+            JSON-serialisable.
         """
         window = self.window.as_dict() if hasattr(self.window, "as_dict") else self.window
         return {"fit": dataclasses.asdict(self.fit), "calibrate_sigma": self.calibrate_sigma, "nugget": self.nugget,
-                "seed": self.seed, "window": list(window) if isinstance(window, tuple) else window}
+                "check_windows": self.check_windows, "seed": self.seed,
+                "window": list(window) if isinstance(window, tuple) else window}
 
     def describe(self) -> str:
         """One line for the store's provenance.

@@ -46,7 +46,8 @@ def _choose_nugget(p: Plan, store_dir: Path | None, say: Callable[[str], None] |
         p.nugget_chosen, p.nugget_network = record["said"], record["network"]
         return
     p.nugget_chosen, p.nugget_network = choose_nugget(p.choice.model, p.fields, p.spec, p.device, p.options.nugget,
-                                                      p.options.seed, p.elevation, p.choice.covariates, say)
+                                                      p.options.seed, p.elevation, p.choice.covariates, say,
+                                                      p.options.check_windows)
     if saved is not None:
         write_text_atomic(saved, json.dumps({"said": p.nugget_chosen, "network": p.nugget_network}))
 
@@ -83,7 +84,7 @@ def _calibrate(p: Plan, say: Callable[[str], None] | None) -> None:
     from geonp.fill.calibrate import calibrate, describe
 
     p.choice.model, scales = calibrate(p.choice.model, p.fields, p.spec, p.device, p.options.seed, p.elevation,
-                                       p.choice.covariates)
+                                       p.choice.covariates, p.options.check_windows)
     p.sigma_scales = describe(scales)
     if say:
         say(f"sigma calibrated on the input's own cells, scale by distance to an observation: {p.sigma_scales}")

@@ -194,3 +194,75 @@ def test_the_check_can_hide_cells_under_the_scenes_own_gaps_moved():
         assert np.isfinite(mean[gap]).all() and (std[gap] > 0).all() and fit["model"] == "exponential"
     with pytest.raises(ValueError, match="check"):
         krige_scene(values, valid, check="nope")
+
+
+def test_kriging_with_an_external_drift_agrees_with_pykrige():
+    """Elevation as an external drift: the bordered system against PyKrige's UniversalKriging with a
+    specified drift, given the same variogram and every point as a neighbour."""
+    from pykrige.uk import UniversalKriging
+
+    from geonp.models.field_kriging import _kriger
+
+    rng = np.random.default_rng(6)
+    yy, xx = np.mgrid[0:24, 0:24]
+    elevation = 400.0 * np.exp(-((yy - 10.0) ** 2 + (xx - 14.0) ** 2) / 60.0) + 5.0 * xx
+    field = 280.0 - 0.0065 * elevation + np.sin(yy / 3.0) + rng.normal(0, 0.1, yy.shape)
+    seen = rng.random(yy.shape) < 0.3
+    pts, z = np.argwhere(seen).astype(float), field[seen]
+    params = [0.8, 6.0, 0.05]
+    krige = _kriger(pts, z, seen, "exponential", params, neighbours=4 * 200, drift=False, maps=elevation[None])
+    cells = np.argwhere(~seen).astype(float)
+    mean, sd = krige(seen, cells)
+    uk = UniversalKriging(pts[:, 0], pts[:, 1], z, variogram_model="exponential",
+                          variogram_parameters={"psill": params[0], "range": params[1], "nugget": params[2]},
+                          drift_terms=["specified"], specified_drift=[elevation[seen]], exact_values=True)
+    zq, ss = uk.execute("points", cells[:, 0], cells[:, 1], specified_drift_arrays=[elevation[~seen]])
+    np.testing.assert_allclose(mean, np.asarray(zq), atol=1e-5)
+    np.testing.assert_allclose(sd**2, np.asarray(ss), atol=1e-5)
+
+
+def test_a_field_that_follows_elevation_is_kriged_with_it_where_the_check_says_so():
+    """Temperature that falls with height across a ridge under a wide cloud: with the DEM as an
+    external drift the check takes it and the gap's error falls; a flat DEM is left out."""
+    rng = np.random.default_rng(7)
+    yy, xx = np.mgrid[0:60, 0:60]
+    elevation = 1500.0 * np.exp(-((xx - 35.0) ** 2) / 40.0) + 300.0 * np.sin(yy / 9.0) ** 2
+    field = 285.0 - 0.0065 * elevation + 0.3 * np.sin(xx / 7.0 + yy / 11.0) + rng.normal(0, 0.05, yy.shape)
+    values = field.copy()
+    values[15:45, 20:50] = np.nan
+    valid = np.ones(yy.shape, bool)
+    plain, _, fit0 = krige_scene(values, valid, rng=np.random.default_rng(0))
+    with_dem, sd, fit = krige_scene(values, valid, rng=np.random.default_rng(0), drift_maps=elevation[None])
+    gap = np.isnan(values)
+    rmse = lambda m: float(np.sqrt(np.mean((m[gap] - field[gap]) ** 2)))  # noqa: E731
+    assert fit0["external"] is False and fit["external"] is True
+    assert rmse(with_dem) < 0.5 * rmse(plain) and (sd[gap] > 0).all()
+    _, _, flat = krige_scene(values, valid, rng=np.random.default_rng(0), drift_maps=np.zeros((1, 60, 60)))
+    assert flat["external"] is False
+
+
+def test_infill_krigs_with_the_dem_as_an_external_drift_and_says_so():
+    """``geonp.infill(..., model="kriging", elevation=DEM)``: the DEM reaches the kriging as an
+    external drift (recorded in the history); dineof still refuses a DEM."""
+    import xarray as xr
+
+    import geonp
+
+    rng = np.random.default_rng(8)
+    lat, lon = np.linspace(44.0, 47.0, 48), np.linspace(6.0, 10.0, 56)
+    yy, xx = np.meshgrid(np.arange(48), np.arange(56), indexing="ij")
+    height = 2500.0 * np.exp(-((xx - 30.0) ** 2) / 50.0) + 200.0 * np.sin(yy / 8.0) ** 2
+    t2m = 288.0 - 0.0065 * height + 0.2 * np.sin(xx / 9.0) + rng.normal(0, 0.05, yy.shape)
+    seen = t2m.copy()
+    seen[10:38, 18:44] = np.nan
+    ds = xr.Dataset({"t2m": (("time", "lat", "lon"), seen[None])},
+                    coords={"time": [np.datetime64("2020-01-01")], "lat": lat, "lon": lon})
+    dem = xr.DataArray(height, coords={"lat": lat, "lon": lon}, dims=("lat", "lon"), name="elevation")
+    plain = geonp.infill(ds, "t2m", model="kriging")
+    drift = geonp.infill(ds, "t2m", model="kriging", elevation=dem)
+    assert "external drift" in drift.attrs["geonp_history"] and "external" not in plain.attrs["geonp_history"]
+    gap = np.isnan(seen)
+    rmse = lambda out: float(np.sqrt(np.mean((out["t2m"].values[0][gap] - t2m[gap]) ** 2)))  # noqa: E731
+    assert rmse(drift) < 0.5 * rmse(plain)
+    with pytest.raises(ValueError, match="--elevation: model 'dineof' takes no elevation"):
+        geonp.infill(ds, "t2m", model="dineof", elevation=dem)

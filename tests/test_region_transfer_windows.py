@@ -80,9 +80,9 @@ def test_every_committed_protocol_builds_its_models_and_training_runs(path):
     dim_x = 4 if cfg["data"].get("elevation") else 3
     for name, spec in cfg["models"].items():
         spec = spec or {}
-        if name in STACK_METHODS:  # kriging, dineof: fitted on the field itself
+        if spec.get("model", name) in STACK_METHODS:  # kriging, dineof: fitted on the field itself
             continue
-        model = build(name, dim_x, 1, preset=spec.get("preset", "tiny"), **spec.get("args", {}))
+        model = build(spec.get("model", name), dim_x, 1, preset=spec.get("preset", "tiny"), **spec.get("args", {}))
         if model.trainable and not spec.get("weights"):
             config = region_transfer_windows.train_config(cfg, name, None)
             assert config.data["name"] == "windows" and config.data["val_files"]

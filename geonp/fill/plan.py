@@ -152,7 +152,7 @@ def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = 
     if choice.covariates:
         result.history = "; ".join(add_history(f, choice.covariates, seed) for f in fields if f.observed)
     if choice.model is None:
-        result.history = "; ".join(reconstruct(f, model, seed) for f in fields)
+        result.history = "; ".join(reconstruct(f, model, seed, elev) for f in fields)
     if command:
         result.command = command
     for name in names:

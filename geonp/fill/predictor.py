@@ -29,6 +29,8 @@ from geonp.tasks.windows import WindowTask, collate_windows
 
 #: ``--model`` names filled from a field's whole stack rather than window by window (:mod:`geonp.fill.stack`).
 STACK_METHODS = ("dineof", "kriging")
+#: Those that take ``--elevation``: kriging, as an external drift (:mod:`geonp.models.field_kriging`).
+ELEVATION_STACK_METHODS = ("kriging",)
 #: Per-cell covariates infill can give a model, by the names a checkpoint's header uses.
 COVARIATES = HISTORY_COVARIATES
 
@@ -103,9 +105,9 @@ def choose_model(name: str, checkpoint: str | Path | None = None, elevation: boo
     if name in STACK_METHODS:
         if checkpoint is not None:
             raise ValueError(f"--checkpoint: model {name!r} has no weights; drop --checkpoint")
-        if elevation:
+        if elevation and name not in ELEVATION_STACK_METHODS:
             raise ValueError(f"--elevation: model {name!r} takes no elevation; drop --elevation")
-        return ModelChoice(name, None)
+        return ModelChoice(name, None, elevation=elevation)
     path = Path(checkpoint) if checkpoint is not None else bundled_checkpoint(name)
     if path is None:
         fresh = build(name, dim_x=4 if elevation else 3, dim_y=1, preset="small")

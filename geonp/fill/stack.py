@@ -52,12 +52,13 @@ def add_history_folds(field: Field, covariates: list[str], folds: int, seed: int
             fold.covariates[-1] = OWN_NUGGET
 
 
-def reconstruct(field: Field, name: str, seed: int = 0) -> str:
+def reconstruct(field: Field, name: str, seed: int = 0, elevation: np.ndarray | None = None) -> str:
     """Run stack method ``name`` on ``field`` and keep its mean and 1-sigma on the field; returns
     a few words on what it did (for provenance).
 
     ``dineof``: :func:`geonp.tasks.dineof.dineof` over the field's steps; ``kriging``:
-    :func:`geonp.models.field_kriging.krige_stack`, each step a scene of its own.
+    :func:`geonp.models.field_kriging.krige_stack`, each step a scene of its own, with
+    ``elevation [R, C]`` (m, None: none) as an external drift where the scene's check prefers it.
 
     Raises:
         ValueError: one line naming the field: too large for memory, or (dineof) too short a history.
@@ -76,7 +77,8 @@ def reconstruct(field: Field, name: str, seed: int = 0) -> str:
                          "model such as te-pt-tnp)")
     values, rng = field.whole(), _rng(seed)
     if name == "kriging":
-        mean, std, what = krige_stack(values, field.valid, rng=rng)
+        mean, std, what = krige_stack(values, field.valid, rng=rng,
+                                      drift_maps=None if elevation is None else elevation[None])
         field.stack = (mean.astype(np.float32), std.astype(np.float32))
         return f"{field.label}: {what}"
     try:

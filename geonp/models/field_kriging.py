@@ -11,6 +11,11 @@ Per scene (one time step of a field):
   around it, searched over the whole scene (:func:`quadrant_neighbours`): deep inside a wide
   cloud the nearest cells all lie on the near rim, and a quadrant search reaches the far rims too,
   so kriging interpolates across the gap rather than extrapolating from one side;
+* with external drift maps (elevation: ``geonp infill --model kriging --elevation DEM``), kriging
+  with an external drift: an unknown mean that is linear in the maps within each neighbourhood,
+  the variogram fitted to what the scene's regression on the maps leaves; the same check as for
+  the variogram family decides whether the drift predicts the scene's hidden cells better than
+  none, as a geostatistician would test it;
 * the ordinary-kriging system (a constant but unknown mean) is solved per cell in covariance form,
   ``C(h) = sill + nugget - gamma(h)``, and sigma is the kriging standard deviation of an
   observation at the cell (nugget included), scaled so that up to 1000 observed cells hidden under
@@ -111,7 +116,7 @@ def krige_scene(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, 
                 trend: bool | str = False, check: str = "clouds", fit_points: int = 2000, nlags: int = 20,
                 max_lag: int = 64,
                 rng: np.random.Generator | None = None, fallback: tuple[float, float] | None = None,
-                ) -> tuple[np.ndarray, np.ndarray, dict | None]:
+                drift_maps: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, dict | None]:
     """Krige every gap of one scene.
 
     Args:
@@ -135,11 +140,14 @@ def krige_scene(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, 
         rng: draws the fitting and checking cells; default seed 0.
         fallback: ``(mean, spread)`` for a scene with fewer than :data:`MIN_SCENE_POINTS` observed
             cells (the whole field's, from :func:`krige_stack`); default the scene's own.
+        drift_maps: ``[P, R, C]`` external drift covariates (e.g. elevation in m), finite at every
+            valid cell, or None; with them kriging with and without the external drift are both
+            checked and the better used.
 
     Returns:
         ``(mean, std, fit)``: ``[R, C]`` float64 at the gaps (valid and not observed), NaN
-        elsewhere; ``fit`` is ``{"model", "trend", "params"}``, the variogram family, whether a
-        drift was used and the fitted ``[partial sill, range, nugget]`` in the scene's units
+        elsewhere; ``fit`` is ``{"model", "trend", "external", "params"}``, the variogram family,
+        whether a linear drift in row and column and whether the external drift were used, and the fitted ``[partial sill, range, nugget]`` in the scene's units
         (None when the scene had too few observed cells and got its mean and spread).
     """
     families = BOUNDED_MODELS if variogram_model == "auto" else (variogram_model,)
@@ -148,6 +156,11 @@ def krige_scene(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, 
     if trend not in (False, True, "auto"):
         raise ValueError(f"trend must be False, True or 'auto', got {trend!r}")
     trends = (False, True) if trend == "auto" else (bool(trend),)
+    externals = (False,) if drift_maps is None else (False, True)
+    if drift_maps is not None:
+        drift_maps = np.asarray(drift_maps, np.float64).reshape(-1, *values.shape)
+        if not np.isfinite(drift_maps[:, valid]).all():
+            raise ValueError("drift_maps must be finite at every valid cell")
     rng = np.random.default_rng(0) if rng is None else rng
     observed = np.isfinite(values) & valid
     gaps = valid & ~np.isfinite(values)
@@ -185,8 +198,9 @@ def krige_scene(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, 
         check = check[rng.choice(len(check), size=min(CHECK_POINTS, len(check)), replace=False)]
         truth = (values[tuple(check.T)] - centre) / scale
     best = None
-    for drift in trends:
-        resid = _plane_residuals(pts, zs) if drift else zs
+    for drift, external in ((d, e) for d in trends for e in externals):
+        maps = drift_maps if external else None
+        resid = _drift_residuals(pts, zs, drift, None if maps is None else maps[:, observed].T)
         grid = np.full(values.shape, np.nan)
         grid[observed] = resid
         for family in families:
@@ -196,34 +210,43 @@ def krige_scene(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, 
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     params = fit_variogram(pts[pick], resid[pick], family, nlags)
-            krige = _kriger(pts, zs, observed, family, params, neighbours, drift)
+            krige = _kriger(pts, zs, observed, family, params, neighbours, drift, maps)
             score, q2 = 0.0, 1.0
             if checkable:
                 cv_mean, cv_sd = krige(observed & ~hide, check.astype(np.float64))
                 score = float(np.mean((cv_mean - truth) ** 2))
                 q2 = float(np.sqrt(np.mean(((cv_mean - truth) / cv_sd) ** 2)))
             if best is None or score < best[0] - 1e-12:
-                best = (score, q2, family, drift, params, krige)
-    _, q2, family, drift, params, krige = best
+                best = (score, q2, family, drift, external, params, krige)
+    _, q2, family, drift, external, params, krige = best
     m_out, s_out = krige(observed, tgt)
     mean[gaps] = centre + scale * m_out
     std[gaps] = scale * s_out * (q2 if np.isfinite(q2) and q2 > 0 else 1.0)
     psill, range_, nugget = params
-    return mean, std, {"model": family, "trend": drift,
+    return mean, std, {"model": family, "trend": drift, "external": external,
                        "params": [float(psill * scale**2), float(range_), float(nugget * scale**2)]}
 
 
-def _plane_residuals(pts: np.ndarray, z: np.ndarray) -> np.ndarray:
-    """What the least-squares plane in row and column leaves of ``z [N]`` at ``pts [N, 2]``."""
-    design = np.column_stack([np.ones(len(z)), pts - pts.mean(0)])
+def _drift_residuals(pts: np.ndarray, z: np.ndarray, plane: bool, external: np.ndarray | None) -> np.ndarray:
+    """What the least-squares fit of the drift leaves of ``z [N]`` at ``pts [N, 2]``: a constant, a
+    plane in row and column with ``plane``, and the external drift's values ``external [N, P]``."""
+    if not plane and external is None:
+        return z
+    columns = [np.ones(len(z))]
+    if plane:
+        columns += list((pts - pts.mean(0)).T)
+    if external is not None:
+        columns += list((external - external.mean(0)).T)
+    design = np.column_stack(columns)
     coef, *_ = np.linalg.lstsq(design, z, rcond=None)
     return z - design @ coef
 
 
 def _kriger(pts: np.ndarray, zs: np.ndarray, observed: np.ndarray, family: str, params: list[float],
-            neighbours: int, drift: bool):
+            neighbours: int, drift: bool, maps: np.ndarray | None = None):
     """``krige(seen [R, C], cells [M, 2]) -> (mean, s.d.)``: standardised kriging of ``cells`` from the
-    observed cells ``seen`` (a subset of ``observed``) with the fitted ``family`` variogram."""
+    observed cells ``seen`` (a subset of ``observed``) with the fitted ``family`` variogram; ``maps
+    [P, R, C]``: an external drift (None: none)."""
     from pykrige.ok import OrdinaryKriging
 
     gamma = OrdinaryKriging.variogram_dict[family]
@@ -237,20 +260,25 @@ def _kriger(pts: np.ndarray, zs: np.ndarray, observed: np.ndarray, family: str, 
         use = seen[observed]  # which of pts (row-major, like argwhere) count
         near = quadrant_neighbours(pts[use], cells, max(1, neighbours // 4),
                                    available=quadrant_counts(seen, cells.astype(np.int64)))  # [M, K]
-        return _solve(pts[use], zs[use], cells, near, cov, total, drift)
+        ext = None
+        if maps is not None:
+            at = cells.astype(np.int64)
+            ext = (maps[:, observed].T[use], maps[:, at[:, 0], at[:, 1]].T)
+        return _solve(pts[use], zs[use], cells, near, cov, total, drift, ext)
 
     return krige
 
 
 def _solve(pts: np.ndarray, zs: np.ndarray, cells: np.ndarray, near: np.ndarray, cov, total: float,
-           drift: bool = False) -> tuple[np.ndarray, np.ndarray]:
+           drift: bool = False, external: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Kriging at ``cells [M, 2]`` from the neighbours ``near [M, K]`` (indices into ``pts``/``zs``,
     -1 absent), covariance ``cov(h)`` with ``cov(0) = total``: mean and s.d. ``[M]``. Ordinary
-    kriging (an unknown constant mean), or with ``drift`` universal kriging with an unknown linear
-    trend in row and column: the bordered system ``[[K, F], [F^T, 0]] [w, mu] = [k_*, f_*]``,
-    variance ``total - w k_* - mu f_*``."""
+    kriging (an unknown constant mean), with ``drift`` universal kriging with an unknown linear
+    trend in row and column, with ``external = (at the points [N, P], at the cells [M, P])`` an
+    unknown mean linear in those covariates too (kriging with external drift): the bordered system
+    ``[[K, F], [F^T, 0]] [w, mu] = [k_*, f_*]``, variance ``total - w k_* - mu f_*``."""
     m_out, s_out = np.empty(len(cells)), np.empty(len(cells))
-    p = 3 if drift else 1
+    p_plane = 3 if drift else 1
     for start in range(0, len(cells), _BATCH):
         idx = near[start:start + _BATCH]
         ok = idx >= 0  # [B, K]
@@ -263,7 +291,14 @@ def _solve(pts: np.ndarray, zs: np.ndarray, cells: np.ndarray, near: np.ndarray,
         k_t = cov(np.linalg.norm(rel, axis=-1)) * ok  # [B, K]
         # The drift's columns in units of the neighbourhood's size, so the system stays well scaled.
         reach = np.maximum(np.abs(np.where(ok[..., None], rel, 0.0)).max(axis=(1, 2)), 1.0)[:, None]
-        f = np.stack([ok.astype(np.float64), *(rel[..., i] / reach * ok for i in range(p - 1))], -1)  # [B, K, P]
+        columns = [ok.astype(np.float64), *(rel[..., i] / reach * ok for i in range(p_plane - 1))]
+        if external is not None:  # the covariates relative to the target's, each in its neighbourhood's range
+            at_pts, at_cells = external
+            rel_e = np.where(ok[..., None], at_pts[np.where(ok, idx, 0)] - at_cells[start:start + b, None, :], 0.0)
+            spread = np.abs(rel_e).max(axis=1, keepdims=True)  # [B, 1, P]
+            columns += list(np.moveaxis(rel_e / np.where(spread > 0, spread, 1.0), -1, 0))
+        f = np.stack(columns, -1)  # [B, K, P]
+        p = f.shape[-1]
         a = np.zeros((b, k + p, k + p))
         a[:, :k, :k], a[:, :k, k:], a[:, k:, :k] = k_nn, f, np.swapaxes(f, 1, 2)
         a[:, np.arange(k, k + p), np.arange(k, k + p)] = -1e-10  # a collinear neighbourhood leaves the drift undefined
@@ -278,10 +313,10 @@ def _solve(pts: np.ndarray, zs: np.ndarray, cells: np.ndarray, near: np.ndarray,
 
 def krige_stack(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, variogram_model: str = "exponential",
                 trend: bool | str = False, check: str = "clouds", rng: np.random.Generator | None = None,
-                ) -> tuple[np.ndarray, np.ndarray, str]:
+                drift_maps: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, str]:
     """:func:`krige_scene` on every step of ``values [T, R, C]`` (``valid`` ``[R, C]`` or ``[T, R, C]``;
-    ``variogram_model``, ``trend`` and ``check`` as there); returns ``(mean, std, what)``, the first
-    two ``[T, R, C]`` with NaN except at the gaps."""
+    ``variogram_model``, ``trend``, ``check`` and ``drift_maps [P, R, C]``, the same for every step,
+    as there); returns ``(mean, std, what)``, the first two ``[T, R, C]`` with NaN except at the gaps."""
     rng = np.random.default_rng(0) if rng is None else rng
     valid = np.broadcast_to(np.asarray(valid, bool), values.shape)
     mean, std = np.full(values.shape, np.nan), np.full(values.shape, np.nan)
@@ -290,10 +325,13 @@ def krige_stack(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, 
     chosen = []
     for t in range(values.shape[0]):
         mean[t], std[t], fit = krige_scene(values[t], valid[t], neighbours=neighbours, variogram_model=variogram_model,
-                                           trend=trend, check=check, rng=rng, fallback=whole)
+                                           trend=trend, check=check, rng=rng, fallback=whole, drift_maps=drift_maps)
         if fit is not None:
-            chosen.append(f"{fit['model']}{' with a linear drift' if fit['trend'] else ''}")
+            chosen.append(f"{fit['model']}{' with a linear drift' if fit['trend'] else ''}"
+                          f"{' with the external drift' if fit['external'] else ''}")
     kinds = ", ".join(f"{k} ({n})" for k, n in zip(*np.unique(chosen, return_counts=True))) if chosen else "none"
     how = "kriging" if trend is False else "kriging, with a linear drift where it checked better"
+    if drift_maps is not None:
+        how += ", elevation as an external drift where it checked better"
     return mean, std, f"{'ordinary ' if trend is False else ''}{how}; variogram fitted per scene: {kinds}; " \
                       f"{neighbours} neighbours by quadrant"

@@ -11,7 +11,9 @@ cube (``data``: path, variable, units, elevation), the ``train`` split and the `
 (a region and a ``time: [first, last]`` period each), the training settings (``training``:
 steps, batch, learning rate and the window source's ``synthetic``, ``wide_clouds``, ``window``)
 and the ``models`` (preset, ``args``; ``weights:`` a committed checkpoint trained by this
-protocol elsewhere, scored instead of trained). Trainable models train on windows of the
+protocol elsewhere, scored instead of trained; ``model:`` the ``--model`` a row of another name
+fills with, ``elevation: true`` to give it the DEM, e.g. ``kriging-elevation: {model: kriging,
+elevation: true}``, kriging with elevation as an external drift). Trainable models train on windows of the
 training split (:class:`geonp.tasks.window_source.WindowSource`, runs in ``runs`` (default
 ``runs/region_transfer/<name>``) ``/<model>``, resumed), validated on the first test split.
 
@@ -97,9 +99,9 @@ def checkpoint_of(cfg: dict[str, Any], name: str, steps: int | None) -> str | No
     if spec.get("weights"):
         return str(REPO / spec["weights"])
     dim_x = 4 if cfg["data"].get("elevation") else 3
-    if name in STACK_METHODS:
+    if spec.get("model", name) in STACK_METHODS:
         return None
-    if not build(name, dim_x, 1, preset=spec.get("preset", "tiny"), **spec.get("args", {})).trainable:
+    if not build(spec.get("model", name), dim_x, 1, preset=spec.get("preset", "tiny"), **spec.get("args", {})).trainable:
         return None
     config = train_config(cfg, name, steps)
     run = Path(config.out_dir)
@@ -123,11 +125,13 @@ def score(cfg: dict[str, Any], name: str, checkpoint: str | None, seed: int,
     """``{region name: evaluate row}`` of one model on every split; with ``figures`` (the table's
     path), its fill of each split is also drawn to ``<figures stem>_<region>.png``."""
     data, out = cfg["data"], {}
+    spec = cfg["models"][name] or {}
+    model = spec.get("model", name)
     dem = str(data_folder() / data["elevation"]) if data.get("elevation") else None
     for split in [cfg["train"], *cfg["test"]]:
-        elevation = dem if dem and takes_elevation(name, checkpoint) else None
+        elevation = dem if dem and (spec.get("elevation") or takes_elevation(model, checkpoint)) else None
         cube, kept = split_cube(cfg, split), {}
-        res = evaluate(cube, data["variable"], [name], checkpoints={name: checkpoint} if checkpoint else None,
+        res = evaluate(cube, data["variable"], [model], checkpoints={model: checkpoint} if checkpoint else None,
                        seed=seed, options={"device": "cpu"}, elevation=elevation, infill_fn=_keeping(kept))
         if figures is not None:
             draw(cfg, split, name, cube[data["variable"]], kept["masked"], kept["out"], figures)

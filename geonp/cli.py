@@ -64,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
     infill.add_argument("--var", action="append", default=None, metavar="NAME",
                         help="variable to fill (repeat for several; default: every gridded field)")
     infill.add_argument("--checkpoint", default=None, help="weights to use instead of the bundled ones")
-    infill.add_argument("--elevation", default=None, metavar="FILE", help="DEM or ERA5 geopotential: an input of models trained with it, an external drift "
+    infill.add_argument("--elevation", default=None, metavar="FILE",
+                        help="DEM or ERA5 geopotential: an input of models trained with it, an external drift "
                              "of --model kriging")
     infill.add_argument("--valid-mask", default=None, metavar="VAR|FILE",
                         help="where data may exist (e.g. sea for SST): a variable of INPUT, a mask file, "

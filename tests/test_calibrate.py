@@ -94,7 +94,8 @@ def test_the_cli_flag_calibrates_and_records_the_scales_in_the_store(tmp_path, t
     path = tmp_path / "in.nc"
     smooth_cube(t=2, r=24, c=30).to_netcdf(path)
     assert main(["infill", str(path), "--var", "sst", "--model", "te-pt-tnp", "--checkpoint", tiny_checkpoint,
-                 "--fit-steps", "0", "--calibrate-sigma", "--check-windows", "8", "-o", str(tmp_path / "out.zarr"), "-q"]) == 0
+                 "--fit-steps", "0", "--calibrate-sigma", "--check-windows", "8", "-o", str(tmp_path / "out.zarr"),
+                 "-q"]) == 0
     attrs = xr.open_zarr(tmp_path / "out.zarr").attrs
     assert len(attrs["geonp_sigma_scales"].split(", ")) == len(DISTANCE_BINS)
     assert '"calibrate_sigma": true' in attrs["geonp_request"]  # a store is resumed only under the same request

@@ -147,7 +147,8 @@ def krige_scene(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, 
     Returns:
         ``(mean, std, fit)``: ``[R, C]`` float64 at the gaps (valid and not observed), NaN
         elsewhere; ``fit`` is ``{"model", "trend", "external", "params"}``, the variogram family,
-        whether a linear drift in row and column and whether the external drift were used, and the fitted ``[partial sill, range, nugget]`` in the scene's units
+        whether a linear drift in row and column and whether the external drift were used, and the
+        fitted ``[partial sill, range, nugget]`` in the scene's units
         (None when the scene had too few observed cells and got its mean and spread).
     """
     families = BOUNDED_MODELS if variogram_model == "auto" else (variogram_model,)

@@ -101,7 +101,8 @@ def checkpoint_of(cfg: dict[str, Any], name: str, steps: int | None) -> str | No
     dim_x = 4 if cfg["data"].get("elevation") else 3
     if spec.get("model", name) in STACK_METHODS:
         return None
-    if not build(spec.get("model", name), dim_x, 1, preset=spec.get("preset", "tiny"), **spec.get("args", {})).trainable:
+    model = build(spec.get("model", name), dim_x, 1, preset=spec.get("preset", "tiny"), **spec.get("args", {}))
+    if not model.trainable:
         return None
     config = train_config(cfg, name, steps)
     run = Path(config.out_dir)

@@ -1,0 +1,73 @@
+"""Coherent samples of a filled scene (geonp.fill.samples) and the scores that test them
+(geonp.sample_scores): exact at observed cells, the fill's own spread at each gap cell, errors
+correlated as the scene's variogram says, and block means covered where independent draws are not."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from geonp.fill.samples import correlation, draw_samples, scene_correlation, unconditional
+from geonp.models.field_kriging import krige_scene
+from geonp.sample_scores import block_mean_coverage, independent_draws, patches_and_blocks, sample_scores
+
+
+def test_unconditional_fields_have_the_asked_correlation():
+    fields = unconditional((40, 50), 400, range_cells=12.0, nugget_share=0.2, rng=np.random.default_rng(0))
+    assert abs(fields.var() - 1.0) < 0.05
+    for lag in (1, 4, 10):
+        seen = np.mean(fields[:, :, :-lag] * fields[:, :, lag:])
+        assert abs(seen - correlation(np.array(float(lag)), 12.0, 0.2)) < 0.05, lag
+
+
+def scene(seed: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A field drawn with a known correlation, a wide cloud and scattered gaps: truth, input, gaps."""
+    rng = np.random.default_rng(seed)
+    truth = 10.0 + 2.0 * unconditional((48, 56), 1, 15.0, 0.05, rng)[0]
+    values = truth.copy()
+    values[12:36, 16:44] = np.nan
+    values[rng.random(truth.shape) < 0.05] = np.nan
+    return truth, values, np.isnan(values)
+
+
+def test_samples_are_exact_where_observed_and_spread_as_sigma_where_filled():
+    truth, values, gaps = scene()
+    mean, std, _ = krige_scene(values, np.ones(values.shape, bool))
+    samples = draw_samples(values, mean, std, gaps, 300, np.random.default_rng(2))
+    assert np.array_equal(samples[:, ~gaps], np.broadcast_to(values[~gaps], (300, (~gaps).sum())))
+    ratio = samples[:, gaps].std(0) / std[gaps]
+    assert 0.9 < np.median(ratio) < 1.1 and np.all((ratio > 0.7) & (ratio < 1.3))
+    # Neighbouring filled cells err together: deep in the cloud, errors a cell apart correlate strongly.
+    err = samples[:, 20:28, 25:35] - mean[20:28, 25:35]
+    assert np.mean(err[:, :, :-1] * err[:, :, 1:]) / np.mean(err**2) > 0.7
+    again = draw_samples(values, mean, std, gaps, 300, np.random.default_rng(2))
+    assert np.array_equal(samples, again, equal_nan=True)
+
+
+def test_block_means_of_coherent_samples_are_covered_and_of_independent_draws_are_not():
+    """Kriging's fill of scenes drawn from a known correlation: 90% intervals of the 8 x 8 block means
+    from coherent samples cover near 0.9; from independent per-cell draws, far less."""
+    coherent, independent = [], []
+    for seed in range(6):
+        truth, values, gaps = scene(seed)
+        mean, std, _ = krige_scene(values, np.ones(values.shape, bool))
+        rng = np.random.default_rng(seed)
+        blocks = patches_and_blocks(gaps)["block"]
+        for draws, out in ((draw_samples(values, mean, std, gaps, 64, rng), coherent),
+                           (independent_draws(mean, std, 64, rng), independent)):
+            out.append(block_mean_coverage(truth[gaps], draws[:, gaps], blocks, min_cells=16)[0])
+    assert 0.75 <= np.mean(coherent) <= 1.0 and np.mean(independent) < np.mean(coherent) - 0.2
+
+
+def test_sample_scores_name_every_figure():
+    truth, values, gaps = scene()
+    mean, std, _ = krige_scene(values, np.ones(values.shape, bool))
+    scores = sample_scores(truth, draw_samples(values, mean, std, gaps, 16, np.random.default_rng(0)), gaps,
+                           np.random.default_rng(0))
+    assert set(scores) == {"energy", "variogram", "patch_cov90", "patches", "block_cov90", "blocks"}
+    assert scores["energy"] > 0 and scores["variogram"] > 0 and scores["blocks"] > 10
+
+
+def test_a_scene_too_sparse_for_a_variogram_gets_a_default_correlation():
+    values = np.full((20, 30), np.nan)
+    values[3, 4] = 1.0
+    assert scene_correlation(values) == (7.5, 0.0)

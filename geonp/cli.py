@@ -83,6 +83,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="for weights whose kriging head takes the scene's nugget: choose it per field on "
                              "INPUT's own hidden cells, or always the scene's, or always the network's "
                              "(default: %(default)s)")
+    infill.add_argument("--samples", type=int, default=0, metavar="N",
+                        help="also write N coherent samples of the fill as VAR_sample (observed cells as "
+                             "observed, filled cells drawn with errors correlated as the scene's variogram "
+                             "says; default: none)")
     infill.add_argument("--check-windows", type=int, default=FillOptions.check_windows, metavar="N",
                         help="windows of INPUT's own cells the nugget check and --calibrate-sigma score "
                              "(each hides 100-400 cells; default: %(default)s)")
@@ -212,7 +216,8 @@ def _run(args: argparse.Namespace) -> int:
         from geonp.fill.engine import infill_file
 
         options = FillOptions(fit=FitOptions(steps=args.fit_steps), calibrate_sigma=args.calibrate_sigma,
-                              nugget=args.nugget, check_windows=args.check_windows, batch_size=args.batch_size,
+                              nugget=args.nugget, check_windows=args.check_windows, samples=args.samples,
+                              batch_size=args.batch_size,
                               seed=args.seed, device=args.device,
                               threads=args.threads, window=args.window)
         infill_file(args.input, args.out, args.var, args.model, satellite=args.satellite, checkpoint=args.checkpoint,

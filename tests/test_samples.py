@@ -71,3 +71,32 @@ def test_a_scene_too_sparse_for_a_variogram_gets_a_default_correlation():
     values = np.full((20, 30), np.nan)
     values[3, 4] = 1.0
     assert scene_correlation(values) == (7.5, 0.0)
+
+
+def test_infill_writes_samples_in_memory_and_to_zarr_the_same(tmp_path, tiny_checkpoint):
+    """``samples=N`` (``--samples N``): ``v_sample [sample, *v.dims]``, exact at observed cells,
+    NaN outside the valid area, drawn at filled ones; the Zarr store holds the same numbers, one
+    sample of one step per chunk; another seed gives other samples."""
+    import xarray as xr
+    from conftest import smooth_cube
+
+    import geonp
+    from geonp.cli import main
+
+    ds = smooth_cube(t=2, r=24, c=30)
+    out = geonp.infill(ds, "sst", model="te-pt-tnp", checkpoint=tiny_checkpoint, fit_steps=0, samples=3, seed=1)
+    samples, flag = out["sst_sample"], out["sst_flag"].values
+    assert samples.dims == ("sample", *out["sst"].dims) and samples.sizes["sample"] == 3
+    values = samples.values
+    assert np.array_equal(values[:, flag == 0], np.broadcast_to(out["sst"].values[flag == 0], values[:, flag == 0].shape))
+    assert np.isfinite(values[:, flag == 1]).all() and np.isnan(values[:, flag == 2]).all()
+    assert not np.array_equal(values[0, flag == 1], values[1, flag == 1])
+    path = tmp_path / "in.nc"
+    ds.to_netcdf(path)
+    assert main(["infill", str(path), "--var", "sst", "--model", "te-pt-tnp", "--checkpoint", tiny_checkpoint,
+                 "--fit-steps", "0", "--samples", "3", "--seed", "1", "-o", str(tmp_path / "out.zarr"), "-q"]) == 0
+    stored = xr.open_zarr(tmp_path / "out.zarr")["sst_sample"]
+    assert stored.encoding["preferred_chunks"] == {"sample": 1, "time": 1, "lat": 24, "lon": 30}
+    np.testing.assert_allclose(stored.values, values, rtol=1e-6, equal_nan=True)
+    other = geonp.infill(ds, "sst", model="te-pt-tnp", checkpoint=tiny_checkpoint, fit_steps=0, samples=3, seed=2)
+    assert not np.allclose(other["sst_sample"].values[:, flag == 1], values[:, flag == 1])

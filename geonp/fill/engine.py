@@ -23,6 +23,7 @@ from geonp.fill.output import WITHOUT_CONTEXT, InfillStore, block_list, output_t
 from geonp.fill.plan import Plan, plan, provenance, request
 from geonp.fill.prepare import prepare
 from geonp.fill.runners import block_values, distributed, on_local_cluster, sequential
+from geonp.fill.samples import with_samples
 
 
 def _without_context_text(totals: dict[str, int]) -> str:
@@ -52,13 +53,14 @@ def infill(ds: xr.Dataset, variables: str | list[str] | None = None, model: str 
             (fine-tuning steps on ``ds``'s own observed cells first; default 30, as on the command
             line), ``window`` (cells each window predicts, ``(T, R, C)``), ``device``,
             ``batch_size`` (windows per model call), ``seed``, ``nugget``, ``calibrate_sigma``,
-            ``threads``.
+            ``threads``, ``samples`` (coherent samples to add, :mod:`geonp.fill.samples`).
 
     Returns:
         A Dataset with, per variable ``v``: ``v`` (observed or predicted, ``v``'s units),
         ``v_std`` (1-sigma predictive standard deviation, same units; 0 at observed cells, NaN
         outside the valid area) and ``v_flag`` (0 observed, 1 infilled, 2 outside the valid
-        area), with CF attributes and provenance. The global attribute
+        area), with CF attributes and provenance; with ``samples=N``, ``v_sample`` too
+        (``[sample, *v.dims]``: observed cells as observed, filled cells coherent draws). The global attribute
         ``geonp_gaps_without_context_<v>`` counts the gap cells of ``v`` that had no observation
         in reach on their window's time steps and got ``v``'s global mean and spread (a warning
         says so when there are any).
@@ -93,6 +95,8 @@ def fill_in_memory(p: Plan, layout: xr.Dataset, renamed: dict, source: str) -> x
                         coords=template.coords)
     result.attrs = provenance(p, source)
     result.attrs.update({f"{WITHOUT_CONTEXT}_{v}": n for v, n in totals.items()})
+    if p.options.samples:
+        result = with_samples(result, p.names, p.options.samples, p.options.seed).compute()
     result = restore_layout(result, layout, renamed)
     if any(totals.values()):
         warnings.warn(f"gap cells without any observation in reach, filled with the global mean: "
@@ -154,8 +158,12 @@ def infill_to_zarr(ds: xr.Dataset, out: str | Path, variables: str | list[str] |
     # Summed over every block in the store, those of an earlier run included; the store is then
     # rewritten in the input's layout, without the resume bookkeeping.
     chosen = {"geonp_sigma_scales": p.sigma_scales, "geonp_nugget": p.nugget_chosen}
-    totals = store.finish(attrs={k: v for k, v in chosen.items() if v is not None} or None,
-                          restore=lambda work: restore_layout(work, layout, renamed_from(ds)))
+    def restore(work: xr.Dataset) -> xr.Dataset:  # samples drawn scene by scene as the store is written
+        if p.options.samples:
+            work = with_samples(work, p.names, p.options.samples, p.options.seed)
+        return restore_layout(work, layout, renamed_from(ds))
+
+    totals = store.finish(attrs={k: v for k, v in chosen.items() if v is not None} or None, restore=restore)
     message = f"gap cells filled with the global mean (no observation in reach): {_without_context_text(totals)}"
     if say:
         say(f"wrote {out}; {message}")

@@ -31,11 +31,11 @@ import pandas as pd
 import xarray as xr
 
 from geonp.data.cube import cf_references
-from geonp.fill.output import coordinate_encoding
+from geonp.fill.output import SAMPLE_DIM, coordinate_encoding
 from geonp.tasks.windows import STATIC_STEP
 
 #: Suffixes of the layers beside each filled variable.
-_LAYERS = ("", "_std", "_flag")
+_LAYERS = ("", "_std", "_flag", "_sample")
 
 
 def restore_layout(out: xr.Dataset, like: xr.Dataset, renamed: Mapping[str, str]) -> xr.Dataset:
@@ -104,6 +104,8 @@ def _as_input(layer: xr.DataArray, source: xr.DataArray, like: xr.Dataset, renam
     """One layer with ``source``'s dimension names, order and coordinate order."""
     layer = layer.reset_coords(drop=True)
     for dim in list(layer.dims):
+        if dim == SAMPLE_DIM:  # the samples' own dimension, which the input has not: kept first
+            continue
         target = _input_dim(str(dim), source, like, renamed)
         if target is None:  # a time axis the working cube added to a single scene
             if layer.sizes[dim] != 1:
@@ -119,7 +121,8 @@ def _as_input(layer: xr.DataArray, source: xr.DataArray, like: xr.Dataset, renam
             layer = layer.rename({dim: target})
     # The working coordinates go (the input's come back whole in restore_layout).
     layer = layer.drop_vars(list(layer.coords))
-    return layer.transpose(*[d for d in source.dims if d in layer.dims], ...)
+    first = [SAMPLE_DIM] if SAMPLE_DIM in layer.dims else []
+    return layer.transpose(*first, *[d for d in source.dims if d in layer.dims], ...)
 
 
 def _input_dim(dim: str, source: xr.DataArray, like: xr.Dataset, renamed: Mapping[str, str]) -> str | None:

@@ -98,7 +98,9 @@ class FillOptions:
             64 windows, doubled while the call was close, took every nugget choice the way the
             fills went. Fewer: faster and noisier choices.
         batch_size: windows per model call.
-        seed: the run's random seed (fine-tuning windows, the nugget check, DINEOF).
+        samples: ``--samples``: coherent samples of the fill to add as ``VAR_sample`` (0: none;
+            :mod:`geonp.fill.samples`).
+        seed: the run's random seed (fine-tuning windows, the nugget check, DINEOF, the samples).
         device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
         threads: CPU threads (None: the cores this process may use, :func:`geonp.threads.usable_cores`).
         window: cells each window predicts, ``(T, R, C)``, ``"T,R,C"`` or a
@@ -109,6 +111,7 @@ class FillOptions:
     calibrate_sigma: bool = False
     nugget: str = "auto"
     check_windows: int = 64
+    samples: int = 0
     batch_size: int = 16
     seed: int = 0
     device: str = "auto"
@@ -120,6 +123,8 @@ class FillOptions:
             raise ValueError(f"--nugget must be one of {', '.join(NUGGET_CHOICES)}, got {self.nugget!r}")
         if int(self.batch_size) < 1:
             raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if int(self.samples) < 0:
+            raise ValueError(f"--samples must be >= 0, got {self.samples}")
         if int(self.check_windows) < 1:
             raise ValueError(f"--check-windows must be >= 1, got {self.check_windows}")
         if self.threads is not None and int(self.threads) < 1:
@@ -134,7 +139,7 @@ class FillOptions:
             fit_steps: fine-tuning steps (None: ``fit``'s, by default 30).
             calibrate_sigma: scale sigma on the input's own cells (None: off).
             fit: fine-tuning options to start from (None: :class:`FitOptions`' defaults).
-            keywords: the other fields by name (``nugget``, ``check_windows``, ``batch_size``,
+            keywords: the other fields by name (``nugget``, ``check_windows``, ``samples``, ``batch_size``,
                 ``seed``, ``device``, ``threads``, ``window``); a None value keeps the default.
 
         Returns:
@@ -161,12 +166,12 @@ class FillOptions:
         """What a resumed run must repeat to write the same store (not where or how fast it runs).
 
         Returns:
-            ``{"fit": {...}, "calibrate_sigma", "nugget", "check_windows", "seed", "window"}``,
+            ``{"fit": {...}, "calibrate_sigma", "nugget", "check_windows", "samples", "seed", "window"}``,
             JSON-serialisable.
         """
         window = self.window.as_dict() if hasattr(self.window, "as_dict") else self.window
         return {"fit": dataclasses.asdict(self.fit), "calibrate_sigma": self.calibrate_sigma, "nugget": self.nugget,
-                "check_windows": self.check_windows, "seed": self.seed,
+                "check_windows": self.check_windows, "samples": self.samples, "seed": self.seed,
                 "window": list(window) if isinstance(window, tuple) else window}
 
     def describe(self) -> str:

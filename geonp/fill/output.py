@@ -37,6 +37,8 @@ import zarr
 from geonp.data import zarr_store
 
 FLAG_OBSERVED, FLAG_INFILLED, FLAG_OUTSIDE = 0, 1, 2
+#: The dimension of ``VAR_sample`` (``--samples``, :mod:`geonp.fill.samples`), first of its dims.
+SAMPLE_DIM = "sample"
 FLAG_FILL = -1  # int8 fill value of a flag not yet written
 PROGRESS = "geonp_blocks_done"
 WITHOUT_CONTEXT = "geonp_gaps_without_context"
@@ -286,7 +288,11 @@ def _stored(ds: xr.Dataset) -> xr.Dataset:
         if name in ds.data_vars:
             keep.setdefault("_FillValue", _float_fill(var.dtype))
         var.encoding = keep
-    return ds.chunk({d: sizes.get(d, -1) for d in ds.dims}) if sizes else ds
+    ds = ds.chunk({d: sizes.get(d, -1) for d in ds.dims}) if sizes else ds
+    for name, var in ds.data_vars.items():  # samples: one sample of one scene a chunk, one read each
+        if SAMPLE_DIM in var.dims:
+            ds[name] = var.chunk({d: 1 if i < var.ndim - 2 else -1 for i, d in enumerate(var.dims)})
+    return ds
 
 
 def _float_fill(dtype: np.dtype) -> Any:

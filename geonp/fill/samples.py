@@ -23,8 +23,12 @@ once per scene and reused for every sample; memory is a few copies of the scene.
 
 from __future__ import annotations
 
+import dask
+import dask.array
 import numpy as np
+import xarray as xr
 
+from geonp.fill.output import FLAG_INFILLED, FLAG_OBSERVED, SAMPLE_DIM
 from geonp.models.field_kriging import quadrant_counts, quadrant_neighbours
 from geonp.variogram import MIN_SCENE_POINTS, fit_grid_variogram
 
@@ -139,3 +143,38 @@ def draw_samples(values: np.ndarray, mean: np.ndarray, std: np.ndarray, gaps: np
     conditioned = fields[:, gaps] - np.einsum("mk,smk->sm", weights, at_obs[:, np.where(near >= 0, near, 0)])
     out[:, gaps] = mean[gaps] + std[gaps] * conditioned / sd
     return out
+
+
+
+def with_samples(out: xr.Dataset, variables: list[str], n: int, seed: int) -> xr.Dataset:
+    """``out`` (the fill's layers ``v``, ``v_std``, ``v_flag`` in the working convention, rows and
+    columns last) with ``v_sample [sample, *v.dims]`` per variable: ``n`` samples of every scene
+    (each index of the leading dimensions), drawn lazily one scene at a time, so that writing them
+    holds one scene's ``n`` samples in memory, never the cube's. Reproducible: scene ``i``'s stream
+    is ``default_rng([seed, 15331, i])``, whatever the order scenes are computed in. Chunked one
+    sample of one scene per chunk."""
+    out = out.copy()
+    for v in variables:
+        layer = out[v]
+        lead = layer.shape[:-2]
+        flat = [layer.data, out[f"{v}_std"].data, out[f"{v}_flag"].data]
+        pieces = [dask.array.from_delayed(
+            dask.delayed(_scene_samples)(*(a[index] for a in flat), n, seed, i),
+            shape=(n, *layer.shape[-2:]), dtype=np.float32) for i, index in enumerate(np.ndindex(*lead))]
+        stacked = dask.array.stack(pieces, axis=1).reshape((n, *layer.shape)) if lead else pieces[0]
+        attrs = {k: layer.attrs[k] for k in ("units", "standard_name") if k in layer.attrs}
+        attrs["long_name"] = f"coherent samples of {layer.attrs.get('long_name', v)}"
+        attrs["comment"] = ("observed cells as observed; filled cells a draw of the fill whose errors are "
+                            "correlated as the scene's variogram says (geonp.fill.samples)")
+        out[f"{v}_sample"] = ((SAMPLE_DIM, *layer.dims), stacked.rechunk((1, *([1] * len(lead)), -1, -1)), attrs)
+    return out
+
+
+def _scene_samples(values: np.ndarray, std: np.ndarray, flag: np.ndarray, n: int, seed: int,
+                   index: int) -> np.ndarray:
+    """``n`` samples ``[n, R, C]`` (float32) of one filled scene from its stored layers."""
+    values, std, flag = (np.asarray(a) for a in (values, std, flag))
+    observed = np.where(flag == FLAG_OBSERVED, values, np.nan).astype(np.float64)
+    gaps = (flag == FLAG_INFILLED) & np.isfinite(values) & np.isfinite(std)
+    rng = np.random.default_rng([seed, 15331, index])
+    return draw_samples(observed, values.astype(np.float64), std.astype(np.float64), gaps, n, rng).astype(np.float32)

@@ -88,7 +88,8 @@ def test_infill_writes_samples_in_memory_and_to_zarr_the_same(tmp_path, tiny_che
     samples, flag = out["sst_sample"], out["sst_flag"].values
     assert samples.dims == ("sample", *out["sst"].dims) and samples.sizes["sample"] == 3
     values = samples.values
-    assert np.array_equal(values[:, flag == 0], np.broadcast_to(out["sst"].values[flag == 0], values[:, flag == 0].shape))
+    observed = out["sst"].values[flag == 0]
+    assert np.array_equal(values[:, flag == 0], np.broadcast_to(observed, (3, observed.size)))
     assert np.isfinite(values[:, flag == 1]).all() and np.isnan(values[:, flag == 2]).all()
     assert not np.array_equal(values[0, flag == 1], values[1, flag == 1])
     path = tmp_path / "in.nc"

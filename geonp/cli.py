@@ -148,6 +148,8 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("--select", action="append", default=None, metavar="DIM=VALUE",
                       help="level, member ... to draw, by coordinate value or index (repeatable; default: the first)")
     plot.add_argument("--dpi", type=int, default=110, help="PNG resolution (default: %(default)s)")
+    plot.add_argument("--samples", type=int, default=0, metavar="N",
+                      help="also draw the first N coherent samples (an output of geonp infill --samples)")
 
     models = sub.add_parser("models", help="list the model names and their presets")
     models.set_defaults()
@@ -240,7 +242,7 @@ def _run(args: argparse.Namespace) -> int:
 
         png = plot_file(args.output, args.out, variable=args.var, time=args.time, region=args.region,
                         projection_name=args.projection, truth=args.truth, point=args.point, dpi=args.dpi,
-                        select=args.select)
+                        select=args.select, samples=args.samples)
         print(f"wrote {png}")
     elif args.command == "models":
         from geonp.fill.predictor import STACK_METHODS

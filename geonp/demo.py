@@ -6,8 +6,9 @@ hides 30% of the ocean under smooth random clouds, fills the clouds with the bun
 weights (fine-tuned for a few steps on the scene's own visible cells), and with ``linear``
 interpolation and ``kriging`` as references, scores all on the hidden cells, and writes:
 
-* ``<out>/sst_filled.zarr`` — the te-pt-tnp infill (``sst``, ``sst_std``, ``sst_flag``), CF;
-* ``<out>/sst_map.png`` — observed, filled, 1-sigma and error maps;
+* ``<out>/sst_filled.zarr`` — the te-pt-tnp infill (``sst``, ``sst_std``, ``sst_flag`` and two
+  coherent samples, ``sst_sample``), CF;
+* ``<out>/sst_map.png`` — observed, filled, 1-sigma, error and two sample maps;
 * ``<out>/skill.md`` and ``summary.json`` — RMSE, MAE, NLL, CRPS, coverage, interval score, time.
 """
 
@@ -28,6 +29,8 @@ from geonp.tasks.clouds import random_clouds
 
 DEMO_MODELS = ("te-pt-tnp", "linear", "kriging")
 CLOUD_COVER = 0.3
+#: Coherent samples the demo's store holds and its map draws (``--samples``).
+DEMO_SAMPLES = 2
 CLOUD_SCALE = 4.0  # cells (degrees): clouds a few hundred km across
 
 
@@ -122,7 +125,7 @@ def run_demo(out: str | Path = "geonp-demo", fit_steps: int = FitOptions().steps
         if name == models[0]:  # the product: a CF Zarr store, as `geonp infill` writes it
             store = infill_to_zarr(ds, out / "sst_filled.zarr", "sst", name, source=str(hadisst_path()),
                                    fit_steps=fit_steps if name == DEMO_MODELS[0] else 0, device=device,
-                                   progress=verbose, command="geonp demo")
+                                   progress=verbose, command="geonp demo", samples=DEMO_SAMPLES)
             result = filled = xr.open_zarr(store).compute()
         else:
             result = infill(ds, "sst", name, device=device)
@@ -132,7 +135,8 @@ def run_demo(out: str | Path = "geonp-demo", fit_steps: int = FitOptions().steps
         rows.append({"model": name, **scores, "wall_s": round(wall, 1)})
         summary["models"][name] = rows[-1]
     png = plot_infill(filled, "sst", out / "sst_map.png", truth=truth, hidden=xr.DataArray(hidden, dims=truth.dims),
-                      title=f"HadISST SST, August 2012: synthetic clouds filled by {models[0]}")
+                      title=f"HadISST SST, August 2012: synthetic clouds filled by {models[0]}",
+                      samples=DEMO_SAMPLES)
     summary["wall_s"] = round(time.perf_counter() - start, 1)
     table = _table(rows)
     (out / "skill.md").write_text(table + "\n")

@@ -101,3 +101,25 @@ def test_infill_writes_samples_in_memory_and_to_zarr_the_same(tmp_path, tiny_che
     np.testing.assert_allclose(stored.values, values, rtol=1e-6, equal_nan=True)
     other = geonp.infill(ds, "sst", model="te-pt-tnp", checkpoint=tiny_checkpoint, fit_steps=0, samples=3, seed=2)
     assert not np.allclose(other["sst_sample"].values[:, flag == 1], values[:, flag == 1])
+
+
+def test_plot_draws_samples_beside_the_mean(tmp_path):
+    """``geonp plot --samples 2`` adds two sample panels; asking for more than the store holds, or
+    for samples of a store without them, is one line and exit code 2."""
+    from conftest import smooth_cube
+
+    from geonp.cli import main
+    from geonp.fill.engine import infill_to_zarr
+    from geonp.maps.figure import map_figure
+
+    ds = smooth_cube(t=2, r=24, c=30)
+    with_samples = infill_to_zarr(ds, tmp_path / "s.zarr", "sst", "linear", samples=2, progress=False)
+    without = infill_to_zarr(ds, tmp_path / "plain.zarr", "sst", "linear", progress=False)
+    import xarray as xr
+
+    titles = [ax.get_title() for ax in map_figure(xr.open_zarr(with_samples), "sst", samples=2).axes]
+    assert "sample 1" in titles and "sample 2" in titles
+    assert main(["plot", str(with_samples), "-o", str(tmp_path / "m.png"), "--samples", "2"]) == 0
+    assert (tmp_path / "m.png").stat().st_size > 0
+    assert main(["plot", str(with_samples), "-o", str(tmp_path / "x.png"), "--samples", "3"]) == 2
+    assert main(["plot", str(without), "-o", str(tmp_path / "y.png"), "--samples", "1"]) == 2

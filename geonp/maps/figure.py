@@ -57,7 +57,7 @@ def plot_infill(ds: xr.Dataset, variable: str, path: str | Path, *, dpi: int = 1
 def map_figure(ds: xr.Dataset, variable: str, *, time: int | str = 0, truth: xr.DataArray | None = None,
                hidden: xr.DataArray | None = None, region: Any = None, projection_name: str | None = None,
                point: tuple[float, float] | None = None, title: str | None = None,
-               select: Mapping[str, Any] | None = None) -> Figure:
+               select: Mapping[str, Any] | None = None, samples: int = 0) -> Figure:
     """The map panels of one variable of an infill output at one time.
 
     Args:
@@ -73,6 +73,8 @@ def map_figure(ds: xr.Dataset, variable: str, *, time: int | str = 0, truth: xr.
         title: the figure title; default variable, time and model.
         select: ``{dim: value}`` along the variable's other dims (a pressure ``level``, an
             ensemble ``member``): a coordinate value, else an index; default the first of each.
+        samples: draw the first this many coherent samples (``variable_sample``, written by
+            ``geonp infill --samples``) beside the mean, on its colour scale.
 
     Returns:
         A matplotlib ``Figure`` (not attached to pyplot): observed, truth and error (with
@@ -91,7 +93,7 @@ def map_figure(ds: xr.Dataset, variable: str, *, time: int | str = 0, truth: xr.
     names = {name: role for role, name in coordinate_names(ds).items()}
     ds, truth, hidden = (None if a is None else a.rename({n: r for n, r in names.items() if n in a.coords})
                          for a in (ds, truth, hidden))
-    work = _layers(ds, variable, truth, hidden)
+    work = _layers(ds, variable, truth, hidden, samples)
     if region is not None:
         from geonp.data.regions import crop_to_region, get_region
 
@@ -118,6 +120,9 @@ def map_figure(ds: xr.Dataset, variable: str, *, time: int | str = 0, truth: xr.
         scale_from.append(truth_values[~outside])
     panels += [("predicted mean (observed + infilled)", values, "value"), ("predicted 1-sigma", std, "std"),
                ("status", flag.astype(float), "flag")]
+    for i in range(samples):  # coherent samples: where the mean is smooth, they show how the field may vary
+        drawn = sel[f"{variable}_sample"].isel(sample=i).transpose(*dims).values.astype(np.float64)
+        panels.append((f"sample {i + 1}", np.where(outside, np.nan, drawn), "value"))
     if "__truth" in sel:
         scored = (flag == 1) if "__hidden" not in sel else sel["__hidden"].values.astype(bool)
         error = np.where(scored & ~outside, values - truth_values, np.nan)
@@ -190,10 +195,19 @@ def filled_variables(ds: xr.Dataset) -> list[str]:
                   if str(v).endswith("_flag") and str(v)[:-5] in ds and f"{str(v)[:-5]}_std" in ds)
 
 
-def _layers(ds: xr.Dataset, variable: str, truth: xr.DataArray | None, hidden: xr.DataArray | None) -> xr.Dataset:
-    """The three layers of ``variable`` (plus ``__truth``/``__hidden``) as one dataset, so that a
-    region crop and a time selection apply to all of them alike."""
+def _layers(ds: xr.Dataset, variable: str, truth: xr.DataArray | None, hidden: xr.DataArray | None,
+            samples: int = 0) -> xr.Dataset:
+    """The three layers of ``variable`` (plus ``__truth``/``__hidden``, and ``variable_sample`` when
+    ``samples`` are drawn) as one dataset, so that a region crop and a time selection apply to all
+    of them alike."""
     names = (variable, f"{variable}_std", f"{variable}_flag")
+    if samples:
+        if f"{variable}_sample" not in ds.variables:
+            raise ValueError(f"--samples: {variable!r} has no samples ('{variable}_sample'); fill with "
+                             "geonp infill --samples N")
+        if samples > ds.sizes["sample"]:
+            raise ValueError(f"--samples {samples}: the output holds {ds.sizes['sample']}")
+        names += (f"{variable}_sample",)
     for name in names:
         if name not in ds.variables:
             raise ValueError(f"{name!r} is not in the dataset (an infill output of {variable!r} holds "

@@ -12,7 +12,7 @@ from geonp.maps.figure import filled_variables, plot_infill
 
 def plot_file(output: str | Path, out: str | Path, *, variable: str | None = None, time: int | str = 0,
               region: str | None = None, projection_name: str | None = None, truth: str | Path | None = None,
-              point: str | None = None, dpi: int = 110, select: list[str] | None = None) -> Path:
+              point: str | None = None, dpi: int = 110, select: list[str] | None = None, samples: int = 0) -> Path:
     """Draw ``output`` (a store ``geonp infill`` wrote) to the PNG ``out``; returns its path.
 
     Args:
@@ -26,6 +26,7 @@ def plot_file(output: str | Path, out: str | Path, *, variable: str | None = Non
         point: ``"LAT,LON"``: add that cell's time series.
         dpi: PNG resolution.
         select: ``["DIM=VALUE", ...]``: which level, member ... to draw (default the first of each).
+        samples: how many of the output's coherent samples to draw beside the mean.
 
     Returns:
         ``Path(out)``, the PNG written.
@@ -61,7 +62,7 @@ def plot_file(output: str | Path, out: str | Path, *, variable: str | None = Non
                              f"{ds[variable].dims}") from None
     return plot_infill(ds, variable, out, time=_time(time), truth=truth_da, region=_region(region),
                        projection_name=projection_name, point=_point(point) if point else None, dpi=dpi,
-                       select=_select(select or []))
+                       select=_select(select or []), samples=samples)
 
 
 def _open(path: Path, what: str) -> xr.Dataset:

@@ -124,6 +124,9 @@ def _parser() -> argparse.ArgumentParser:
                           help="DEM for the models whose weights take elevation (the others fill without it)")
     evaluate.add_argument("--fit-steps", type=int, default=FitOptions().steps,
                           help="fine-tuning steps for trainable models, as infill's (default: %(default)s)")
+    evaluate.add_argument("--samples", type=int, default=0, metavar="N",
+                          help="also score N coherent samples of each fill as a whole (energy and variogram "
+                               "scores, coverage of patch and 8x8 block means) beside independent draws")
     evaluate.add_argument("--device", default="auto", help="auto, cpu or cuda (default: %(default)s)")
     evaluate.add_argument("--seed", type=int, default=0, help="random seed of the hidden cells (default: 0)")
     evaluate.add_argument("--threads", type=int, default=None, metavar="N",
@@ -235,7 +238,7 @@ def _run(args: argparse.Namespace) -> int:
         results = run_evaluate(args.input, args.var, args.model, args.out, valid_mask=args.valid_mask,
                                checkpoints=checkpoints, fit_steps=args.fit_steps, seed=args.seed,
                                satellite=args.satellite, options={"device": args.device, "threads": args.threads},
-                               elevation=args.elevation, progress=True)
+                               elevation=args.elevation, progress=True, samples=args.samples)
         print(f"wrote {args.out} ({len(results)} variable(s), {len(args.model)} model(s))")
     elif args.command == "plot":
         from geonp.maps import plot_file

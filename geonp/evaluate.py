@@ -61,6 +61,7 @@ def evaluate(
     distance_bins: Bins = DISTANCE_BINS,
     keep_cells: bool = False,
     progress: bool = False,
+    samples: int = 0,
 ) -> dict[str, Any]:
     """Score ``models`` at the same artificially hidden cells of ``ds[variable]``.
 
@@ -96,6 +97,10 @@ def evaluate(
             by resampling blocks of cells, maps of the errors): the result gains ``"cells"``
             and each row ``"mean"`` and ``"std"`` (below). Not JSON: drop them before writing.
         progress: a line on stderr as each model starts and ends (a fill can take minutes).
+        samples: also draw this many coherent samples of each fill (``infill``'s ``samples``) and
+            score them as a whole (:func:`geonp.sample_scores.cube_sample_scores`: energy and
+            variogram scores, 90% coverage of patch and 8x8 block means, beside independent
+            per-cell draws); each row gains ``"samples"``, those figures.
 
     Returns:
         ``{"source", "variable", "units", "seed", "steps", "observed_cells", "hidden_cells",
@@ -154,6 +159,8 @@ def evaluate(
             (default if fit_steps is None else fit_steps)
         checkpoint = (checkpoints or {}).get(model)
         extra = {"elevation": elevation} if model in with_elevation else {}
+        if samples:
+            extra["samples"] = samples
         if progress:
             print(f"evaluate {variable}: {model} filling {n_hidden} hidden cells ...", file=sys.stderr, flush=True)
         start = time.perf_counter()
@@ -161,9 +168,12 @@ def evaluate(
             out = infill_fn(masked_ds, variable, model, checkpoint=checkpoint, valid_mask=valid,
                             fit_steps=steps, seed=seed, **extra, **(options or {}))
             chosen = {"nugget": out.attrs["geonp_nugget"]} if "geonp_nugget" in out.attrs else {}
-            out = out[[variable, f"{variable}_std"]].compute()  # a lazy result's work is part of the time
+            layers = [variable, f"{variable}_std"] + ([f"{variable}_sample"] if samples else [])
+            out = out[layers].compute()  # a lazy result's work is part of the time
             wall = time.perf_counter() - start
             mean, std = (_like(out[v], da).values[hide] for v in (variable, f"{variable}_std"))
+            if samples:
+                chosen["samples"] = _sample_scores(out, variable, da, hide, seed)
         except (ValueError, KeyError) as err:
             raise ValueError(f"{name}: {variable!r} with model {model!r}: {_one_line(err)}") from err
         try:
@@ -192,6 +202,22 @@ def evaluate(
             "rows": rows}
 
 
+def _sample_scores(out: xr.Dataset, variable: str, da: xr.DataArray, hide: np.ndarray, seed: int) -> dict:
+    """The fill's samples scored as a whole at the hidden cells (``da``'s dims, time added if absent)."""
+    from geonp.sample_scores import cube_sample_scores
+
+    grids = [_like(out[v], da).values for v in (variable, f"{variable}_std")]
+    drawn = out[f"{variable}_sample"]
+    drawn = np.stack([_like(drawn.isel(sample=i), da).values for i in range(drawn.sizes["sample"])])
+    if da.ndim not in (2, 3):
+        raise ValueError(f"--samples: scored on (time,) rows, cols fields; {da.name!r} has dims {da.dims}")
+    if da.ndim == 2:  # one scene: a time axis of one step
+        grids, drawn, truth, hide = [g[None] for g in grids], drawn[:, None], da.values[None], hide[None]
+    else:
+        truth = da.values
+    return cube_sample_scores(truth.astype(np.float64), drawn.astype(np.float64), *grids, hide, seed)
+
+
 def run_evaluate(
     input: str,
     variables: Sequence[str],
@@ -207,6 +233,7 @@ def run_evaluate(
     infill_fn: Callable[..., xr.Dataset] | None = None,
     elevation: str | Path | None = None,
     progress: bool = False,
+    samples: int = 0,
 ) -> list[dict[str, Any]]:
     """``geonp evaluate``: score ``models`` on ``variables`` of a file; write the tables.
 
@@ -225,6 +252,7 @@ def run_evaluate(
         infill_fn: replaces ``geonp.fill.engine.infill`` (same signature); for tests and wrappers.
         elevation: a DEM file for the models that take elevation, as for :func:`evaluate`.
         progress: progress lines on stderr, as for :func:`evaluate`.
+        samples: coherent samples per fill, scored as a whole, as for :func:`evaluate`.
 
     Returns:
         The results of :func:`evaluate`, one dict per variable.
@@ -246,7 +274,8 @@ def run_evaluate(
             ds = open_satellite(input, variable, valid_mask=valid_mask) if satellite else cube
             results.append(evaluate(ds, variable, models, valid_mask=None if satellite else valid_mask,
                                     checkpoints=checkpoints, fit_steps=fit_steps, seed=seed, infill_fn=infill_fn,
-                                    options=options, elevation=elevation, progress=progress))
+                                    options=options, elevation=elevation, progress=progress,
+                                    samples=samples))
         except ValueError as err:
             message = _one_line(err)
             raise ValueError(message if message.startswith(str(input)) else f"{input}: {message}") from err

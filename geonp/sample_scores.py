@@ -84,3 +84,31 @@ def sample_scores(truth: np.ndarray, samples: np.ndarray, hidden: np.ndarray,
     block, blocks = block_mean_coverage(y, fct, groups["block"])
     return {"energy": float(sr.es_ensemble(y, fct)), "variogram": float(sr.vs_ensemble(y[pick], fct[:, pick])),
             "patch_cov90": patch, "patches": patches, "block_cov90": block, "blocks": blocks}
+
+
+def cube_sample_scores(truth: np.ndarray, samples: np.ndarray, mean: np.ndarray, std: np.ndarray,
+                       hidden: np.ndarray, seed: int = 0) -> dict[str, float]:
+    """:func:`sample_scores` of ``samples [n, T, R, C]`` on every step of a cube with hidden cells
+    (``truth``, ``mean``, ``std``, ``hidden``: ``[T, R, C]``), and of as many independent per-cell
+    draws from ``mean`` and ``std`` (keys prefixed ``independent_``): energy and variogram scores
+    averaged over the steps, block-mean coverages pooled over their groups; plus ``spread_ratio``,
+    the median over hidden cells of the samples' s.d. over ``std``."""
+    rng = np.random.default_rng([seed, 55])
+    n = samples.shape[0]
+    parts: dict[str, list] = {}
+    for t in np.flatnonzero(hidden.reshape(hidden.shape[0], -1).any(1)):
+        draws = {"": samples[:, t], "independent_": independent_draws(mean[t], std[t], n, rng)}
+        for prefix, fields in draws.items():
+            for key, value in sample_scores(truth[t], fields, hidden[t], np.random.default_rng([seed, int(t)])).items():
+                parts.setdefault(prefix + key, []).append(value)
+    out: dict[str, float] = {}
+    for prefix in ("", "independent_"):
+        for key in ("energy", "variogram"):
+            out[prefix + key] = float(np.mean(parts[prefix + key]))
+        for key, count in (("patch_cov90", "patches"), ("block_cov90", "blocks")):
+            weights = np.asarray(parts[prefix + count], float)
+            values = np.nan_to_num(np.asarray(parts[prefix + key], float))
+            out[prefix + key] = float((values * weights).sum() / weights.sum()) if weights.sum() else float("nan")
+    spread = samples[:, hidden].std(0, ddof=1) / std[hidden] if n > 1 else np.full(1, np.nan)
+    out["spread_ratio"] = float(np.nanmedian(spread))
+    return out

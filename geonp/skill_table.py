@@ -26,6 +26,9 @@ COLUMNS = [("model", "model"), ("fit steps", "fit_steps"), ("RMSE", "rmse"), ("M
            ("CRPS", "crps"), ("cov50", "coverage_50"), ("cov90", "coverage_90"), ("cov95", "coverage_95"),
            ("IS90", "interval_score_90"), ("wall s", "wall_s"), ("n", "n")]
 CALIBRATION = [("cov50", "coverage_50"), ("cov90", "coverage_90"), ("cov95", "coverage_95")]
+#: The figures of samples scored as a whole (geonp.sample_scores.cube_sample_scores), each beside its
+#: independent-draws twin.
+SAMPLE_KEYS = ("energy", "variogram", "patch_cov90", "block_cov90")
 
 
 def write_table(
@@ -98,6 +101,14 @@ def markdown(res: Mapping[str, Any]) -> str:
         body = [[row["model"], row.get("fit_steps")] + [row.get("coverage_90_by_distance", {}).get(label)
                                                          for label in labels] for row in rows]
         lines += _table([("model", ""), ("fit steps", "")] + [(label, "") for label in labels], body)
+    if any("samples" in r for r in rows):
+        lines += ["", "Samples as a whole (`--samples`): energy and variogram scores (lower is better) and 90% "
+                  "coverage of the means of hidden patches and 8x8 blocks (0.90), coherent samples / independent "
+                  "per-cell draws of the same mean and sigma; spread: the samples' s.d. over sigma (1).", ""]
+        body = [[row["model"]] + [f"{_fmt(s[key])} / {_fmt(s['independent_' + key])}" for key in SAMPLE_KEYS]
+                + [s["spread_ratio"]] for row in rows if (s := row.get("samples"))]
+        lines += _table([("model", "")] + [(key.replace("_", " "), "") for key in SAMPLE_KEYS] + [("spread", "")],
+                        body)
     return "\n".join(lines) + "\n"
 
 

@@ -123,3 +123,23 @@ def test_plot_draws_samples_beside_the_mean(tmp_path):
     assert (tmp_path / "m.png").stat().st_size > 0
     assert main(["plot", str(with_samples), "-o", str(tmp_path / "x.png"), "--samples", "3"]) == 2
     assert main(["plot", str(without), "-o", str(tmp_path / "y.png"), "--samples", "1"]) == 2
+
+
+def test_evaluate_scores_samples_as_a_whole(tmp_path):
+    """``geonp evaluate --samples N``: each row gains the samples' energy and variogram scores and
+    block-mean coverages beside independent draws', and the table shows them."""
+    from conftest import smooth_cube
+
+    from geonp.cli import main
+    from geonp.evaluate import evaluate
+
+    ds = smooth_cube(t=3, r=32, c=40)
+    res = evaluate(ds, "sst", ["kriging"], samples=8)
+    scores = res["rows"][0]["samples"]
+    assert {"energy", "independent_energy", "variogram", "block_cov90", "spread_ratio"} <= set(scores)
+    assert scores["energy"] > 0 and 0.7 < scores["spread_ratio"] < 1.3
+    path = tmp_path / "in.nc"
+    ds.to_netcdf(path)
+    assert main(["evaluate", str(path), "--var", "sst", "--model", "linear", "--samples", "4",
+                 "-o", str(tmp_path / "e.md")]) == 0
+    assert "Samples as a whole" in (tmp_path / "e.md").read_text()

@@ -71,6 +71,10 @@ def test_a_scene_too_sparse_for_a_variogram_gets_a_default_correlation():
     values = np.full((20, 30), np.nan)
     values[3, 4] = 1.0
     assert scene_correlation(values) == (7.5, 0.0)
+    # A step with nothing observed (a stack's cloudy day): unconditioned draws of the fill.
+    empty, mean, std = np.full((20, 30), np.nan), np.zeros((20, 30)), np.ones((20, 30))
+    drawn = draw_samples(empty, mean, std, np.ones((20, 30), bool), 50, np.random.default_rng(0))
+    assert np.isfinite(drawn).all() and 0.8 < drawn.std() < 1.2
 
 
 def test_infill_writes_samples_in_memory_and_to_zarr_the_same(tmp_path, tiny_checkpoint):

@@ -101,6 +101,8 @@ def conditioning_weights(observed: np.ndarray, gaps: np.ndarray, range_cells: fl
     near = quadrant_neighbours(pts, cells.astype(np.float64), max(1, neighbours // 4),
                                available=quadrant_counts(observed, cells))  # [M, K]
     weights, sd = np.zeros(near.shape), np.ones(len(cells))
+    if len(pts) == 0:  # nothing observed: the errors are unconditioned
+        return near, weights, sd
     for start in range(0, len(cells), _BATCH):
         idx = near[start:start + _BATCH]
         ok = idx >= 0
@@ -139,8 +141,10 @@ def draw_samples(values: np.ndarray, mean: np.ndarray, std: np.ndarray, gaps: np
     range_cells, nugget_share = scene_correlation(values)
     near, weights, sd = conditioning_weights(observed, gaps, range_cells, nugget_share, neighbours)
     fields = unconditional(values.shape, n, range_cells, nugget_share, rng)
-    at_obs = fields[:, observed]  # [n, N], row-major like the conditioning indices
-    conditioned = fields[:, gaps] - np.einsum("mk,smk->sm", weights, at_obs[:, np.where(near >= 0, near, 0)])
+    conditioned = fields[:, gaps]
+    if observed.any():
+        at_obs = fields[:, observed]  # [n, N], row-major like the conditioning indices
+        conditioned = conditioned - np.einsum("mk,smk->sm", weights, at_obs[:, np.where(near >= 0, near, 0)])
     out[:, gaps] = mean[gaps] + std[gaps] * conditioned / sd
     return out
 

@@ -107,6 +107,7 @@ def score_row(scene: Scene, res: dict, r: dict, label: str, commit: str) -> dict
             "cov90_by_distance": {k: _finite(v) for k, v in r["coverage_90_by_distance"].items()},
             "wall_s": r["wall_s"], "fit_steps": r["fit_steps"],
             "commit": commit, **({"nugget": r["nugget"]} if "nugget" in r else {}),
+            **({"samples": r["samples"]} if "samples" in r else {}),
             "blocks": block_stats(res["cells"], r["mean"], r["std"])}
 
 
@@ -124,9 +125,11 @@ def write_json(path: Path, text: str, split: str, scenes: list[dict], rows: list
 
 
 def run(scenes: list[Scene], rows: list[str], trained: dict[str, str], seed: int,
-        earlier: dict, fits: dict[str, FitOptions] | None = None) -> tuple[list[dict], list[dict], list[str]]:
+        earlier: dict, fits: dict[str, FitOptions] | None = None,
+        samples: int = 0) -> tuple[list[dict], list[dict], list[str]]:
     """Score ``rows`` on ``scenes``; returns (scene records, rows, notes of rows not scored).
-    ``trained``: row label -> te-pt-tnp weights; ``fits``: row label -> the bundled te-pt-tnp's fine-tuning."""
+    ``trained``: row label -> te-pt-tnp weights; ``fits``: row label -> the bundled te-pt-tnp's fine-tuning;
+    ``samples``: coherent samples per fill, scored as a whole (each row's ``samples``)."""
     fits = fits or {}
     commit = git_commit()
     records, out, notes = [], [], []
@@ -144,7 +147,8 @@ def run(scenes: list[Scene], rows: list[str], trained: dict[str, str], seed: int
             steps = int(fit) if fit else (options.get("fit", FitOptions()).steps if model == "te-pt-tnp" else 0)
             try:
                 res = evaluate(ds, variable, [model], checkpoints=checkpoints, fit_steps=steps, seed=seed,
-                               options=options, hide_under=under, distance_bins=BINS, keep_cells=True)
+                               options=options, hide_under=under, distance_bins=BINS, keep_cells=True,
+                               samples=samples)
             except ValueError as err:
                 notes.append(f"{scene.name} {row}: {err}")
                 print(f"{scene.name} {row}: not scored: {err}", flush=True)
@@ -197,6 +201,8 @@ def main() -> None:
                         help="a row LABEL[@FIT] scores the bundled te-pt-tnp changed at inference only")
     parser.add_argument("--fit", action="append", default=[], metavar="LABEL=JSON",
                         help="a row LABEL[@FIT] scores the bundled te-pt-tnp fine-tuned with these FitOptions fields")
+    parser.add_argument("--samples", type=int, default=0, metavar="N",
+                        help="also draw N coherent samples per fill and score them as a whole (issue 55)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reuse", action="store_true", help="keep the earlier table's rows not run now")
     parser.add_argument("--out", default=None)
@@ -216,7 +222,8 @@ def main() -> None:
     text = header(f"Scene suite ({args.split} split)", resolve_device("auto"), BUDGET)  # the commit the run starts at
     with tempfile.TemporaryDirectory() as tmp:
         trained.update(bundled_variants(args.variant, Path(tmp)))
-        records, rows, notes = run(scenes, args.rows, trained, args.seed, earlier, fit_rows(parser, args.fit))
+        records, rows, notes = run(scenes, args.rows, trained, args.seed, earlier, fit_rows(parser, args.fit),
+                                   args.samples)
     scene_list, rows = merge(args.split, records, rows, earlier)
     body = report(scene_list, rows, args.split) + "".join(f"\n- not scored: {n}" for n in notes)
     out.write_text(text + "\n" + body + "\n")

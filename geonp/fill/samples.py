@@ -10,8 +10,8 @@ geostatistician's construction (Journel & Huijbregts 1978; "conditioning by krig
 2. an unconditional standard Gaussian field ``u`` with that correlation on the whole grid, by the
    spectral method (a sum of cosines with wave vectors from the covariance's spectral density);
 3. ``u`` conditioned to zero at the observed cells: ``u_c = u - sum_i w_i u_i``, ``w`` the simple
-   kriging weights of each gap cell from its nearest observed cells (a quarter per quadrant, as the
-   ``kriging`` baseline searches), whose variance ``s_k^2`` is known: deep inside a cloud ``u_c``
+   kriging weights of each gap cell from its nearest observed cells, whose variance ``s_k^2`` is
+   known: deep inside a cloud ``u_c``
    varies freely, at a cloud's edge it is pinned by the observations beside it;
 4. the sample ``mean + sigma * u_c / s_k`` at gap cells, the observation at observed ones.
 
@@ -27,12 +27,14 @@ import dask
 import dask.array
 import numpy as np
 import xarray as xr
+from scipy.spatial import cKDTree
 
 from geonp.fill.output import FLAG_INFILLED, FLAG_OBSERVED, SAMPLE_DIM
-from geonp.models.field_kriging import quadrant_counts, quadrant_neighbours
 from geonp.variogram import MIN_SCENE_POINTS, fit_grid_variogram
 
-#: Neighbours conditioning each gap cell (a quarter per quadrant).
+#: Observed cells conditioning each gap cell, the nearest. Not a quarter per quadrant as the kriging
+#: baseline's mean needs (to interpolate across a gap): the errors decorrelate within the range, and
+#: the quadrant search took 51 of 59 s for 16 samples of a 150k-cell scene with 42,000 gap cells.
 NEIGHBOURS = 32
 #: Cosines summed per unconditional field (:func:`unconditional`): its marginal is Gaussian to the
 #: central limit and its covariance exact in expectation.
@@ -89,7 +91,7 @@ def conditioning_weights(observed: np.ndarray, gaps: np.ndarray, range_cells: fl
     Args:
         observed, gaps: ``[R, C]`` bool masks.
         range_cells, nugget_share: the correlation (:func:`scene_correlation`).
-        neighbours: observed cells per gap cell, a quarter per quadrant.
+        neighbours: observed cells per gap cell, the nearest.
 
     Returns:
         ``(near [M, K], weights [M, K], sd [M])`` for the ``M`` gap cells in row-major order:
@@ -98,11 +100,11 @@ def conditioning_weights(observed: np.ndarray, gaps: np.ndarray, range_cells: fl
     """
     pts = np.argwhere(observed).astype(np.float64)
     cells = np.argwhere(gaps)
-    near = quadrant_neighbours(pts, cells.astype(np.float64), max(1, neighbours // 4),
-                               available=quadrant_counts(observed, cells))  # [M, K]
+    k = min(neighbours, len(pts))
+    if k == 0:  # nothing observed: the errors are unconditioned
+        return np.full((len(cells), 0), -1, np.int64), np.zeros((len(cells), 0)), np.ones(len(cells))
+    near = cKDTree(pts).query(cells.astype(np.float64), k=k)[1].reshape(len(cells), k)  # [M, K], nearest first
     weights, sd = np.zeros(near.shape), np.ones(len(cells))
-    if len(pts) == 0:  # nothing observed: the errors are unconditioned
-        return near, weights, sd
     for start in range(0, len(cells), _BATCH):
         idx = near[start:start + _BATCH]
         ok = idx >= 0

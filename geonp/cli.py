@@ -121,7 +121,8 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--valid-mask", default=None, metavar="VAR|FILE", help="as for infill")
     evaluate.add_argument("--satellite", action="store_true", help="open INPUT as a satellite product")
     evaluate.add_argument("--elevation", default=None, metavar="FILE",
-                          help="DEM for the models whose weights take elevation (the others fill without it)")
+                          help="DEM for the models whose weights take elevation and for kriging's external drift "
+                               "(the others fill without it)")
     evaluate.add_argument("--fit-steps", type=int, default=FitOptions().steps,
                           help="fine-tuning steps for trainable models, as infill's (default: %(default)s)")
     evaluate.add_argument("--samples", type=int, default=0, metavar="N",

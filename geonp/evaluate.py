@@ -84,8 +84,8 @@ def evaluate(
         hide_steps: hide cells in these steps only (``hide_cells``'s ``steps``): the others stay
             whole, as the history a day under a cloud is filled from.
         elevation: a DEM file for the models that take elevation (a checkpoint trained with
-            ``data: {elevation: ...}``, :func:`geonp.fill.predictor.takes_elevation`); the others
-            fill without it.
+            ``data: {elevation: ...}``, :func:`geonp.fill.predictor.takes_elevation`) and for
+            ``kriging`` (an external drift); the others fill without it.
         hide_under: a gap mask of your own instead of borrowed gaps: bool, True where a cloud
             is, on ``ds[variable]``'s dims (or broadcastable to them by position, e.g. one
             ``[rows, cols]`` mask for every step); the observed cells under it are hidden, and
@@ -298,15 +298,16 @@ def run_evaluate(
 # -- helpers ---------------------------------------------------------------------------------
 
 def _elevation_takers(models: Sequence[str], checkpoints: Mapping[str, str], elevation: str | Path | None) -> set[str]:
-    """The models that are given ``elevation``: those whose weights take it (none without a DEM)."""
+    """The models that are given ``elevation``: those whose weights take it, and kriging, which uses
+    it as an external drift (none without a DEM)."""
     if elevation is None:
         return set()
-    from geonp.fill.predictor import takes_elevation
+    from geonp.fill.predictor import ELEVATION_STACK_METHODS, takes_elevation
 
     takers = set()
     for model in models:
         try:
-            if takes_elevation(model, checkpoints.get(model)):
+            if model in ELEVATION_STACK_METHODS or takes_elevation(model, checkpoints.get(model)):
                 takers.add(model)
         except ValueError as err:
             raise ValueError(f"model {model!r}: {_one_line(err)}") from err

@@ -206,6 +206,10 @@ def test_evaluate_gives_elevation_only_to_models_whose_weights_take_it(tmp_path)
     assert fake.calls[0]["options"] == {"elevation": "dem.nc"} and fake.calls[1]["options"] == {}
     with pytest.raises(ValueError, match="--elevation dem.nc: none of the models .* takes elevation"):
         evaluate(ds, "sst", ["a", "linear"], infill_fn=fake, checkpoints={"a": str(plain)}, elevation="dem.nc")
+    # kriging takes the DEM as an external drift
+    fake = Oracle(ds["sst"], {"kriging": (0.5, 0.3), "linear": (1.0, 1.0)})
+    evaluate(ds, "sst", ["kriging", "linear"], infill_fn=fake, elevation="dem.nc")
+    assert fake.calls[0]["options"] == {"elevation": "dem.nc"} and fake.calls[1]["options"] == {}
 
 
 def brute_distance(masked: np.ndarray, valid: np.ndarray, hidden: np.ndarray) -> np.ndarray:

@@ -49,11 +49,12 @@ class GeonpAccessor:
             options: checkpoint, valid_mask, elevation, progress, and how to fill: ``options``
                 (a :class:`geonp.fill.FillOptions`) or its keywords (fit_steps, default 30 as on
                 the command line, window, device, batch_size, seed, nugget, calibrate_sigma,
-                threads); see :func:`geonp.fill.engine.infill`.
+                threads, samples); see :func:`geonp.fill.engine.infill`.
 
         Returns:
             ``v``, ``v_std`` (1-sigma, ``v``'s units) and ``v_flag`` (0 observed, 1 infilled,
-            2 outside the valid area) per variable, on this dataset's own dimensions and
+            2 outside the valid area) per variable, with ``samples=N`` also ``v_sample`` (N
+            coherent samples, ``[sample, *v.dims]``), on this dataset's own dimensions and
             coordinates (so ``xr.align(ds, out, join="exact")`` holds).
         """
         from geonp.fill.engine import infill

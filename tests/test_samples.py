@@ -147,3 +147,12 @@ def test_evaluate_scores_samples_as_a_whole(tmp_path):
     assert main(["evaluate", str(path), "--var", "sst", "--model", "linear", "--samples", "4",
                  "-o", str(tmp_path / "e.md")]) == 0
     assert "Samples as a whole" in (tmp_path / "e.md").read_text()
+
+
+def test_the_accessor_takes_samples():
+    from conftest import smooth_cube
+
+    import geonp  # noqa: F401  (registers ds.geonp)
+
+    out = smooth_cube(t=1, r=20, c=24).geonp.infill("sst", model="linear", samples=2)
+    assert out["sst_sample"].sizes["sample"] == 2 and out["sst_sample"].dims[1:] == out["sst"].dims

@@ -130,14 +130,11 @@ def test_training_with_history_covariates_gives_weights_infill_feeds_the_same(tm
     assert np.isfinite(out["v"].values).all()
 
 
-def test_a_field_too_large_for_its_history_is_filled_as_without_it(kriging_checkpoints, monkeypatch):
-    import geonp.tasks.history
-
+def test_a_field_too_large_for_its_history_is_filled_as_without_it(kriging_checkpoints):
     plain, drift = kriging_checkpoints
     truth, given = low_rank_stack(steps=5, rows=20, cols=22)
     ds = stack_dataset(truth, given)
-    monkeypatch.setattr(geonp.tasks.history, "MAX_HISTORY_CELLS", 100)
-    out = geonp.infill(ds, "v", model="te-pt-tnp", checkpoint=drift, fit_steps=0)
+    out = geonp.infill(ds, "v", model="te-pt-tnp", checkpoint=drift, fit_steps=0, max_history_cells=100)
     assert "more than" in out.attrs["geonp_history"]
     ref = geonp.infill(ds, "v", model="te-pt-tnp", checkpoint=plain, fit_steps=0)
     np.testing.assert_allclose(out["v"].values, ref["v"].values, atol=1e-4)

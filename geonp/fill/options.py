@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from geonp.tasks.covariate_maps import MAX_HISTORY_CELLS
+
 #: ``--nugget`` values, for weights whose kriging head takes the scene's nugget
 #: (:mod:`geonp.fill.nugget`): choose per field on the input's own hidden cells (default), always the
 #: scene's fitted share, always the network's own.
@@ -98,6 +100,9 @@ class FillOptions:
             64 windows, doubled while the call was close, took every nugget choice the way the
             fills went. Fewer: faster and noisier choices.
         batch_size: windows per model call.
+        max_history_cells: the largest field (time x rows x cols cells) whose history covariates
+            and DINEOF fill are computed, in memory (float64); a larger field gets flat covariates,
+            and ``--model dineof`` refuses it.
         samples: ``--samples``: coherent samples of the fill to add as ``VAR_sample`` (0: none;
             :mod:`geonp.fill.samples`).
         seed: the run's random seed (fine-tuning windows, the nugget check, DINEOF, the samples).
@@ -112,6 +117,7 @@ class FillOptions:
     nugget: str = "auto"
     check_windows: int = 64
     samples: int = 0
+    max_history_cells: int = MAX_HISTORY_CELLS
     batch_size: int = 16
     seed: int = 0
     device: str = "auto"
@@ -123,6 +129,8 @@ class FillOptions:
             raise ValueError(f"--nugget must be one of {', '.join(NUGGET_CHOICES)}, got {self.nugget!r}")
         if int(self.batch_size) < 1:
             raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if int(self.max_history_cells) < 1:
+            raise ValueError(f"max_history_cells must be >= 1, got {self.max_history_cells}")
         if int(self.samples) < 0:
             raise ValueError(f"--samples must be >= 0, got {self.samples}")
         if int(self.check_windows) < 1:
@@ -139,7 +147,8 @@ class FillOptions:
             fit_steps: fine-tuning steps (None: ``fit``'s, by default 30).
             calibrate_sigma: scale sigma on the input's own cells (None: off).
             fit: fine-tuning options to start from (None: :class:`FitOptions`' defaults).
-            keywords: the other fields by name (``nugget``, ``check_windows``, ``samples``, ``batch_size``,
+            keywords: the other fields by name (``nugget``, ``check_windows``, ``samples``,
+                ``max_history_cells``, ``batch_size``,
                 ``seed``, ``device``, ``threads``, ``window``); a None value keeps the default.
 
         Returns:
@@ -166,12 +175,14 @@ class FillOptions:
         """What a resumed run must repeat to write the same store (not where or how fast it runs).
 
         Returns:
-            ``{"fit": {...}, "calibrate_sigma", "nugget", "check_windows", "samples", "seed", "window"}``,
+            ``{"fit": {...}, "calibrate_sigma", "nugget", "check_windows", "samples",
+            "max_history_cells", "seed", "window"}``,
             JSON-serialisable.
         """
         window = self.window.as_dict() if hasattr(self.window, "as_dict") else self.window
         return {"fit": dataclasses.asdict(self.fit), "calibrate_sigma": self.calibrate_sigma, "nugget": self.nugget,
-                "check_windows": self.check_windows, "samples": self.samples, "seed": self.seed,
+                "check_windows": self.check_windows, "samples": self.samples,
+                "max_history_cells": self.max_history_cells, "seed": self.seed,
                 "window": list(window) if isinstance(window, tuple) else window}
 
     def describe(self) -> str:

@@ -18,23 +18,27 @@ import numpy as np
 from geonp.fill.blocks import BlockResult, compose, read_block
 from geonp.fill.field import Field
 from geonp.fill.predictor import STACK_METHODS
+from geonp.tasks.covariate_maps import MAX_HISTORY_CELLS
 
 
-def add_history(field: Field, covariates: list[str], seed: int = 0) -> str:
-    """Keep on ``field`` the history covariates a model takes (:func:`geonp.tasks.history.history_covariates`);
+def add_history(field: Field, covariates: list[str], seed: int = 0, max_cells: int = MAX_HISTORY_CELLS) -> str:
+    """Keep on ``field`` the history covariates a model takes (:func:`geonp.tasks.history.history_covariates`),
+    flat maps for a field of more than ``max_cells`` cells (``FillOptions.max_history_cells``);
     returns a few words on what they are (for provenance)."""
     from geonp.tasks.covariate_maps import flat_covariates, flat_values
-    from geonp.tasks.history import MAX_HISTORY_CELLS, history_covariates, no_history_words
+    from geonp.tasks.history import history_covariates, no_history_words
 
     cells = int(np.prod(field.shape))
-    if cells > MAX_HISTORY_CELLS:  # decided before reading: the field is never loaded whole
+    if cells > max_cells:  # decided before reading: the field is never loaded whole
         field.history = flat_covariates(len(covariates), field.shape, flat_values(covariates, field.mean))
-        return f"{field.label}: {no_history_words(f'the field has {cells:,} cells, more than {MAX_HISTORY_CELLS:,}')}"
-    field.history, what = history_covariates(field.whole(), field.valid, covariates, rng=_rng(seed))
+        return f"{field.label}: {no_history_words(f'the field has {cells:,} cells, more than {max_cells:,}')}"
+    field.history, what = history_covariates(field.whole(), field.valid, covariates, rng=_rng(seed),
+                                             max_cells=max_cells)
     return f"{field.label}: {what}"
 
 
-def add_history_folds(field: Field, covariates: list[str], folds: int, seed: int = 0) -> None:
+def add_history_folds(field: Field, covariates: list[str], folds: int, seed: int = 0,
+                      max_cells: int = MAX_HISTORY_CELLS) -> None:
     """Keep on ``field`` its :func:`geonp.tasks.history.history_folds` (for fine-tuning), when it has
     a history its covariates come from; ``folds`` DINEOF runs more (0: none, fine-tuning hides
     cells under clouds as for a model without covariates)."""
@@ -44,7 +48,7 @@ def add_history_folds(field: Field, covariates: list[str], folds: int, seed: int
     if folds == 0 or field.history is None or is_flat(field.history):
         return  # no history (flat maps): nothing a window could learn to overtrust
     values = field.whole()
-    if not has_history(values, field.valid):  # one scene whose only covariate is its own (coarse)
+    if not has_history(values, field.valid, max_cells):  # one scene whose only covariate is its own (coarse)
         return
     field.folds = history_folds(values, field.valid, covariates, folds, rng=np.random.default_rng([seed, 6151]))
     if unscaled_count(covariates) and float(field.history[-1].flat[0]) == OWN_NUGGET:
@@ -52,28 +56,29 @@ def add_history_folds(field: Field, covariates: list[str], folds: int, seed: int
             fold.covariates[-1] = OWN_NUGGET
 
 
-def reconstruct(field: Field, name: str, seed: int = 0, elevation: np.ndarray | None = None) -> str:
+def reconstruct(field: Field, name: str, seed: int = 0, elevation: np.ndarray | None = None,
+                max_cells: int = MAX_HISTORY_CELLS) -> str:
     """Run stack method ``name`` on ``field`` and keep its mean and 1-sigma on the field; returns
     a few words on what it did (for provenance).
 
     ``dineof``: :func:`geonp.tasks.dineof.dineof` over the field's steps; ``kriging``:
     :func:`geonp.models.field_kriging.krige_stack`, each step a scene of its own, with
-    ``elevation [R, C]`` (m, None: none) as an external drift where the scene's check prefers it.
+    ``elevation [R, C]`` (m, None: none) as an external drift where the scene's check prefers it;
+    ``max_cells``: the largest stack DINEOF takes (``FillOptions.max_history_cells``).
 
     Raises:
         ValueError: one line naming the field: too large for memory, or (dineof) too short a history.
     """
     from geonp.models.field_kriging import krige_stack
     from geonp.tasks.dineof import dineof
-    from geonp.tasks.history import MAX_HISTORY_CELLS
 
     if name not in STACK_METHODS:
         raise ValueError(f"--model {name}: not a stack method ({', '.join(STACK_METHODS)})")
     if field.observed == 0:
         return f"{field.label}: nothing observed"
-    if name == "dineof" and np.prod(field.shape) > MAX_HISTORY_CELLS:
+    if name == "dineof" and np.prod(field.shape) > max_cells:
         raise ValueError(f"--model {name}: {field.label} has {np.prod(field.shape):,} cells; DINEOF holds the "
-                         f"whole stack in memory and takes at most {MAX_HISTORY_CELLS:,} (crop it, or use a window "
+                         f"whole stack in memory and takes at most {max_cells:,} (crop it, or use a window "
                          "model such as te-pt-tnp)")
     values, rng = field.whole(), _rng(seed)
     if name == "kriging":

@@ -14,6 +14,10 @@ UNSCALED_COVARIATES = ("nugget",)
 #: A ``nugget`` share below 0 tells te-pt-tnp's kriging head to keep its network's own nugget (the
 #: one it was trained with) instead of taking a scene's: where nothing is known of the scene's
 #: variogram, and where infill chose the network's on the input's own cells (:mod:`geonp.fill.nugget`).
+#: Cells (time x rows x cols) of a field above which no history covariate is computed
+#: (:func:`geonp.tasks.history.history_covariates`): DINEOF holds the whole stack in memory
+#: (float64). Infill's own limit is ``FillOptions.max_history_cells``, by default this.
+MAX_HISTORY_CELLS = 50_000_000
 OWN_NUGGET = -1.0
 
 

@@ -17,13 +17,10 @@ from geonp.tasks.analogs import analog_prediction
 from geonp.tasks.cell_history import nearest_steps, other_steps_mean, other_steps_spread
 from geonp.tasks.clouds import borrow_gaps
 from geonp.tasks.coarse import coarse_trend
-from geonp.tasks.covariate_maps import OWN_NUGGET, flat_covariates, flat_values
+from geonp.tasks.covariate_maps import MAX_HISTORY_CELLS, OWN_NUGGET, flat_covariates, flat_values
 from geonp.tasks.dineof import MIN_STEPS, dineof
 from geonp.variogram import drift_residuals, step_nugget_shares
 
-#: Cells (time x rows x cols) of a field above which no history covariate is computed: DINEOF
-#: holds the whole stack in memory (float64).
-MAX_HISTORY_CELLS = 50_000_000
 #: The covariates :func:`history_covariates` computes, by the names checkpoints record.
 HISTORY_COVARIATES = ("dineof", "nearest_steps", "analogs", "mean", "spread", "coarse", "nugget")
 #: Of those, the ones that come from a step itself, not its history: computed for one scene too.
@@ -41,7 +38,8 @@ def no_history_words(why: str) -> str:
 
 
 def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list[str] | tuple[str, ...], *,
-                       rng: np.random.Generator | None = None) -> tuple[np.ndarray, str]:
+                       rng: np.random.Generator | None = None,
+                       max_cells: int = MAX_HISTORY_CELLS) -> tuple[np.ndarray, str]:
     """What a field's own history predicts at each of its cells, as model covariates.
 
     Each covariate predicts a cell at a step from the *other* steps (at an observed cell its own
@@ -72,14 +70,15 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
       among the names (:func:`geonp.tasks.covariate_maps.unscaled_count`).
 
     A field with fewer than :data:`MIN_STEPS` steps holding observations (one scene) gets flat
-    history maps (``coarse`` is still computed), and one above :data:`MAX_HISTORY_CELLS` flat
-    maps only; flat maps make a model's external drift the ordinary-kriging constant.
+    history maps (``coarse`` is still computed), and one above ``max_cells`` (default
+    :data:`MAX_HISTORY_CELLS`) flat maps only; flat maps make a model's external drift the ordinary-kriging constant.
 
     Args:
         values: ``[T, R, C]`` the field, NaN at gaps.
         valid: ``[R, C]`` or ``[T, R, C]`` bool, True where a value can exist; None: everywhere.
         names: the covariates, in the order the model takes them.
         rng: as :func:`dineof`.
+        max_cells: the largest field (time x rows x cols cells) whose history is computed.
 
     Returns:
         ``(float32 [P, T, R, C], what)``: the maps (finite everywhere; where nothing predicts a
@@ -94,8 +93,8 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
     ok = np.ones(values.shape[1:], bool) if valid is None else np.asarray(valid, bool)
     observed = np.isfinite(values) & np.broadcast_to(ok, values.shape)
     mean = float(values[observed].mean()) if observed.any() else 0.0
-    lacking = _without_history(values, observed)
-    if lacking is not None and (values.size > MAX_HISTORY_CELLS or not set(names) & set(STEP_COVARIATES)):
+    lacking = _without_history(values, observed, max_cells)
+    if lacking is not None and (values.size > max_cells or not set(names) & set(STEP_COVARIATES)):
         return flat_covariates(len(names), values.shape, flat_values(names, mean)), no_history_words(lacking)
     out = np.full((len(names), *values.shape), mean, np.float32)
     said = []
@@ -209,16 +208,16 @@ def fold_hidden(values: np.ndarray, ok: np.ndarray, fold: int, folds: int, rng: 
     return hidden
 
 
-def _without_history(values: np.ndarray, observed: np.ndarray) -> str | None:
+def _without_history(values: np.ndarray, observed: np.ndarray, max_cells: int = MAX_HISTORY_CELLS) -> str | None:
     """Why a stack gets flat history covariates, or None when it has a history to learn from."""
-    if values.size > MAX_HISTORY_CELLS:
-        return f"the field's {values.size:,} cells exceed {MAX_HISTORY_CELLS:,}"
+    if values.size > max_cells:
+        return f"the field's {values.size:,} cells exceed {max_cells:,}"
     if int(observed.any(axis=(1, 2)).sum()) < MIN_STEPS:
         return f"fewer than {MIN_STEPS} steps with observations"
     return None
 
 
-def has_history(values: np.ndarray, valid: np.ndarray | None) -> bool:
+def has_history(values: np.ndarray, valid: np.ndarray | None, max_cells: int = MAX_HISTORY_CELLS) -> bool:
     """Whether :func:`history_covariates` computes more than flat maps for this ``[T, R, C]`` stack."""
     ok = np.ones(values.shape[1:], bool) if valid is None else np.asarray(valid, bool)
-    return _without_history(values, np.isfinite(values) & np.broadcast_to(ok, values.shape)) is None
+    return _without_history(values, np.isfinite(values) & np.broadcast_to(ok, values.shape), max_cells) is None

@@ -103,29 +103,6 @@ def test_covariates_need_the_kriging_head():
         build("te-pt-tnp", 3, 1, preset="tiny", num_neighbours=4, kriging_covariates=1)
 
 
-def test_a_trend_in_the_drift_follows_a_plane_across_a_gap():
-    """Universal kriging with the rows and columns as drift is exact on a plane, even far from the
-    data, where ordinary kriging levels off towards the neighbours' mean."""
-    args = dict(preset="tiny", num_neighbours=4, local_kriging=True, kriging_neighbours=16,
-                kriging_quadrant_dims=[1, 2])
-    torch.manual_seed(0)
-    plain = build("te-pt-tnp", 3, 1, **args).eval()
-    trend = build("te-pt-tnp", 3, 1, **args, kriging_trend_dims=[1, 2]).eval()
-    trend.load_state_dict(plain.state_dict())
-    rr, cc = torch.meshgrid(torch.arange(24.0), torch.arange(24.0), indexing="ij")
-    rim = ((rr - 12).abs() > 9) | ((cc - 12).abs() > 9)
-    xc = torch.stack([torch.zeros_like(rr[rim]), rr[rim] / 8, cc[rim] / 8], -1)[None]  # grid units, one step
-    yc = (2.0 * xc[..., 1:2] - 1.0 * xc[..., 2:3])  # a plane
-    xt = torch.tensor([[[0.0, 12 / 8, 12 / 8], [0.0, 10 / 8, 15 / 8]]])
-    yt = 2.0 * xt[..., 1:2] - 1.0 * xt[..., 2:3]
-    with torch.no_grad():
-        err_trend = (trend(xc, yc, xt).loc - yt).abs().max().item()
-        err_plain = (plain(xc, yc, xt).loc - yt).abs().max().item()
-    assert err_trend < 1e-3 < err_plain
-    with pytest.raises(ValueError, match="kriging_trend_dims"):
-        build("te-pt-tnp", 3, 1, preset="tiny", num_neighbours=4, local_kriging=True, kriging_trend_dims=[3])
-
-
 # -- the slopes' prior (kriging_slope_prior) ----------------------------------------------------------
 
 def prior_prediction(prior: str | float, xc, yc, dc, xt, dt, k: int = 16):

@@ -254,26 +254,6 @@ def test_local_kriging_ignores_absent_neighbours():
     torch.testing.assert_close(a[1], b[1], atol=1e-5, rtol=1e-4)
 
 
-def test_range_scale_stretches_the_heads_lengthscales():
-    """Lengthscales twice as long are the same kriging on inputs half as far apart."""
-    from geonp.models.local_kriging import LocalKriging
-
-    xc, yc, xt, mask_c = random_tasks(b=1, nc=12, nt=4, dx=2)
-    index, valid = nearest_neighbours(xt, xc, mask_c, 12)
-    torch.manual_seed(0)
-    head = LocalKriging(8, 2, "exponential")
-    stretched = LocalKriging(8, 2, "exponential", range_scale=[2.0, 2.0])
-    stretched.load_state_dict(head.state_dict())  # the factor is no weight: the same state loads
-    z = torch.randn(1, 4, 8)
-    a = stretched(z, xt, xc, yc, index, valid)
-    b = head(z, xt / 2, xc / 2, yc, index, valid)
-    torch.testing.assert_close(a[0], b[0], atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(a[1], b[1], atol=1e-5, rtol=1e-4)
-    assert not torch.allclose(a[0], head(z, xt, xc, yc, index, valid)[0])
-    for bad in ([2.0], [1.0, 0.0], [1.0, float("nan")], 2.0, [True, 1.0]):
-        with pytest.raises(ValueError, match="kriging_range_scale needs"):
-            build("te-pt-tnp", 2, 1, preset="tiny", num_neighbours=4, local_kriging=True, kriging_range_scale=bad)
-
 
 def test_the_kriging_mean_is_the_prediction_and_the_exponential_kernel_interpolates():
     """The predicted mean is the local kriging head's, sigma the decoder's; the exponential head

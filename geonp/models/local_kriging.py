@@ -105,13 +105,11 @@ class LocalKriging(nn.Module):
     are predicted per target. ``slope_prior``: how a target's drift slopes are estimated (module
     docstring): ``"none"``, from its own neighbours; ``"empirical"``, shrunk towards the window's
     slope as far as the targets' slopes agree; a positive number, shrunk by that share of each
-    slope's own precision. ``range_scale``: one factor per input dimension on the predicted
-    lengthscales (None: as predicted), an inference-time ablation.
+    slope's own precision.
     """
 
     def __init__(self, dim_model: int, dim_x: int, kernel: str = "gaussian",
-                 weights: list[float] | None = None, slope_prior: str | float = "none",
-                 range_scale: list[float] | None = None) -> None:
+                 weights: list[float] | None = None, slope_prior: str | float = "none") -> None:
         super().__init__()
         correlation(torch.zeros(1), kernel)  # an unknown kernel fails at build time
         number = isinstance(slope_prior, (int, float)) and not isinstance(slope_prior, bool)
@@ -120,11 +118,6 @@ class LocalKriging(nn.Module):
                              f"got {slope_prior!r}")
         self.dim_x, self.kernel, self.slope_prior = dim_x, kernel, slope_prior
         self.covariance = mlp(dim_model, dim_model, dim_x + 2)  # log lengthscales [Dx], log sill, log nugget
-        if range_scale is not None and len(range_scale) != dim_x:
-            raise ValueError(f"range_scale needs one factor per input dimension ({dim_x}), got {list(range_scale)}")
-        # Factors on the predicted lengthscales [Dx] (None: as predicted); not weights, not saved.
-        self.register_buffer("range_scale", None if range_scale is None
-                             else torch.tensor(range_scale, dtype=torch.float32), persistent=False)
         nn.init.zeros_(self.covariance[-1].weight)
         # Initial lengthscales follow the neighbour metric's weights (a dimension weighted w starts at
         # INIT_LENGTHSCALES[kernel] / w; weight 0, ignored by the search, starts nearly flat at 1e3).
@@ -175,8 +168,6 @@ class LocalKriging(nn.Module):
                  drift_c: torch.Tensor | None = None, nugget_share: torch.Tensor | None = None):
         p = self.covariance(zt).float().clamp(-12.0, 8.0)  # [B, Nt, Dx + 2], bounded: exp stays finite
         ell = p[..., :self.dim_x].exp()  # [B, Nt, Dx]
-        if self.range_scale is not None:
-            ell = ell * self.range_scale
         sill, nugget = p[..., self.dim_x].exp(), p[..., self.dim_x + 1].exp()  # [B, Nt]
         gap = None  # the scene's nugget less the network's (variance_gap)
         if nugget_share is not None:  # n / (s + n) = share  <=>  n = s share / (1 - share)

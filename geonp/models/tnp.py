@@ -22,8 +22,6 @@ Defaults are the TE-TNP paper's appendix F sizes (token size 128, 8 heads of
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 from torch.distributions import Normal
@@ -177,26 +175,27 @@ class TEPTTNP(_TETransformerNP):
       dimensions for "nearest"), :class:`~geonp.models.local_attention.TELocalAttentionBlock`;
     * the local kriging head (``local_kriging``, with local attention): kriging of each target
       from its ``kriging_neighbours`` nearest context points (in each quadrant of
-      ``kriging_quadrant_dims``), with a covariance the network predicts per target, an external
-      drift on the last ``kriging_covariates`` inputs and a trend on ``kriging_trend_dims``
+      ``kriging_quadrant_dims``), with an exponential covariance the network predicts per target
+      and an external drift on the last ``kriging_covariates`` inputs
       (:class:`~geonp.models.local_kriging.LocalKriging`). Its mean is the predicted mean; its mean
       and log variance join the target tokens, from which the decoder sets sigma;
     * the Gaussian likelihood (``min_scale``).
 
     Variants that lost (a learned gate or gain between decoder and kriging means, raw neighbour
     values beside the tokens, context-to-context local attention) were removed after commit 3ab7466;
-    their rows are in ``pipelines/results/accuracy_ablation.md``.
+    switches the shipped weights never set (attention without the distance prior or location
+    updates, another kriging kernel, a trend in the head's drift, scaled ranges at inference) after
+    commit fbc8402; their rows are in ``pipelines/results/accuracy_ablation.md`` and the wide-cloud
+    and history pages.
     """
 
     def __init__(self, dim_x: int, dim_y: int, dim_model: int = 128, num_heads: int = 8, head_dim: int = 16,
                  num_layers: int = 5, num_pseudo: int = 32, dim_kernel_hidden: int = 128,
-                 update_locations: bool = True, max_block_elems: int = DEFAULT_BLOCK_ELEMS,
-                 min_scale: float = 1e-3, distance_prior: bool = True, num_neighbours: int = 0,
+                 max_block_elems: int = DEFAULT_BLOCK_ELEMS, min_scale: float = 1e-3, num_neighbours: int = 0,
                  neighbour_weights: list[float] | None = None, local_kriging: bool = False,
-                 kriging_kernel: str = "exponential", kriging_neighbours: int = 0,
-                 kriging_quadrant_dims: list[int] | None = None, kriging_covariates: int = 0,
-                 kriging_trend_dims: list[int] | None = None, kriging_slope_prior: str | float = "none",
-                 kriging_nugget_input: bool = False, kriging_range_scale: list[float] | None = None) -> None:
+                 kriging_neighbours: int = 0, kriging_quadrant_dims: list[int] | None = None,
+                 kriging_covariates: int = 0, kriging_slope_prior: str | float = "none",
+                 kriging_nugget_input: bool = False) -> None:
         super().__init__(dim_x, dim_y, dim_model, min_scale)
         with_kriging = local_kriging and num_neighbours > 0
         # kriging_covariates: the last inputs are covariates, not locations (e.g. what the scene's
@@ -215,21 +214,15 @@ class TEPTTNP(_TETransformerNP):
         if kriging_nugget_input and not kriging_covariates:
             raise ValueError("kriging_nugget_input needs the nugget as the last of kriging_covariates")
         self.kriging_nugget_input = bool(kriging_nugget_input)
-        # kriging_trend_dims: location inputs (e.g. [1, 2], rows and columns) whose offsets from the
-        # target join the drift, a plane fitted by each target's neighbours (universal kriging): deep
-        # inside a wide gap the mean follows the trend across it instead of levelling off.
-        if kriging_trend_dims is not None and not (with_kriging and all(0 <= d < dim_x for d in kriging_trend_dims)):
-            raise ValueError(f"kriging_trend_dims needs the local kriging head and location inputs in "
-                             f"0..{dim_x - 1}, got {kriging_trend_dims}")
-        self.kriging_trend_dims = None if not kriging_trend_dims else list(kriging_trend_dims)
 
         # The encoder: pseudo-tokens and their locations, TE cross-attention blocks.
         self.pseudo = nn.Parameter(torch.randn(num_pseudo, dim_model))  # u0 [M, Dz]
         self.pseudo_offset = nn.Parameter(torch.randn(num_pseudo, dim_x))  # v0 [M, Dx]
         self.init_q = nn.Linear(dim_model, dim_model, bias=False)  # psi's query/key maps
         self.init_k = nn.Linear(dim_model, dim_model, bias=False)
-        args = (num_layers, dim_model, num_heads, head_dim, dim_x, dim_kernel_hidden, update_locations, max_block_elems,
-                distance_prior)
+        # Eq. 10 location updates and the distance prior, always (the paper's exact form is the te-tnp
+        # class's and the attention layer's switch, geonp.models.te_attention).
+        args = (num_layers, dim_model, num_heads, head_dim, dim_x, dim_kernel_hidden, True, max_block_elems, True)
         self.to_pseudo, self.to_context, self.to_target = (self._te_blocks(*args) for _ in range(3))
 
         # Local attention: targets also attend to their k nearest context points, in every layer.
@@ -240,7 +233,7 @@ class TEPTTNP(_TETransformerNP):
         self.register_buffer("neighbour_weights", None if neighbour_weights is None
                              else torch.tensor(neighbour_weights, dtype=torch.float32), persistent=False)
         self.target_local = None if num_neighbours == 0 else nn.ModuleList(
-            TELocalAttentionBlock(dim_model, num_heads, head_dim, dim_x, dim_kernel_hidden, distance_prior,
+            TELocalAttentionBlock(dim_model, num_heads, head_dim, dim_x, dim_kernel_hidden, True,
                                   max_block_elems) for _ in range(num_layers))
 
         # The local kriging head (geonp.models.local_kriging). kriging_quadrant_dims: two input
@@ -253,18 +246,9 @@ class TEPTTNP(_TETransformerNP):
             raise ValueError(f"kriging_quadrant_dims needs two input dimensions in 0..{dim_x - 1}, "
                              f"got {kriging_quadrant_dims}")
         self.kriging_quadrant_dims = None if kriging_quadrant_dims is None else tuple(kriging_quadrant_dims)
-        # kriging_range_scale: one factor per location input on the head's predicted lengthscales, an
-        # inference-time ablation (does the fill deep inside wide gaps lack the scene's range?).
-        if kriging_range_scale is not None and not (
-                with_kriging and isinstance(kriging_range_scale, (list, tuple)) and len(kriging_range_scale) == dim_x
-                and all(isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) and f > 0
-                        for f in kriging_range_scale)):
-            raise ValueError(f"kriging_range_scale needs the local kriging head and one positive factor per "
-                             f"location input ({dim_x}), got {kriging_range_scale!r}")
         self.kriging = None
         if with_kriging:
-            self.kriging = LocalKriging(dim_model, dim_x, kriging_kernel, neighbour_weights, kriging_slope_prior,
-                                        kriging_range_scale)
+            self.kriging = LocalKriging(dim_model, dim_x, "exponential", neighbour_weights, kriging_slope_prior)
             # Its mean and log variance join the target tokens (zero-initialised: a model grown
             # with the head keeps its sigma; its mean is the kriging mean from the start).
             self.kriging_in = nn.Linear(dim_y + 1, dim_model)
@@ -352,10 +336,6 @@ class TEPTTNP(_TETransformerNP):
         """The kriging mean as the predicted mean; sigma from tokens that carry the kriging mean and
         variance. ``xc``/``xt`` are the input locations (``[B, N, Dx]``), not the moved ones;
         ``nugget_t [B, Nt]``: each target's nugget share (None: the network's own)."""
-        if self.kriging_trend_dims is not None:  # location offsets as drift: [B, N, P + len(dims)]
-            trend_c, trend_t = xc[..., self.kriging_trend_dims], xt[..., self.kriging_trend_dims]
-            drift_c = trend_c if drift_c is None else torch.cat([drift_c, trend_c], -1)
-            drift_t = trend_t if drift_t is None else torch.cat([drift_t, trend_t], -1)
         # [B, Nt, Dy], [B, Nt, 1]
         k_mean, k_logvar = self.kriging(zt, xt, xc, yc, *near, drift_t, drift_c, mask_t, nugget_t)
         raw = self.decoder(zt + self.kriging_in(torch.cat([k_mean, k_logvar], -1).to(zt.dtype)))

@@ -54,3 +54,11 @@ def test_the_checks_on_the_inputs_own_cells_hide_them_as_fine_tuning_does():
     defaults = inspect.signature(FieldWindows).parameters
     assert defaults["own_gaps"].default == FitOptions().own_gaps == 0.5
     assert defaults["wide_clouds"].default == FitOptions().wide_clouds
+
+
+def test_the_history_limit_default_is_the_tasks_layers():
+    """Written out in FillOptions (the CLI reads it before torch loads); the same number as training's."""
+    from geonp.fill.options import FillOptions
+    from geonp.tasks.covariate_maps import MAX_HISTORY_CELLS
+
+    assert FillOptions().max_history_cells == MAX_HISTORY_CELLS

@@ -16,13 +16,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from geonp.tasks.covariate_maps import MAX_HISTORY_CELLS
-
 #: ``--nugget`` values, for weights whose kriging head takes the scene's nugget
 #: (:mod:`geonp.fill.nugget`): choose per field on the input's own hidden cells (default), always the
 #: scene's fitted share, always the network's own.
 NUGGET_CHOICES = ("auto", "scene", "model")
-#: What fine-tuning may change (:attr:`FitOptions.scope`): every weight, or the head's alone.
+#: What fine-tuning may change (``FitOptions.scope``): every weight, or the head's alone.
 FIT_SCOPES = ("all", "head")
 
 
@@ -51,7 +49,7 @@ class FitOptions:
             stack fine-tuning hides (:func:`geonp.tasks.history.history_folds`); 0: windows hide
             cells as for any model. Off: on history_cv's validation split 3 folds gave a mean CRPS
             ratio to the best of kriging and dineof of 0.8613 against 0.8466 without.
-        scope: which weights fine-tuning changes: ``"all"``, or ``"head"``, the parts after the
+        scope: which weights fine-tuning changes (:data:`FIT_SCOPES`): ``"all"``, or ``"head"``, the parts after the
             encoder (:data:`geonp.fill.finetune.HEAD_MODULES`: the kriging head, the decoder, the
             likelihood), the encoder frozen, so that a step runs no backward pass through the
             attention (about a fifth of an ``"all"`` step's time on the demo).
@@ -117,7 +115,9 @@ class FillOptions:
     nugget: str = "auto"
     check_windows: int = 64
     samples: int = 0
-    max_history_cells: int = MAX_HISTORY_CELLS
+    # The tasks layer's MAX_HISTORY_CELLS (geonp.tasks.covariate_maps), written out: importing the
+    # tasks package loads torch, and the command line reads these defaults before any heavy import.
+    max_history_cells: int = 50_000_000
     batch_size: int = 16
     seed: int = 0
     device: str = "auto"

@@ -273,8 +273,8 @@ class TEPTTNP(_TETransformerNP):
 
         Equal to calling the model once per entry with ``xt[..., -1]`` changed, at the cost of one
         call: only the kriging head reads the nugget, so the transformer runs once and the head once
-        per entry (the nugget check of :mod:`geonp.fill.nugget` compares two). Shapes as
-        :meth:`forward`; each ``Normal`` has ``loc``/``scale`` ``[B, Nt, Dy]``.
+        per entry (the nugget check of :mod:`geonp.fill.nugget` compares two). Shapes as the
+        model's call (``NeuralProcess.forward``); each ``Normal`` has ``loc``/``scale`` ``[B, Nt, Dy]``.
         """
         if not self.kriging_nugget_input:
             raise ValueError("predict_per_nugget needs a model that takes the nugget (kriging_nugget_input)")

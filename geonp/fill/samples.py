@@ -6,7 +6,7 @@ geonp draws a sample of one scene (one time step) by conditional simulation of t
 geostatistician's construction (Journel & Huijbregts 1978; "conditioning by kriging"):
 
 1. the scene's own correlation: an exponential variogram fitted to its observed cells
-   (:func:`geonp.variogram.fit_grid_variogram`), as a nugget share ``eta`` and a range;
+   (:func:`geonp.variogram.step_variograms`), as a nugget share ``eta`` and a range;
 2. an unconditional standard Gaussian field ``u`` with that correlation on the whole grid, by the
    spectral method (a sum of cosines with wave vectors from the covariance's spectral density);
 3. ``u`` conditioned to zero at the observed cells: ``u_c = u - sum_i w_i u_i``, ``w`` the simple
@@ -30,7 +30,7 @@ import xarray as xr
 from scipy.spatial import cKDTree
 
 from geonp.fill.output import FLAG_INFILLED, FLAG_OBSERVED, SAMPLE_DIM
-from geonp.variogram import MIN_SCENE_POINTS, fit_grid_variogram
+from geonp.variogram import step_variograms
 
 #: Observed cells conditioning each gap cell, the nearest. Not a quarter per quadrant as the kriging
 #: baseline's mean needs (to interpolate across a gap): the errors decorrelate within the range, and
@@ -47,15 +47,12 @@ def scene_correlation(values: np.ndarray) -> tuple[float, float]:
     (NaN at gaps): the correlation ``(1 - eta) exp(-3 h / range)`` at ``h`` cells (PyKrige's
     practical range), ``eta`` at zero lag. A scene with too few observed cells for a fit gets a range
     of a quarter of its longer side and no nugget."""
-    seen = np.isfinite(values)
     fallback = (max(values.shape) / 4.0, 0.0)
-    if seen.sum() < MIN_SCENE_POINTS or np.nanstd(values) == 0:
+    seen = values[np.isfinite(values)]
+    fit = step_variograms(values[None])[0] if seen.size and seen.std() > 0 else None  # standardised, as kriging fits
+    if fit is None:
         return fallback
-    standard = (values - np.nanmean(values)) / np.nanstd(values)
-    params = fit_grid_variogram(standard, "exponential")
-    if params is None:
-        return fallback
-    psill, range_cells, nugget = params
+    psill, range_cells, nugget = fit[2]
     return float(max(range_cells, 1e-3)), float(nugget / (psill + nugget)) if psill + nugget > 0 else 0.0
 
 

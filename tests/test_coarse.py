@@ -76,12 +76,9 @@ def test_blocks_in_one_line_give_the_step_mean_instead_of_failing():
     np.testing.assert_allclose(coarse_trend(transect), transect[0, 30].mean())
 
 
-def test_reading_the_surface_in_bands_changes_nothing(monkeypatch):
-    import geonp.tasks.coarse as coarse
-
+def test_reading_the_surface_in_bands_changes_nothing():
     rng = np.random.default_rng(2)
     field = (plane() + rng.normal(0, 0.5, (100, 120)))[None]
     field[0, 10:60, 20:100] = np.nan
     whole = coarse_trend(field)
-    monkeypatch.setattr(coarse, "BAND_CELLS", 7 * 120)  # 7 rows at a time
-    np.testing.assert_array_equal(coarse_trend(field), whole)
+    np.testing.assert_array_equal(coarse_trend(field, band_cells=7 * 120), whole)  # 7 rows at a time

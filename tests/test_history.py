@@ -80,18 +80,16 @@ def test_a_long_stack_takes_lanczos_and_fills_as_the_dense_eigendecomposition_do
     lanczos, again = dineof(given), dineof(given)
     assert calls and max(calls) >= lanczos.modes >= 3  # the modes loop ran on Lanczos
     np.testing.assert_array_equal(lanczos.held_out, again.held_out)  # a fixed start vector
-    monkeypatch.setattr(module, "DENSE_EOF_STEPS", 10_000)
-    dense = dineof(given)
+    dense = dineof(given, dense_steps=10_000)
     assert dense.modes == lanczos.modes and dense.cv_rmse.keys() == lanczos.cv_rmse.keys()
     np.testing.assert_allclose(lanczos.mean, dense.mean, atol=1e-9)
     np.testing.assert_allclose(lanczos.held_out, dense.held_out, atol=1e-9)
-    monkeypatch.setattr(module, "DENSE_EOF_STEPS", 128)
 
     def fails(*args, **kwargs):
         raise module.ArpackNoConvergence("no convergence", np.zeros(0), np.zeros((0, 0)))
 
     monkeypatch.setattr(module, "eigsh", fails)
-    np.testing.assert_allclose(dineof(given).held_out, dense.held_out, atol=1e-9)
+    np.testing.assert_allclose(dineof(given).held_out, dense.held_out, atol=1e-9)  # falls back to eigh
 
 
 @pytest.mark.parametrize("steps", [1, 2])

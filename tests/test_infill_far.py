@@ -108,19 +108,16 @@ def test_quadtree_counts_every_cell_outside_the_view_once() -> None:
         assert ((seen[0] <= cells[:, 0]) & (cells[:, 0] < seen[1])).all()
 
 
-def test_pyramid_matches_brute_force_and_reading_in_bands(monkeypatch) -> None:
+def test_pyramid_matches_brute_force_and_reading_in_bands() -> None:
     """Block counts and means are exact at every level, each representative cell is an observed
     cell of its block, and reading the cube in bands of rows changes nothing."""
-    import geonp.tasks.far_context as far_context
-
     rng = np.random.default_rng(1)
     values = rng.normal(size=(2, 37, 29))
     values[rng.random(values.shape) < 0.5] = np.nan
     valid = np.ones((37, 29), bool)
     data = xr.DataArray(values).chunk({"dim_0": 1})
     whole = build_pyramid(data, valid, finest=1)
-    monkeypatch.setattr(far_context, "READ_CELLS", 29 * 5)  # bands of 4 rows (whole 2-cell blocks)
-    banded = build_pyramid(data, valid, finest=1)
+    banded = build_pyramid(data, valid, finest=1, read_cells=29 * 5)  # bands of 4 rows (whole 2-cell blocks)
     for name in ("count", "mean", "row", "col", "gaps"):
         for a, b in zip(getattr(whole, name), getattr(banded, name)):
             np.testing.assert_allclose(a, b, rtol=1e-12)

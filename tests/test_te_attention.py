@@ -17,13 +17,13 @@ def set_block(model, elems: int) -> None:
 
 
 @pytest.mark.parametrize("name", ["te-tnp", "te-pt-tnp"])
-def test_blocked_attention_matches_one_block_in_values_and_gradients(name, monkeypatch):
-    import geonp.models.te_attention as te
-
-    monkeypatch.setattr(te, "_KEY_BLOCK", 5)  # several key blocks even at this size
+def test_blocked_attention_matches_one_block_in_values_and_gradients(name):
     xc, yc, xt, mask_c = random_tasks(b=2, nc=23, nt=17, dx=2)
     torch.manual_seed(0)
     model = build(name, 2, 1, preset="tiny")
+    for module in model.modules():
+        if hasattr(module, "key_block"):
+            module.key_block = 5  # several key blocks even at this size
     results = []
     for elems in (2**40, 300):  # one block vs. many small row blocks under checkpointing
         set_block(model, elems)

@@ -58,9 +58,11 @@ from geonp.models.local_attention import gather_rows
 #: (16 cells) gave RMSE within 2-8% of per-window fitted kriging on the validation crops (untrained).
 INIT_LENGTHSCALES = {"gaussian": 0.25, "matern32": 1.0, "exponential": 2.0}
 INIT_SILL, INIT_NUGGET = 1.0, 0.05
-_CACHE_ELEMS = 2**18  # K x K entries processed at once (1 MiB of float32): one slice of targets
+#: K x K entries processed at once (1 MiB of float32): one slice of targets (``LocalKriging.cache_elems``).
+CACHE_ELEMS = 2**18
 #: Ridge on each drift slope, relative to that slope's own entry of ``F^T K^-1 F`` (a tiny floor
-#: keeps a covariate flat among a target's neighbours solvable: its slope then goes to 0).
+#: keeps a covariate flat among a target's neighbours solvable: its slope then goes to 0); a head's
+#: own is ``LocalKriging.drift_ridge``.
 DRIFT_RIDGE = 1e-3
 #: Smallest spread of the targets' drift slopes (empirical Bayes, in squared slope units: values and
 #: covariates are standardised per window): a window whose slopes agree still leaves each target a
@@ -106,6 +108,10 @@ class LocalKriging(nn.Module):
     docstring): ``"none"``, from its own neighbours; ``"empirical"``, shrunk towards the window's
     slope as far as the targets' slopes agree; a positive number, shrunk by that share of each
     slope's own precision.
+
+    Two attributes hold no weights: ``drift_ridge`` (:data:`DRIFT_RIDGE`; 0 is the textbook system)
+    and ``cache_elems`` (:data:`CACHE_ELEMS`: how many targets' systems are formed at once, which
+    bounds memory and never changes the result).
     """
 
     def __init__(self, dim_model: int, dim_x: int, kernel: str = "gaussian",
@@ -117,6 +123,7 @@ class LocalKriging(nn.Module):
             raise ValueError(f"kriging slope prior must be one of {', '.join(SLOPE_PRIORS)} or a positive number, "
                              f"got {slope_prior!r}")
         self.dim_x, self.kernel, self.slope_prior = dim_x, kernel, slope_prior
+        self.drift_ridge, self.cache_elems = DRIFT_RIDGE, CACHE_ELEMS
         self.covariance = mlp(dim_model, dim_model, dim_x + 2)  # log lengthscales [Dx], log sill, log nugget
         nn.init.zeros_(self.covariance[-1].weight)
         # Initial lengthscales follow the neighbour metric's weights (a dimension weighted w starts at
@@ -141,7 +148,7 @@ class LocalKriging(nn.Module):
             return self._sliced(zt, xt, xc, yc, index, valid, nugget_share=nugget_share)
         parts = self._sliced(zt, xt, xc, yc, index, valid, drift_t, drift_c, nugget_share)
         if self.slope_prior == "none":  # each target's slopes from its neighbours alone
-            return self._drift_solution(parts, DRIFT_RIDGE)
+            return self._drift_solution(parts, self.drift_ridge)
         return self._drift_solution(parts, *self._slope_prior(parts, mask_t))
 
     def _sliced(self, zt: torch.Tensor, xt: torch.Tensor, xc: torch.Tensor, yc: torch.Tensor,
@@ -152,7 +159,7 @@ class LocalKriging(nn.Module):
         # Targets a slice at a time: each step's K x K matrices then stay in cache rather than
         # streaming through memory once per elementwise step.
         b, nt, k = index.shape
-        step = max(1, _CACHE_ELEMS // (b * k * k))
+        step = max(1, self.cache_elems // (b * k * k))
         if step >= nt:
             return self._targets(zt, xt, xc, yc, index, valid, drift_t, drift_c, nugget_share)
         parts = [self._targets(zt[:, s:s + step], xt[:, s:s + step], xc, yc, index[:, s:s + step],
@@ -216,14 +223,13 @@ class LocalKriging(nn.Module):
             gram = f.float().transpose(-1, -2) @ kf.float()  # prior's tests of information need it
         return {"a": a, "kf": kf, "f": f, "gram": gram, "yg": yg, "k_tn": k_tn, "c0": sill + nugget}
 
-    @staticmethod
-    def _drift_solution(parts: dict[str, torch.Tensor], prior: float | torch.Tensor,
+    def _drift_solution(self, parts: dict[str, torch.Tensor], prior: float | torch.Tensor,
                         centre: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(mean [B, Nt, Dy], log variance [B, Nt, 1])`` of :meth:`_drift_parts`' systems with a
         Gaussian prior on the slopes: precision ``prior``, a float (a share of each slope's own
-        precision, scale-free; :data:`DRIFT_RIDGE` keeps a flat covariate solvable) or a tensor
+        precision, scale-free; ``drift_ridge`` keeps a flat covariate solvable) or a tensor
         ``[B, 1, P]`` of absolute precisions per window, added to the ridge of no prior
-        (:data:`DRIFT_RIDGE` of each slope's own); mean ``centre [B, P, Dy]`` (None: 0). The
+        (``drift_ridge`` of each slope's own); mean ``centre [B, P, Dy]`` (None: 0). The
         intercept is the ordinary-kriging constraint and never has a prior. Solved in float32 with
         autocast off, as the covariance and its solve are. With prior precision
         ``R`` the weights are those of Bayesian kriging (``F^T K^-1 F`` becomes ``F^T K^-1 F + R``),
@@ -240,7 +246,7 @@ class LocalKriging(nn.Module):
         if isinstance(prior, float):
             ridge = prior * diag[..., 1:] + floor
         else:
-            ridge = DRIFT_RIDGE * diag[..., 1:] + floor + prior
+            ridge = self.drift_ridge * diag[..., 1:] + floor + prior
         ridge = torch.cat([torch.zeros_like(diag[..., :1]), ridge], -1)  # [B, Nt, 1 + P]
         f_star = torch.zeros(gram.shape[-1], device=gram.device)
         f_star[0] = 1.0  # [1, 0, ..., 0]: the target's own drift, relative to itself

@@ -102,7 +102,8 @@ DEFAULT_BLOCK_ELEMS = 2**24
 PREDICT_BLOCK_ELEMS = 2**22
 #: Block cap for window-sized tasks with autograd, what ``NeuralProcess.for_training`` sets.
 TRAIN_BLOCK_ELEMS = 2**25
-_KEY_BLOCK = 512
+#: Keys per block of the Python forms (``TEAttention.key_block``): bounds memory, never the result.
+KEY_BLOCK = 512
 _SAVED_PER_PAIR = 10  # kernel-MLP activations (in units of the hidden width) kept per pair for backward
 _NEG = -1e30  # finite "minus infinity" so fully padded key blocks never give inf - inf
 
@@ -121,6 +122,9 @@ class TEAttention(nn.Module):
         update_locations: apply Eq. 10 to the query locations.
         max_block_elems: memory cap, see the module docstring.
         distance_prior: add the per-head squared-distance term, see the module docstring.
+
+    ``max_block_elems`` and ``key_block`` (:data:`KEY_BLOCK`) are attributes a caller may change:
+    they set how the work is blocked, never what it computes.
     """
 
     def __init__(
@@ -136,7 +140,7 @@ class TEAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.num_heads, self.head_dim, self.dim_hidden = num_heads, head_dim, dim_hidden
-        self.max_block_elems = max_block_elems
+        self.max_block_elems, self.key_block = max_block_elems, KEY_BLOCK
         inner = num_heads * head_dim
         self.to_q = nn.Linear(dim, inner, bias=False)
         self.to_k = nn.Linear(dim, inner, bias=False)
@@ -184,7 +188,7 @@ class TEAttention(nn.Module):
             out = out.transpose(1, 2).reshape(b, nq, -1)  # [B, Nq, H * Dh]
             return self.to_out(out), xq_in + dx if self.loc_mlp is not None else xq_in
         width = max(self.dim_hidden, h)
-        bk = min(nk, _KEY_BLOCK)
+        bk = min(nk, self.key_block)
         grad = torch.is_grad_enabled()
         # Row block size from the memory cap. Under autograd a row block keeps about
         # _SAVED_PER_PAIR activations of the kernel MLPs per (query, key) pair for the

@@ -64,7 +64,7 @@ def _built_before(name: str) -> bool:
     return any(Path(root or get_default_build_root()).glob(pattern))
 
 
-def kernel_name(flags: list[str]) -> str:
+def kernel_name(flags: list[str], source: Path = _SOURCE) -> str:
     """The extension's name, which is its cache folder: one build per CPU flag set, source (its
     text and where it lies), torch and Python environment. torch's cache is shared by every
     virtual environment of an account; a name without the environment in it had another venv's
@@ -74,7 +74,7 @@ def kernel_name(flags: list[str]) -> str:
     the other's kernel, silently, 30-40 s on the first call of every run."""
     import hashlib
 
-    key = "|".join([_SOURCE.read_text(), str(_SOURCE.resolve()), torch.__version__, sys.prefix, *flags])
+    key = "|".join([source.read_text(), str(source.resolve()), torch.__version__, sys.prefix, *flags])
     return "geonp_te_attention_cpu" + ("_avx2" if "-mavx2" in flags else "") + "_" + \
         hashlib.sha256(key.encode()).hexdigest()[:10]
 

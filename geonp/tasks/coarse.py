@@ -28,20 +28,23 @@ from scipy.spatial import QhullError
 
 #: Block size (cells): one unit of the infill windows' input scaling (8 cells per unit).
 COARSE_FACTOR = 8
-#: Rows of cells read from the surface at a time (bounds the memory of the read).
+#: Cells read from the surface at a time, in whole rows (bounds the memory of the read).
 BAND_CELLS = 1_000_000
 #: A block holds a mean when at least this share of its valid cells is observed (else its few
 #: cells would stand for the whole block: the rims of a cloud are thin).
 MIN_BLOCK_SHARE = 0.25
 
 
-def coarse_trend(values: np.ndarray, valid: np.ndarray | None = None, factor: int = COARSE_FACTOR) -> np.ndarray:
+def coarse_trend(values: np.ndarray, valid: np.ndarray | None = None, factor: int = COARSE_FACTOR,
+                 band_cells: int = BAND_CELLS) -> np.ndarray:
     """Each step's coarse surface, read at every cell.
 
     Args:
         values: ``[T, R, C]`` the field, NaN at gaps, any units.
         valid: bool ``[R, C]`` or ``[T, R, C]``, True where a value can exist; None: everywhere.
         factor: block size in cells (at least 1).
+        band_cells: about how many cells of the surface are read at once (whole rows): bounds the
+            read's memory, never changes the result.
 
     Returns:
         float64 ``[T, R, C]``: the linear interpolation of the step's block means (the nearest block
@@ -71,7 +74,7 @@ def coarse_trend(values: np.ndarray, valid: np.ndarray | None = None, factor: in
         if surface is None:  # too few blocks, or all in a line: the step's mean is its large scale
             out[t] = values[t][seen].mean()
             continue
-        band = max(1, BAND_CELLS // cols)
+        band = max(1, band_cells // cols)
         c = (np.arange(cols) + 0.5) / factor  # cell centres in block units, so the triangles are as wide as the blocks
         for start in range(0, rows, band):
             r = (np.arange(start, min(rows, start + band)) + 0.5) / factor

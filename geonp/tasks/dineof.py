@@ -77,6 +77,7 @@ def dineof(
     max_iter: int = 300,
     cv_low: float = 0.02,
     cv_high: float = 0.15,
+    dense_steps: int = DENSE_EOF_STEPS,
 ) -> Reconstruction:
     """Fill a stack of scenes by DINEOF.
 
@@ -91,6 +92,8 @@ def dineof(
         max_iter: iterations per number of modes at most.
         cv_low: each step hides at least this share of its observed cells for cross-validation.
         cv_high: and at most this share.
+        dense_steps: up to this many steps the EOFs come from a dense eigendecomposition, beyond
+            from Lanczos (faster; the fill the same to rounding).
 
     Returns:
         Reconstruction: the filled stack, its 1-sigma, the held-out predictions and the modes kept.
@@ -127,7 +130,7 @@ def dineof(
     cv_rmse: dict[int, float] = {}
     best_k, best_err, best_pred = 1, np.inf, None
     for k in range(1, limit + 1):
-        work = _converge(work, unknown, k, tol, max_iter)
+        work = _converge(work, unknown, k, tol, max_iter, dense_steps)
         err = float(np.sqrt(np.mean((work[cv] - anomaly[cv]) ** 2))) * spread if cv.any() else np.nan
         cv_rmse[k] = err
         if err < best_err or best_pred is None:
@@ -139,7 +142,7 @@ def dineof(
     # start from zeros at many modes lets the extra modes explain the zeros instead of the data.
     filled = np.where(seen, anomaly, 0.0)
     for k in range(1, best_k + 1):
-        filled = _converge(filled, ~seen, k, tol, max_iter)
+        filled = _converge(filled, ~seen, k, tol, max_iter, dense_steps)
     # The rank-k fit everywhere: at a gap it is the converged value (a fixed point), at an observed
     # cell the part of the observation the modes explain, so a residual there is what they miss.
     power, vectors = np.linalg.eigh(filled.T @ filled)
@@ -198,13 +201,14 @@ def _leave_one_out(anomaly: np.ndarray, seen: np.ndarray, lead: np.ndarray, ridg
     return out
 
 
-def _converge(work: np.ndarray, unknown: np.ndarray, k: int, tol: float, max_iter: int) -> np.ndarray:
+def _converge(work: np.ndarray, unknown: np.ndarray, k: int, tol: float, max_iter: int,
+              dense_steps: int) -> np.ndarray:
     """Iterate ``work``'s ``unknown`` entries to their rank-``k`` reconstruction (``work [N, T]``)."""
     work = work.copy()
     if not unknown.any():
         return work
     for _ in range(max_iter):
-        lead = _leading_eofs(work, k)  # [T, k]: the k leading temporal EOFs
+        lead = _leading_eofs(work, k, dense_steps)  # [T, k]: the k leading temporal EOFs
         rebuilt = (work @ lead) @ lead.T  # [N, T]
         change = rebuilt[unknown] - work[unknown]
         work[unknown] = rebuilt[unknown]
@@ -213,10 +217,10 @@ def _converge(work: np.ndarray, unknown: np.ndarray, k: int, tol: float, max_ite
     return work
 
 
-def _leading_eofs(work: np.ndarray, k: int) -> np.ndarray:
+def _leading_eofs(work: np.ndarray, k: int, dense_steps: int) -> np.ndarray:
     """The ``k`` leading temporal EOFs of ``work [N, T]``: eigenvectors of ``X^T X``, ``[T, k]``.
 
-    Up to :data:`DENSE_EOF_STEPS` steps (or ``k`` past half of them) a dense ``eigh``; beyond,
+    Up to ``dense_steps`` steps (or ``k`` past half of them) a dense ``eigh``; beyond,
     ARPACK's Lanczos on ``v -> X^T (X v)``, which finds ``k`` vectors, not ``T``: about four times
     faster on an hourly month of ERA5, the fill the same to rounding
     (``pipelines/results/dineof_speed_cpu.md``). Its start vector is fixed, not ARPACK's random
@@ -225,7 +229,7 @@ def _leading_eofs(work: np.ndarray, k: int) -> np.ndarray:
     matter.
     """
     steps = work.shape[1]
-    if steps > DENSE_EOF_STEPS and 2 * k < steps:
+    if steps > dense_steps and 2 * k < steps:
         product = LinearOperator((steps, steps), matvec=lambda v: work.T @ (work @ v), dtype=np.float64)
         start = np.random.default_rng(steps).standard_normal(steps)
         try:

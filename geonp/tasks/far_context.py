@@ -97,10 +97,11 @@ class Pyramid:
         return self.finest + len(self.count) - 1
 
 
-def build_pyramid(data: xr.DataArray, valid: np.ndarray, finest: int) -> Pyramid:
+def build_pyramid(data: xr.DataArray, valid: np.ndarray, finest: int, read_cells: int = READ_CELLS) -> Pyramid:
     """Summarise ``data`` (lazy ``[T, R, C]``, NaN missing) with ``valid`` (``[R, C]`` or ``[T, R, C]``
-    bool) into a :class:`Pyramid`, reading about :data:`READ_CELLS` cells at a time (whole time
-    steps, or bands of rows of one step), so memory follows the pyramid, not the cube."""
+    bool) into a :class:`Pyramid`, reading about ``read_cells`` cells at a time (whole time steps,
+    or bands of rows of one step), so memory follows the pyramid, not the cube; the pyramid is the
+    same for any ``read_cells``."""
     t_n, r_n, c_n = data.shape
     top = max(finest, math.ceil(math.log2(max(r_n, c_n, 2))))
     sizes = [(t_n, -(-r_n >> j), -(-c_n >> j)) for j in range(finest, top + 1)]
@@ -108,8 +109,8 @@ def build_pyramid(data: xr.DataArray, valid: np.ndarray, finest: int) -> Pyramid
                   [np.zeros(s) for s in sizes], [np.zeros(s, np.int32) for s in sizes],
                   [np.zeros(s, np.int32) for s in sizes], [np.zeros(s, np.int32) for s in sizes])
     s = 1 << finest
-    step = max(1, READ_CELLS // (r_n * c_n))  # time steps per read
-    band = max(s, READ_CELLS // c_n // s * s)  # rows per read: whole finest blocks
+    step = max(1, read_cells // (r_n * c_n))  # time steps per read
+    band = max(s, read_cells // c_n // s * s)  # rows per read: whole finest blocks
     for t0 in range(0, t_n, step):
         t1 = min(t0 + step, t_n)
         parts = []

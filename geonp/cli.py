@@ -251,11 +251,14 @@ def _run(args: argparse.Namespace) -> int:
     elif args.command == "models":
         from geonp.fill.predictor import STACK_METHODS
         from geonp.models import available, presets
+        from geonp.models.registry import default_preset
 
         for name in available():
-            sizes = presets(name)
+            sizes, default = presets(name), default_preset(name)
             # A preset that changes nothing is no choice: linear interpolation has none to offer.
-            listed = ", ".join(sizes) if any(sizes.values()) else "none (nothing to size)"
+            ordered = [default, *(p for p in sizes if p != default)]
+            listed = ", ".join(f"{p} (default)" if p == default else p for p in ordered) \
+                if any(sizes.values()) else "none (nothing to size)"
             print(f"{name:14s} presets: {listed}")
         said = {"dineof": "no weights: filled from the EOFs of the field's whole stack (needs 3+ observed steps)",
                 "kriging": "no weights: ordinary kriging per scene, variogram fitted per scene, quadrant neighbours"}

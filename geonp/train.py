@@ -92,8 +92,8 @@ class _Run:
         self.model = model
         covariates = getattr(source, "covariates", [])
         if covariates and model.covariate_inputs != len(covariates):
-            raise ValueError(f"config: data covariates {covariates} need model_args kriging_covariates: "
-                             f"{len(covariates)} (the model takes {model.covariate_inputs})")
+            raise ValueError(f"config: data covariates {covariates} need model_args kriging: {{covariates: "
+                             f"{len(covariates)}}} (the model takes {model.covariate_inputs})")
         if covariates:  # a fine-tuning source has none of its own: the infill checkpoint was checked
             check_nugget_input(covariates, getattr(model, "kriging_nugget_input", False), "config")
         if not self.model.trainable:

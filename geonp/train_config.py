@@ -25,7 +25,7 @@ class TrainConfig:
         out_dir: the run's folder (checkpoints, log, final model); None: an in-memory run
             (fine-tuning) that writes nothing and cannot be resumed.
         preset: the architecture preset (``"paper"``, ``"small"``, ``"tiny"``).
-        model_args: constructor arguments over the preset's (e.g. ``num_neighbours: 16``).
+        model_args: constructor arguments over the preset's (e.g. ``local_attention: {neighbours: 16}``).
         data: the task source, a mapping with a ``name``: a synthetic generator (``gp``,
             ``sawtooth``, with its options) or ``windows`` (infill-shaped windows of synthetic
             and real fields: ``files``, ``synthetic``, ``real_clouds``, ``wide_clouds``, ``window``,

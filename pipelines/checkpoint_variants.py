@@ -3,7 +3,7 @@ recipe (``pipelines.release.pretrain``), the benchmarks and the accuracy ablatio
 resumable run's weights as a checkpoint infill reads, before the run is finished:
 
     python -m pipelines.checkpoint_variants pipelines/weights/resume/accuracy/history-folds-small \
-        runs/history-folds-small-now.safetensors --model-args '{"kriging_slope_prior": "empirical"}'
+        runs/history-folds-small-now.safetensors --model-args '{"kriging": {"slope_prior": "empirical"}}'
 
 ``--covariates '["dineof", "spread"]'`` gives those weights another history drift (no weight in it).
 """
@@ -24,12 +24,13 @@ from geonp.checkpoint import read_checkpoint, write_checkpoint
 def variant_checkpoint(checkpoint: Path, out: Path, model_args: dict[str, Any] | None = None,
                        covariates: list[str] | None = None, window: dict[str, Any] | None = None) -> Path:
     """A copy of ``checkpoint`` changed at inference only, same trained weights: ``model_args`` replaces
-    architecture arguments that hold no weights (e.g. ``kriging_neighbours``); ``covariates``
+    architecture arguments that hold no weights, a mapping merged into the header's (e.g.
+    ``{"kriging": {"neighbours": 128}}`` changes that one setting of the kriging head); ``covariates``
     (te-pt-tnp with a local kriging head) adds history covariates to the kriging drift, which
     holds no weight either: one more input each, recorded in the ``infill`` header so infill
     computes them (:func:`geonp.tasks.history.history_covariates`), and ``[]`` takes every one
     out (the drift becomes ordinary kriging's constant); the head reads the last as its nugget
-    (``kriging_nugget_input``) exactly when they end with ``nugget``; ``window`` replaces the context
+    (``kriging.nugget_input``) exactly when they end with ``nugget``; ``window`` replaces the context
     geometry infill reads around each window, ``halo`` (time, rows, cols cells) or ``time_cells``
     (:func:`geonp.fill.plan.plan` takes them from the header's ``infill.window``)."""
     tensors, meta = read_checkpoint(checkpoint)
@@ -53,21 +54,35 @@ def variant_checkpoint(checkpoint: Path, out: Path, model_args: dict[str, Any] |
         meta = copy.deepcopy(meta)
         had = len(meta["infill"].get("covariates", []))
         meta["model"]["dim_x"] += len(covariates) - had
-        meta["model"]["kwargs"]["kriging_covariates"] = len(covariates)
+        head = meta["model"]["kwargs"].get("kriging")
+        if head is None:
+            raise ValueError("covariates: the model has no kriging head to take them")
+        head["covariates"] = len(covariates)
         meta["infill"]["covariates"] = list(covariates)
         # The head takes its nugget from the covariates exactly when they end with it.
-        meta["model"]["kwargs"]["kriging_nugget_input"] = "nugget" in covariates
+        head["nugget_input"] = "nugget" in covariates
     if model_args:
+        if not isinstance(model_args, dict):
+            raise ValueError(f"model arguments must be a JSON object, got {model_args!r}")
         meta = copy.deepcopy(meta)
-        meta["model"]["kwargs"].update(model_args)
+        meta["model"]["kwargs"] = merged(meta["model"]["kwargs"], model_args)
     if covariates is not None or model_args:
         from geonp.tasks.covariate_maps import check_nugget_input
 
-        check_nugget_input(meta["infill"].get("covariates", []),
-                           meta["model"]["kwargs"].get("kriging_nugget_input", False), "variant")
+        head = meta["model"]["kwargs"].get("kriging") or {}
+        check_nugget_input(meta["infill"].get("covariates", []), head.get("nugget_input", False), "variant")
     if model_args or covariates is not None:
         _buildable(meta["model"])
     return write_checkpoint(out, tensors, meta)
+
+
+def merged(base: dict, overrides: dict) -> dict:
+    """``base`` with ``overrides`` merged in, mappings recursively (lists and values replaced), so
+    ``{"kriging": {"neighbours": 128}}`` changes that one setting of the kriging head; a new dict."""
+    out = copy.deepcopy(base)
+    for key, value in overrides.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
 def _window_spec(window: dict[str, Any]):
@@ -95,7 +110,7 @@ def _buildable(model: dict[str, Any]) -> None:
 def bundled_variants(items: list[str], folder: Path, model: str = "te-pt-tnp") -> dict[str, str]:
     """``LABEL=JSON`` command-line items -> ``{label: checkpoint path}``: the bundled ``model`` changed at
     inference only, the JSON holding ``covariates`` (a list), ``model_args`` (a dict) and ``window``
-    (a dict: ``halo``, ``time_cells``), e.g. ``eb={"model_args": {"kriging_slope_prior": "empirical"}}``
+    (a dict: ``halo``, ``time_cells``), e.g. ``eb={"model_args": {"kriging": {"slope_prior": "empirical"}}}``
     or ``halo20={"window": {"halo": [1, 20, 20]}}``; written into ``folder``."""
     from geonp.fill.predictor import bundled_checkpoint
 
@@ -141,7 +156,7 @@ def state_checkpoint(run: Path, out: Path, model_args: dict[str, Any] | None = N
     try:
         spec = _window_spec(data.get("window") or {})
         model, meta = load_with_meta(state)
-        model.config["kwargs"].update(model_args or {})
+        model.config["kwargs"] = merged(model.config["kwargs"], model_args or {})
         _buildable(model.config)
     except ValueError as err:
         raise SystemExit(f"{run}: {err}") from None

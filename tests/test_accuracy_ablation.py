@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.experiments.accuracy_ablation import REPO, load_variants, merged
+from pipelines.checkpoint_variants import merged
+from pipelines.experiments.accuracy_ablation import REPO, load_variants
 
 
 def test_merged_replaces_values_and_merges_mappings():
@@ -46,7 +47,7 @@ def test_every_live_variant_builds_and_every_retired_one_names_its_commit():
         if name in retired:  # the commit it last ran at, and what went
             assert v["retired"].split(", ")[0] in ("3ab7466", "fbc8402") and ", " in v["retired"], name
         elif "config" in v and v["config"]["model"] == "te-pt-tnp":
-            build("te-pt-tnp", 3 + v["config"]["model_args"].get("kriging_covariates", 0), 1,
+            build("te-pt-tnp", 3 + (v["config"]["model_args"].get("kriging") or {}).get("covariates", 0), 1,
                   preset=v["config"]["preset"], **v["config"]["model_args"])
     sys_argv = sys.argv
     try:

@@ -32,17 +32,36 @@ def test_each_bundled_config_has_weights_trained_from_it(config):
     path = bundled_checkpoint(cfg["model"])
     assert path is not None, f"geonp/weights/{cfg['model']}.safetensors missing: python -m pipelines.release.pretrain"
     _, meta = read_checkpoint(path)
-    assert meta["model"]["name"] == cfg["model"] and meta["model"]["preset"] == cfg["preset"]
+    from geonp.models.registry import same_model
+    from pipelines.checkpoint_variants import merged
     from pipelines.release.pretrain import AT_INFERENCE, COVARIATES_AT_INFERENCE
 
-    expected = {**cfg.get("model_args", {}), **AT_INFERENCE.get(cfg["model"], {})}
+    expected = merged(cfg.get("model_args", {}), AT_INFERENCE.get(cfg["model"], {}))
     if cfg["model"] in COVARIATES_AT_INFERENCE:  # the release's choice of drift covariates, no weight
         covariates = COVARIATES_AT_INFERENCE[cfg["model"]]
-        expected["kriging_covariates"] = len(covariates)
+        expected["kriging"]["covariates"] = len(covariates)
         assert meta["infill"]["covariates"] == covariates
-    for key, value in expected.items():
-        assert meta["model"]["kwargs"][key] == value, key
+    trained = {**meta["model"], "preset": cfg["preset"], "kwargs": expected}
+    assert meta["model"]["name"] == cfg["model"] and same_model(meta["model"], trained)
     assert meta["infill"]["cells_per_unit"] > 0  # trained on infill windows, scaling recorded
+
+
+def test_the_shipped_te_pt_tnp_is_the_class_default():
+    """build("te-pt-tnp") is the model the bundled weights are: the same header, to the letter, and
+    the same tensors fit it; the class has at most 12 constructor arguments (issue 56)."""
+    import inspect
+
+    from geonp.models import build
+    from geonp.models.tnp import TEPTTNP
+
+    tensors, meta = read_checkpoint(bundled_checkpoint("te-pt-tnp"))
+    shipped = build("te-pt-tnp", meta["model"]["dim_x"], meta["model"]["dim_y"])
+    assert shipped.config == meta["model"] and meta["model"]["preset"] == "shipped"
+    shipped.load_state_dict(tensors, strict=True)
+    direct = TEPTTNP(meta["model"]["dim_x"], meta["model"]["dim_y"])  # the class's own defaults
+    assert {k: v.shape for k, v in direct.state_dict().items()} == {k: v.shape for k, v in tensors.items()}
+    assert direct.kriging_nugget_input and direct.kriging_quadrant_dims == (1, 2)
+    assert len(inspect.signature(TEPTTNP).parameters) <= 12
 
 
 def _gap_rmse(name: str, checkpoint: str | None = None) -> float:

@@ -61,10 +61,10 @@ def stack_dataset(truth: np.ndarray, given: np.ndarray) -> xr.Dataset:
 def kriging_checkpoints(tmp_path_factory) -> tuple[str, str]:
     """The same random te-pt-tnp with a local kriging head, without and with the ``dineof`` covariate."""
     folder = tmp_path_factory.mktemp("ckpt")
-    args = dict(preset="tiny", num_neighbours=8, local_kriging=True, kriging_neighbours=32)
+    args = dict(preset="tiny", local_attention={"neighbours": 8})
     torch.manual_seed(0)
-    plain = build("te-pt-tnp", 3, 1, **args)
-    drift = build("te-pt-tnp", 4, 1, **args, kriging_covariates=1)
+    plain = build("te-pt-tnp", 3, 1, **args, kriging={"neighbours": 32})
+    drift = build("te-pt-tnp", 4, 1, **args, kriging={"neighbours": 32, "covariates": 1})
     drift.load_state_dict(plain.state_dict())
     infill = {"cells_per_unit": 8.0}
     save(plain, folder / "plain.safetensors", extra={"infill": infill})
@@ -118,8 +118,7 @@ def test_training_with_history_covariates_gives_weights_infill_feeds_the_same(tm
 
     cfg = TrainConfig(model="te-pt-tnp", out_dir=str(tmp_path / "run"), preset="tiny", steps=2, batch_size=2,
                       val_tasks=2, val_every=2, checkpoint_every=2, log_every=1, device="cpu",
-                      model_args={"num_neighbours": 4, "local_kriging": True, "kriging_neighbours": 8,
-                                  "kriging_covariates": 2},
+                      model_args={"local_attention": {"neighbours": 4}, "kriging": {"neighbours": 8, "covariates": 2}},
                       data={"name": "windows", "synthetic": 1.0, "covariates": ["dineof", "nearest_steps"],
                             "window": {"max_context": 128}})
     train(cfg, progress=False)
@@ -153,9 +152,10 @@ def test_covariates_the_model_cannot_take_are_refused(tmp_path, kriging_checkpoi
     with pytest.raises(ValueError, match="inconsistent"):
         geonp.infill(stack_dataset(truth, given), "v", model="te-pt-tnp", checkpoint=str(bad))
     cfg = TrainConfig(model="te-pt-tnp", out_dir=str(tmp_path / "run"), preset="tiny", steps=1, batch_size=2,
-                      val_tasks=0, device="cpu", model_args={"num_neighbours": 4, "local_kriging": True},
+                      val_tasks=0, device="cpu",
+                      model_args={"local_attention": {"neighbours": 4}, "kriging": {"neighbours": 4}},
                       data={"name": "windows", "synthetic": 1.0, "covariates": ["dineof"]})
-    with pytest.raises(ValueError, match="kriging_covariates: 1"):
+    with pytest.raises(ValueError, match="kriging: {covariates: 1}"):
         train(cfg, progress=False)
 
 

@@ -1,4 +1,4 @@
-"""Kriging with external drift in te-pt-tnp's local kriging head (``kriging_covariates``)."""
+"""Kriging with external drift in te-pt-tnp's local kriging head (``kriging={"covariates": P}``)."""
 
 from __future__ import annotations
 
@@ -78,12 +78,12 @@ def test_a_flat_covariate_changes_nothing():
 
 def drift_model(seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return build("te-pt-tnp", 3, 1, preset="tiny", num_neighbours=4, local_kriging=True, kriging_neighbours=8,
-                 kriging_covariates=1).eval()
+    return build("te-pt-tnp", 3, 1, preset="tiny", local_attention={"neighbours": 4},
+                 kriging={"neighbours": 8, "covariates": 1}).eval()
 
 
 def test_covariates_add_no_weight_and_keep_the_model_equivariant():
-    plain = build("te-pt-tnp", 2, 1, preset="tiny", num_neighbours=4, local_kriging=True, kriging_neighbours=8)
+    plain = build("te-pt-tnp", 2, 1, preset="tiny", local_attention={"neighbours": 4}, kriging={"neighbours": 8})
     model = drift_model()
     assert {k: v.shape for k, v in plain.state_dict().items()} == {k: v.shape for k, v in model.state_dict().items()}
     xc, xt, dc, dt, yc, _ = scene(n_c=30, n_t=7)
@@ -98,12 +98,12 @@ def test_covariates_add_no_weight_and_keep_the_model_equivariant():
     torch.testing.assert_close(flat.loc, plain.eval()(xc, yc, xt).loc, atol=1e-4, rtol=1e-4)
 
 
-def test_covariates_need_the_kriging_head():
-    with pytest.raises(ValueError, match="kriging_covariates needs the local kriging head"):
-        build("te-pt-tnp", 3, 1, preset="tiny", num_neighbours=4, kriging_covariates=1)
+def test_covariates_leave_the_model_a_location():
+    with pytest.raises(ValueError, match="kriging covariates must be in 0..2, got 3"):
+        build("te-pt-tnp", 3, 1, preset="tiny", local_attention={"neighbours": 4}, kriging={"covariates": 3})
 
 
-# -- the slopes' prior (kriging_slope_prior) ----------------------------------------------------------
+# -- the slopes' prior (kriging slope_prior) ----------------------------------------------------------
 
 def prior_prediction(prior: str | float, xc, yc, dc, xt, dt, k: int = 16):
     head = LocalKriging(8, 2, "exponential", slope_prior=prior)
@@ -153,8 +153,8 @@ def test_empirical_bayes_pools_a_relation_that_holds_everywhere_and_keeps_one_th
 
 def test_the_prior_keeps_a_padded_batch_equal_to_its_tasks_one_by_one():
     torch.manual_seed(0)
-    model = build("te-pt-tnp", 3, 1, preset="tiny", num_neighbours=4, local_kriging=True, kriging_neighbours=8,
-                  kriging_covariates=1, kriging_slope_prior="empirical").eval()
+    model = build("te-pt-tnp", 3, 1, preset="tiny", local_attention={"neighbours": 4},
+                  kriging={"neighbours": 8, "covariates": 1, "slope_prior": "empirical"}).eval()
     tasks = [scene(n_c=n_c, n_t=n_t, seed=s) for s, (n_c, n_t) in enumerate([(30, 7), (22, 4)])]
     inputs = [(torch.cat([xc, dc], -1), yc, torch.cat([xt, dt], -1)) for xc, xt, dc, dt, yc, _ in tasks]
     xc = torch.zeros(2, 30, 3)

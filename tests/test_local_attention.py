@@ -15,10 +15,13 @@ from geonp.models.local_attention import nearest_neighbours
 from geonp.train_state import initialise_from
 
 
-def local_model(dx: int = 2, k: int = 4, seed: int = 0, **kw):
-    """A tiny te-pt-tnp with local attention whose zero-initialised branches are switched on."""
+def local_model(dx: int = 2, k: int = 4, seed: int = 0, weights: list[float] | None = None,
+                kriging: dict | None = None):
+    """A tiny te-pt-tnp with local attention to ``k`` neighbours (and a kriging head of these
+    settings) whose zero-initialised branches are switched on."""
     torch.manual_seed(seed)
-    model = build("te-pt-tnp", dx, 1, preset="tiny", num_neighbours=k, **kw)
+    model = build("te-pt-tnp", dx, 1, preset="tiny", local_attention={"neighbours": k, "weights": weights},
+                  kriging=kriging)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if any(part in name for part in ("_local", "kriging")):
@@ -118,21 +121,21 @@ def test_quadrant_search_takes_the_nearest_keys_of_each_quadrant():
 
 def test_quadrant_kriging_keeps_translation_equivariance_and_padding():
     xc, yc, xt, mask_c = random_tasks(dx=3)
-    model = local_model(dx=3, k=4, local_kriging=True, kriging_neighbours=8, kriging_quadrant_dims=[1, 2])
+    model = local_model(dx=3, k=4, kriging={"neighbours": 8, "quadrant_dims": [1, 2]})
     tau = torch.tensor([0.4, 3.7, -1.3])
     with torch.no_grad():
         a, b = model(xc, yc, xt, mask_c), model(xc + tau, yc, xt + tau, mask_c)
         one = model(xc[:1, :7], yc[:1, :7], xt[:1])  # task 0 without its padding
-        plain = local_model(dx=3, k=4, local_kriging=True, kriging_neighbours=8)(xc, yc, xt, mask_c)
+        plain = local_model(dx=3, k=4, kriging={"neighbours": 8})(xc, yc, xt, mask_c)
     torch.testing.assert_close(a.loc, b.loc, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(a.loc[:1], one.loc, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(a.loc, plain.loc)  # the same weights, other neighbours
-    with pytest.raises(ValueError, match="kriging_quadrant_dims"):
-        build("te-pt-tnp", 3, 1, preset="tiny", num_neighbours=4, local_kriging=True, kriging_quadrant_dims=[1, 3])
+    with pytest.raises(ValueError, match="kriging quadrant_dims"):
+        local_model(dx=3, k=4, kriging={"quadrant_dims": [1, 3]})
 
 def test_local_attention_keeps_translation_equivariance_and_padding():
     xc, yc, xt, mask_c = random_tasks(dx=2)
-    model = local_model(neighbour_weights=[0.5, 1.0], local_kriging=True)
+    model = local_model(weights=[0.5, 1.0], kriging={"neighbours": 4})
     tau = torch.tensor([3.7, -1.3])
     with torch.no_grad():
         a, b = model(xc, yc, xt, mask_c), model(xc + tau, yc, xt + tau, mask_c)
@@ -153,7 +156,7 @@ def test_local_attention_changes_predictions_once_switched_on():
 
 def test_query_chunks_give_the_same_values_and_gradients():
     xc, yc, xt, mask_c = random_tasks(b=2, nc=23, nt=17, dx=2)
-    model = local_model(k=6, local_kriging=True).train()
+    model = local_model(k=6, kriging={"neighbours": 6}).train()
     results = []
     for elems in (2**30, 64):  # one chunk vs. one query at a time
         for module in model.modules():
@@ -200,23 +203,29 @@ def test_growing_a_trained_model_starts_from_its_predictions(tmp_path):
     trained = build("te-pt-tnp", 2, 1, preset="tiny")
     save(trained, tmp_path / "trained.safetensors")
     torch.manual_seed(1)
-    grown = build("te-pt-tnp", 2, 1, preset="tiny", num_neighbours=8)
+    grown = build("te-pt-tnp", 2, 1, preset="tiny", local_attention={"neighbours": 8})
     copied = initialise_from(grown, tmp_path / "trained.safetensors")
     assert len(copied) == len(trained.state_dict())
     with torch.no_grad():
         torch.testing.assert_close(grown.eval()(xc, yc, xt, mask_c).loc, trained.eval()(xc, yc, xt, mask_c).loc)
         # With the kriging head, the kriging mean is the prediction from the start; sigma is the
         # trained decoder's, as the head's features enter the tokens through zero weights.
-        kriged = build("te-pt-tnp", 2, 1, preset="tiny", num_neighbours=8, local_kriging=True)
+        kriged = build("te-pt-tnp", 2, 1, preset="tiny", local_attention={"neighbours": 8}, kriging={"neighbours": 8})
         initialise_from(kriged, tmp_path / "trained.safetensors")
         torch.testing.assert_close(kriged.eval()(xc, yc, xt, mask_c).scale, trained(xc, yc, xt, mask_c).scale)
     with pytest.raises(ValueError, match="holds model 'te-pt-tnp', not 'te-tnp'"):
         initialise_from(build("te-tnp", 2, 1, preset="tiny"), tmp_path / "trained.safetensors")
 
 
-def test_neighbour_weights_must_match_the_inputs():
-    with pytest.raises(ValueError, match="one weight per input dimension"):
-        build("te-pt-tnp", 3, 1, preset="tiny", num_neighbours=4, neighbour_weights=[1.0, 1.0])
+def test_local_parts_are_checked_when_built():
+    with pytest.raises(ValueError, match="one weight per location dimension"):
+        build("te-pt-tnp", 3, 1, preset="tiny", local_attention={"neighbours": 4, "weights": [1.0, 1.0]})
+    with pytest.raises(ValueError, match="local_attention neighbours must be .* at least 1"):
+        build("te-pt-tnp", 3, 1, preset="tiny", local_attention={"neighbours": 0})
+    with pytest.raises(ValueError, match="kriging: unknown setting\\(s\\) kernel"):
+        build("te-pt-tnp", 3, 1, preset="tiny", local_attention={"neighbours": 4}, kriging={"kernel": "gaussian"})
+    with pytest.raises(ValueError, match="the kriging head needs local attention"):
+        build("te-pt-tnp", 3, 1, preset="tiny", kriging={"neighbours": 8})
 
 
 def test_local_kriging_is_ordinary_kriging():
@@ -262,8 +271,8 @@ def test_the_kriging_mean_is_the_prediction_and_the_exponential_kernel_interpola
 
     xc, yc, xt, mask_c = random_tasks(dx=2)
     torch.manual_seed(0)
-    model = build("te-pt-tnp", 2, 1, preset="tiny", num_neighbours=4, local_kriging=True,
-                  kriging_neighbours=8).eval()
+    model = build("te-pt-tnp", 2, 1, preset="tiny", local_attention={"neighbours": 4},
+                  kriging={"neighbours": 8}).eval()
     assert model.kriging.kernel == "exponential" and model.kriging_neighbours == 8
     xc, yc, xt = xc[1:], yc[1:], xt[1:]  # the task without padding: the head is called directly below
     mask_c = torch.ones(xc.shape[:2], dtype=torch.bool)

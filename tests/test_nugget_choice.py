@@ -22,7 +22,7 @@ from pipelines.checkpoint_variants import variant_checkpoint
 def nugget_weights() -> str:
     """The bundled te-pt-tnp, whose kriging head takes the scene's nugget."""
     path = bundled_checkpoint("te-pt-tnp")
-    assert read_checkpoint(path)[1]["model"]["kwargs"]["kriging_nugget_input"]
+    assert read_checkpoint(path)[1]["model"]["kwargs"]["kriging"]["nugget_input"]
     return str(path)
 
 
@@ -31,7 +31,7 @@ def plain_weights(tmp_path_factory) -> str:
     """The same tensors without the nugget input (its own nugget only)."""
     out = tmp_path_factory.mktemp("plain") / "plain.safetensors"
     return str(variant_checkpoint(bundled_checkpoint("te-pt-tnp"), out, covariates=["dineof", "spread"],
-                                  model_args={"kriging_nugget_input": False}))
+                                  model_args={"kriging": {"nugget_input": False}}))
 
 
 def cube(noise: float, seed: int = 0) -> xr.Dataset:
@@ -47,9 +47,10 @@ def cube(noise: float, seed: int = 0) -> xr.Dataset:
 
 
 def test_a_negative_share_is_the_networks_own_nugget():
-    kwargs = dict(preset="tiny", local_kriging=True, num_neighbours=4, kriging_neighbours=4)
-    takes = build("te-pt-tnp", dim_x=5, dim_y=1, kriging_covariates=2, kriging_nugget_input=True, **kwargs).eval()
-    plain = build("te-pt-tnp", dim_x=4, dim_y=1, kriging_covariates=1, **kwargs).eval()
+    kwargs = dict(preset="tiny", local_attention={"neighbours": 4})
+    takes = build("te-pt-tnp", dim_x=5, dim_y=1, kriging={"neighbours": 4, "covariates": 2, "nugget_input": True},
+                  **kwargs).eval()
+    plain = build("te-pt-tnp", dim_x=4, dim_y=1, kriging={"neighbours": 4, "covariates": 1}, **kwargs).eval()
     plain.load_state_dict(takes.state_dict())  # covariates hold no weights: the same network
     g = torch.Generator().manual_seed(1)
     xc, yc, xt = torch.rand(2, 16, 5, generator=g), torch.randn(2, 16, 1, generator=g), torch.rand(2, 5, 5, generator=g)
@@ -66,8 +67,9 @@ def test_a_negative_share_is_the_networks_own_nugget():
 def test_both_nuggets_from_one_pass_equal_two_calls():
     """The nugget check scores both options from one transformer pass (predict_per_nugget): the
     same numbers, to the bit, as two calls with the targets' nugget share changed."""
-    kwargs = dict(preset="tiny", local_kriging=True, num_neighbours=4, kriging_neighbours=4)
-    model = build("te-pt-tnp", dim_x=5, dim_y=1, kriging_covariates=2, kriging_nugget_input=True, **kwargs).eval()
+    kwargs = dict(preset="tiny", local_attention={"neighbours": 4})
+    model = build("te-pt-tnp", dim_x=5, dim_y=1, kriging={"neighbours": 4, "covariates": 2, "nugget_input": True},
+                  **kwargs).eval()
     g = torch.Generator().manual_seed(2)
     xc, yc, xt = torch.rand(2, 16, 5, generator=g), torch.randn(2, 16, 1, generator=g), torch.rand(2, 5, 5, generator=g)
     mask_c = torch.ones(2, 16, dtype=torch.bool)
@@ -80,8 +82,8 @@ def test_both_nuggets_from_one_pass_equal_two_calls():
     for one, call in zip(pair, calls):
         assert torch.equal(one.loc, call.loc) and torch.equal(one.scale, call.scale)
     assert not torch.equal(pair[0].loc, pair[1].loc)
-    with pytest.raises(ValueError, match="kriging_nugget_input"):
-        build("te-pt-tnp", dim_x=4, dim_y=1, kriging_covariates=1, **kwargs).predict_per_nugget(
+    with pytest.raises(ValueError, match="kriging nugget_input"):
+        build("te-pt-tnp", dim_x=4, dim_y=1, kriging={"neighbours": 4, "covariates": 1}, **kwargs).predict_per_nugget(
             xc[..., :-1], yc, xt[..., :-1], mask_c, None, [None])
 
 

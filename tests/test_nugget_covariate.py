@@ -1,5 +1,5 @@
 """The scene's own nugget in te-pt-tnp's kriging head: the ``nugget`` covariate, how a window hands it
-over (as a share, not standardised) and how the head takes it (``kriging_nugget_input``)."""
+over (as a share, not standardised) and how the head takes it (``kriging.nugget_input``)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def test_the_nugget_must_come_last_and_match_the_model():
     with pytest.raises(ValueError, match="must come last"):
         unscaled_count(["nugget", "dineof"])
     check_nugget_input(["dineof", "nugget"], True, "x")
-    with pytest.raises(ValueError, match="--checkpoint m.safetensors: .*kriging_nugget_input: true"):
+    with pytest.raises(ValueError, match="--checkpoint m.safetensors: .*kriging: {nugget_input: true}"):
         check_nugget_input(["dineof", "nugget"], False, "--checkpoint m.safetensors")
     with pytest.raises(ValueError, match="config: .*add nugget"):
         check_nugget_input(["dineof"], True, "config")
@@ -132,8 +132,9 @@ def test_the_scene_nugget_sets_the_weights_and_the_variance_stays_the_networks()
 
 
 def test_the_model_splits_the_nugget_off_its_drift_and_refuses_it_without_covariates():
-    kwargs = dict(preset="tiny", local_kriging=True, num_neighbours=4, kriging_neighbours=4)
-    model = build("te-pt-tnp", dim_x=5, dim_y=1, kriging_covariates=2, kriging_nugget_input=True, **kwargs).eval()
+    kwargs = dict(preset="tiny", local_attention={"neighbours": 4})
+    model = build("te-pt-tnp", dim_x=5, dim_y=1, kriging={"neighbours": 4, "covariates": 2, "nugget_input": True},
+                  **kwargs).eval()
     g = torch.Generator().manual_seed(0)
     xc, yc, xt = torch.rand(1, 12, 5, generator=g), torch.randn(1, 12, 1, generator=g), torch.rand(1, 3, 5, generator=g)
     mask_c, mask_t = torch.ones(1, 12, dtype=torch.bool), torch.ones(1, 3, dtype=torch.bool)
@@ -143,8 +144,8 @@ def test_the_model_splits_the_nugget_off_its_drift_and_refuses_it_without_covari
         m_low = model(xc, yc, low, mask_c, mask_t).loc
         m_high = model(xc, yc, high, mask_c, mask_t).loc
     assert not torch.allclose(m_low, m_high)  # the share reaches the head: its weights, so its mean, move
-    with pytest.raises(ValueError, match="kriging_nugget_input needs"):
-        build("te-pt-tnp", dim_x=3, dim_y=1, kriging_nugget_input=True, **kwargs)
+    with pytest.raises(ValueError, match="kriging nugget_input needs"):
+        build("te-pt-tnp", dim_x=3, dim_y=1, kriging={"neighbours": 4, "nugget_input": True}, **kwargs)
 
 
 def test_infill_and_fine_tuning_take_the_nugget_covariate(tmp_path):
@@ -156,7 +157,7 @@ def test_infill_and_fine_tuning_take_the_nugget_covariate(tmp_path):
 
     checkpoint = variant_checkpoint(bundled_checkpoint("te-pt-tnp"), tmp_path / "nugget.safetensors",
                                     covariates=["dineof", "spread", "nugget"],
-                                    model_args={"kriging_nugget_input": True})
+                                    model_args={"kriging": {"nugget_input": True}})
     values = np.concatenate([rough_and_smooth(), rough_and_smooth(1)])[:, :32, :32]
     values[2, 8:20, 8:20] = np.nan
     ds = xr.Dataset({"v": (("time", "lat", "lon"), values)},

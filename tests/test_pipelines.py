@@ -245,23 +245,24 @@ def test_bundled_variants_change_only_the_header_and_refuse_what_they_cannot_rea
     from geonp.fill.predictor import bundled_checkpoint
     from pipelines.checkpoint_variants import bundled_variants
 
-    spec = '{"covariates": ["dineof", "mean"], "model_args": {"kriging_slope_prior": "empirical"}}'
+    spec = '{"covariates": ["dineof", "mean"], "model_args": {"kriging": {"slope_prior": "none"}}}'
     made = bundled_variants([f"eb={spec}"], tmp_path)
     tensors, meta = read_checkpoint(made["eb"])
     bundled, old = read_checkpoint(bundled_checkpoint("te-pt-tnp"))
     assert tensors.keys() == bundled.keys() and all((tensors[k] == bundled[k]).all() for k in tensors)
     assert meta["infill"]["covariates"] == ["dineof", "mean"]
     assert meta["model"]["dim_x"] == old["model"]["dim_x"] - len(old["infill"]["covariates"]) + 2
-    assert meta["model"]["kwargs"]["kriging_slope_prior"] == "empirical"
-    assert old["model"]["kwargs"]["kriging_nugget_input"] and not meta["model"]["kwargs"]["kriging_nugget_input"]
+    head, old_head = meta["model"]["kwargs"]["kriging"], old["model"]["kwargs"]["kriging"]
+    assert head["slope_prior"] == "none" and head["neighbours"] == old_head["neighbours"]  # one setting changed
+    assert old_head["nugget_input"] and not head["nugget_input"]
     _, none = read_checkpoint(bundled_variants(['none={"covariates": []}'], tmp_path)["none"])
-    assert none["infill"]["covariates"] == [] and none["model"]["kwargs"]["kriging_covariates"] == 0
+    assert none["infill"]["covariates"] == [] and none["model"]["kwargs"]["kriging"]["covariates"] == 0
     assert none["model"]["dim_x"] == old["model"]["dim_x"] - len(old["infill"]["covariates"]) == 3
     with pytest.raises(SystemExit, match="--variant odd: covariates: a JSON list"):
         bundled_variants(['odd={"covariates": "dineof"}'], tmp_path)
     with pytest.raises(SystemExit, match="--variant odd: covariates: unknown \\['eofs'\\]"):
         bundled_variants(['odd={"covariates": ["eofs"]}'], tmp_path)
-    mismatch = '{"covariates": ["dineof"], "model_args": {"kriging_nugget_input": true}}'
+    mismatch = '{"covariates": ["dineof"], "model_args": {"kriging": {"nugget_input": true}}}'
     with pytest.raises(SystemExit, match="--variant mix: variant: covariates .* lack the nugget share"):
         bundled_variants([f"mix={mismatch}"], tmp_path)
     with pytest.raises(SystemExit, match="--variant bad: not JSON"):
@@ -342,7 +343,7 @@ def test_a_checkpoint_can_be_given_another_drift_in_place(tmp_path):
     shutil.copy(bundled_checkpoint("te-pt-tnp"), path)
     before = read_checkpoint(path)[0]
     tensors, meta = read_checkpoint(variant_checkpoint(path, path, covariates=["dineof"]))
-    assert meta["infill"]["covariates"] == ["dineof"] and meta["model"]["kwargs"]["kriging_covariates"] == 1
+    assert meta["infill"]["covariates"] == ["dineof"] and meta["model"]["kwargs"]["kriging"]["covariates"] == 1
     assert tensors.keys() == before.keys() and all(torch.equal(tensors[k], before[k]) for k in before)
 
 
@@ -443,7 +444,7 @@ def test_validation_nll_scores_a_checkpoint_as_trained_whatever_its_inference_he
                                    "val_tasks": 4, "batch_size": 2, "val_seed": 7}))
     bundled = bundled_checkpoint("te-pt-tnp")
     other = variant_checkpoint(bundled, tmp_path / "other.safetensors", covariates=["dineof", "mean", "spread"],
-                               model_args={"kriging_slope_prior": 1.0})
+                               model_args={"kriging": {"slope_prior": 1.0}})
     scores = validation_nll(cfg, [bundled, other])
     assert math.isfinite(scores[str(bundled)]) and scores[str(bundled)] == scores[str(other)]
 

@@ -31,8 +31,8 @@ from geonp.tasks.windows import Axis, WindowSpec
 MODELS = {name: {} for name in ["tnp", "pt-tnp", "te-tnp", "te-pt-tnp", "cnp", "rcnp", "tnp-kr", "tnp-kr-fast",
                                 "convcnp"]}
 # The flagship's configuration: local attention and local kriging with quadrant neighbours.
-MODELS["te-pt-tnp+kriging"] = {"num_neighbours": 4, "local_kriging": True, "kriging_neighbours": 8,
-                               "kriging_quadrant_dims": [0, 1]}
+MODELS["te-pt-tnp+kriging"] = {"local_attention": {"neighbours": 4},
+                               "kriging": {"neighbours": 8, "quadrant_dims": [0, 1]}}
 QUICK = settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 

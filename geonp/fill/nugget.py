@@ -1,6 +1,6 @@
 """Which nugget te-pt-tnp's kriging head uses on this input: the scene's or the network's own.
 
-A model that takes the ``nugget`` covariate (``kriging_nugget_input``) can weigh its kriging
+A model that takes the ``nugget`` covariate (``kriging.nugget_input``) can weigh its kriging
 neighbours with the nugget share of the variogram fitted to each step of the input
 (:func:`geonp.variogram.step_nugget_shares`), as a geostatistician would, or with the near-zero
 nugget its network predicts. Neither wins everywhere: on history_cv the scene's nugget lowered

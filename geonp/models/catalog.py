@@ -16,13 +16,17 @@ from geonp.models.base import NeuralProcess
 MODELS: dict[str, type[NeuralProcess]] = {}
 #: Each name's presets: preset name -> build keyword overrides.
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {}
+#: Each name's preset when ``build`` is given none.
+DEFAULT_PRESETS: dict[str, str] = {}
 
 
-def register(name: str, presets: dict[str, dict[str, Any]] | None = None) -> Callable[[type], type]:
+def register(name: str, presets: dict[str, dict[str, Any]] | None = None,
+             default: str = "paper") -> Callable[[type], type]:
     """Class decorator: make a model buildable as ``build(name, ...)``.
 
-    ``presets`` maps a preset name to keyword overrides; ``"paper"`` is always the
-    class defaults (the TE-TNP paper's appendix F sizes).
+    ``presets`` maps a preset name to keyword overrides; ``"paper"`` is the class defaults (the
+    papers' sizes) unless ``presets`` names it. ``default``: the preset ``build`` takes when
+    none is named (te-pt-tnp's is the shipped model, ``"shipped"``).
     """
 
     def add(cls: type[NeuralProcess]) -> type[NeuralProcess]:
@@ -30,6 +34,9 @@ def register(name: str, presets: dict[str, dict[str, Any]] | None = None) -> Cal
             raise ValueError(f"model name {name!r} registered twice")
         MODELS[name] = cls
         PRESETS[name] = {"paper": {}, **(presets or {})}
+        if default not in PRESETS[name]:
+            raise ValueError(f"model {name!r}: default preset {default!r} is not one of its presets")
+        DEFAULT_PRESETS[name] = default
         cls.registry_name = name
         return cls
 

@@ -45,6 +45,8 @@ per 16 windows; the slicing alone 1.92 -> 1.14 s and 1.19 -> 0.68 s).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -82,6 +84,59 @@ SLOPE_IDENTIFIED = 1e-4
 NUGGET_SHARE_RANGE = (1e-5, 0.9)
 #: The slopes' priors by name (a positive number is a fixed share of each slope's own precision).
 SLOPE_PRIORS = ("none", "empirical")
+
+
+@dataclass(frozen=True)
+class KrigingConfig:
+    """The local kriging head's settings inside a model (``TEPTTNP(kriging={...})``); none holds a weight.
+
+    Args:
+        neighbours: kriging neighbours per target ``K``.
+        quadrant_dims: two location dimensions (e.g. ``[1, 2]``, rows and columns): the neighbours
+            are then the ``K // 4`` nearest in each quadrant around the target, so targets deep in
+            a gap see its far side too (:func:`~geonp.models.local_attention.nearest_neighbours`);
+            None: the ``K`` nearest.
+        covariates: the model's last ``covariates`` inputs are covariates (what the scene's history
+            predicts at each cell, :mod:`geonp.tasks.history`), not locations: they enter only the
+            head's external drift.
+        slope_prior: how the drift slopes are estimated (:class:`LocalKriging`).
+        nugget_input: the last covariate is not a drift but the scene's nugget share, which sets
+            the head's nugget (the variogram a geostatistician fits per scene).
+    """
+
+    neighbours: int = 64
+    quadrant_dims: tuple[int, int] | None = None
+    covariates: int = 0
+    slope_prior: str | float = "none"
+    nugget_input: bool = False
+
+    @classmethod
+    def from_dict(cls, value: dict[str, Any], dim_x: int) -> KrigingConfig:
+        """Read and check a model header's ``kriging`` entry for a model of ``dim_x`` inputs.
+
+        Raises:
+            ValueError: an unknown key or a value out of range, naming it.
+        """
+        if not isinstance(value, dict):
+            raise ValueError(f"kriging must be a mapping of {', '.join(cls.__dataclass_fields__)}, got {value!r}")
+        unknown = set(value) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(f"kriging: unknown setting(s) {', '.join(sorted(unknown))}; "
+                             f"known: {', '.join(cls.__dataclass_fields__)}")
+        quadrants = value.get("quadrant_dims")
+        cfg = cls(**{**value, "quadrant_dims": None if quadrants is None else tuple(quadrants)})
+        locations = dim_x - cfg.covariates
+        if not 0 <= cfg.covariates < dim_x:
+            raise ValueError(f"kriging covariates must be in 0..{dim_x - 1}, got {cfg.covariates}")
+        if cfg.nugget_input and not cfg.covariates:
+            raise ValueError("kriging nugget_input needs the nugget as the last of the kriging covariates")
+        if cfg.neighbours < 1:
+            raise ValueError(f"kriging neighbours must be at least 1, got {cfg.neighbours}")
+        if cfg.quadrant_dims is not None and (len(cfg.quadrant_dims) != 2
+                                              or not all(0 <= d < locations for d in cfg.quadrant_dims)):
+            raise ValueError(f"kriging quadrant_dims needs two location dimensions in 0..{locations - 1}, "
+                             f"got {list(cfg.quadrant_dims)}")
+        return cfg
 
 
 def variance_gap(gap: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

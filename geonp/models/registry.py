@@ -2,13 +2,15 @@
 
 ``build("te-pt-tnp", dim_x=1, dim_y=1, preset="small", num_pseudo=16)`` picks the
 class registered under that name, applies the named preset (architecture sizes),
-then the explicit overrides. ``save``/``load`` round-trip exactly: the weights go
+then the explicit overrides; ``build("te-pt-tnp", dim_x=6, dim_y=1)`` is the model the
+bundled weights are (its default preset, ``shipped``). ``save``/``load`` round-trip exactly: the weights go
 to safetensors, the name and build arguments to the JSON header; loading rebuilds
 the model from that header and never unpickles anything.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any
 
@@ -16,7 +18,7 @@ import torch
 
 from geonp.checkpoint import read_checkpoint, write_checkpoint
 from geonp.models.base import NeuralProcess
-from geonp.models.catalog import MODELS, PRESETS
+from geonp.models.catalog import DEFAULT_PRESETS, MODELS, PRESETS
 
 #: Build arguments that change how a model computes, not what it computes (memory knobs):
 #: checkpoints that differ only in these describe the same model.
@@ -60,19 +62,31 @@ def presets(name: str) -> dict[str, dict[str, Any]]:
     return {k: dict(v) for k, v in PRESETS[name].items()}
 
 
+def default_preset(name: str) -> str:
+    """The preset :func:`build` takes when none is named (``"paper"``; te-pt-tnp's ``"shipped"``).
+
+    Raises:
+        ValueError: an unknown model name.
+    """
+    _ensure_loaded()
+    _check_name(name)
+    return DEFAULT_PRESETS[name]
+
+
 def _check_name(name: str) -> None:
     if name not in MODELS:
         raise ValueError(f"unknown model name {name!r}; available: {', '.join(sorted(MODELS))}")
 
 
-def build(name: str, dim_x: int, dim_y: int, preset: str = "paper", **overrides: Any) -> NeuralProcess:
+def build(name: str, dim_x: int, dim_y: int, preset: str | None = None, **overrides: Any) -> NeuralProcess:
     """Build a model of the family by name, with freshly initialised weights.
 
     Args:
         name: a registered name (:func:`available`), e.g. ``"te-pt-tnp"``.
         dim_x: number of input dimensions ``Dx`` (e.g. 2 for rows and cols, 3 with time).
         dim_y: number of output dimensions ``Dy`` (variables predicted jointly).
-        preset: named architecture sizes (:func:`presets`): ``"paper"``, ``"small"``, ``"tiny"``.
+        preset: a named set of arguments (:func:`presets`), e.g. ``"paper"``, ``"small"``, ``"tiny"``;
+            None: the model's default (``"paper"``; for te-pt-tnp ``"shipped"``, the bundled model).
         overrides: any constructor argument, set explicitly over the preset's.
 
     Returns:
@@ -84,9 +98,10 @@ def build(name: str, dim_x: int, dim_y: int, preset: str = "paper", **overrides:
     """
     _ensure_loaded()
     _check_name(name)
+    preset = DEFAULT_PRESETS[name] if preset is None else preset
     if preset not in PRESETS[name]:
         raise ValueError(f"unknown preset {preset!r} for model {name!r}; available: {', '.join(PRESETS[name])}")
-    kwargs = {**PRESETS[name][preset], **overrides}
+    kwargs = copy.deepcopy({**PRESETS[name][preset], **overrides})  # the config never shares a preset's lists
     cls = MODELS[name]
     try:
         model = cls(dim_x=dim_x, dim_y=dim_y, **kwargs)
@@ -97,13 +112,23 @@ def build(name: str, dim_x: int, dim_y: int, preset: str = "paper", **overrides:
 
 
 def same_model(config_a: dict[str, Any], config_b: dict[str, Any]) -> bool:
-    """Whether two build configs describe the same model, ignoring :data:`RUNTIME_KEYS`."""
+    """Whether two build configs describe the same model: the same name, sizes and constructor
+    arguments once each preset and the class defaults are filled in (so ``preset="small"`` with the
+    shipped arguments spelt out is te-pt-tnp's ``shipped``), ignoring :data:`RUNTIME_KEYS`."""
+    return _effective(config_a) == _effective(config_b)
 
-    def strip(cfg: dict[str, Any]) -> dict[str, Any]:
-        kwargs = {k: v for k, v in cfg.get("kwargs", {}).items() if k not in RUNTIME_KEYS}
-        return {**{k: v for k, v in cfg.items() if k not in ("kwargs", "preset")}, "kwargs": kwargs}
 
-    return strip(config_a) == strip(config_b)
+def _effective(cfg: dict[str, Any]) -> dict[str, Any]:
+    """A build config's name, sizes and every constructor argument it resolves to."""
+    import inspect
+
+    _ensure_loaded()
+    name = cfg["name"]
+    defaults = {k: p.default for k, p in inspect.signature(MODELS[name]).parameters.items()
+                if p.default is not inspect.Parameter.empty} if name in MODELS else {}
+    preset = PRESETS.get(name, {}).get(cfg.get("preset", "paper"), {})
+    kwargs = {k: v for k, v in {**defaults, **preset, **cfg.get("kwargs", {})}.items() if k not in RUNTIME_KEYS}
+    return {"name": name, "dim_x": cfg.get("dim_x"), "dim_y": cfg.get("dim_y"), "kwargs": kwargs}
 
 
 def save(model: NeuralProcess, path: str | os.PathLike, extra: dict[str, Any] | None = None) -> None:

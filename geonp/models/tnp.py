@@ -17,10 +17,13 @@ TE models add a learnable distance prior to their attention logits by default
 (``distance_prior=False`` is the papers' exact form; see :mod:`geonp.models.te_attention`).
 
 Defaults are the TE-TNP paper's appendix F sizes (token size 128, 8 heads of
-16, 5 layers, M = 32); presets ``small`` and ``tiny`` make CPU training practical.
+16, 5 layers, M = 32); presets ``small`` and ``tiny`` make CPU training practical. te-pt-tnp's
+defaults are instead the model geonp ships (:data:`SHIPPED`), its paper form the ``paper`` preset.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,7 +35,7 @@ from geonp.models.catalog import register
 from geonp.models.layers import mlp
 from geonp.models.likelihood import GaussianHead
 from geonp.models.local_attention import TELocalAttentionBlock, nearest_neighbours
-from geonp.models.local_kriging import LocalKriging
+from geonp.models.local_kriging import KrigingConfig, LocalKriging
 from geonp.models.te_attention import DEFAULT_BLOCK_ELEMS, TEAttentionBlock
 
 _SIZES = {
@@ -49,6 +52,25 @@ _TE = {"small": {"dim_kernel_hidden": 32, "max_block_elems": 2**26},
 
 def _presets(*extra: dict[str, dict]) -> dict[str, dict]:
     return {p: {k: v for e in (_SIZES, *extra) for k, v in e[p].items()} for p in _SIZES}
+
+
+def _local_attention(value: dict[str, Any] | None, dim_x: int) -> tuple[int, list[float] | None]:
+    """A header's ``local_attention`` entry -> ``(neighbours, weights)``; ``(0, None)`` for None.
+
+    Raises:
+        ValueError: an unknown key, fewer than one neighbour, or not one weight per location dimension.
+    """
+    if value is None:
+        return 0, None
+    if not isinstance(value, dict) or "neighbours" not in value or set(value) - {"neighbours", "weights"}:
+        raise ValueError(f"local_attention must be a mapping of neighbours (and weights), got {value!r}")
+    k, weights = value["neighbours"], value.get("weights")
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"local_attention neighbours must be a whole number of at least 1, got {k!r}")
+    if weights is not None and len(weights) != dim_x:
+        raise ValueError(f"local_attention weights need one weight per location dimension ({dim_x}), "
+                         f"got {list(weights)}")
+    return k, None if weights is None else [float(w) for w in weights]
 
 
 class _TransformerNP(NeuralProcess):
@@ -157,7 +179,27 @@ class TETNP(_TETransformerNP):
         return self.head(self.decoder(zt))
 
 
-@register("te-pt-tnp", presets=_presets(_PT, _TE))
+#: The shipped te-pt-tnp (``geonp/weights/te-pt-tnp.safetensors``): the class's defaults and its
+#: ``shipped`` preset, which :func:`geonp.models.build` takes when no preset is named, written out
+#: so that a checkpoint's header names every value. Its inputs: time, rows, cols (a time step counts
+#: as 2 units in the neighbour search: 16 cells) and three covariates in the kriging head (dineof,
+#: spread, nugget: :mod:`geonp.tasks.history`), so ``dim_x = 6``.
+SHIPPED = {
+    "dim_model": 64, "num_heads": 4, "head_dim": 16, "num_layers": 3, "num_pseudo": 32, "dim_kernel_hidden": 32,
+    "max_block_elems": 2**25, "min_scale": 1e-3,
+    "local_attention": {"neighbours": 16, "weights": [2.0, 1.0, 1.0]},
+    "kriging": {"neighbours": 64, "quadrant_dims": [1, 2], "covariates": 3, "slope_prior": "empirical",
+                "nugget_input": True},
+}
+#: The TE-TNP paper's model (appendix F sizes), without geonp's local parts; ``small`` and ``tiny``
+#: are its CPU sizes.
+_PAPER = {"dim_model": 128, "num_heads": 8, "head_dim": 16, "num_layers": 5, "num_pseudo": 32, "dim_kernel_hidden": 128,
+          "max_block_elems": DEFAULT_BLOCK_ELEMS, "local_attention": None, "kriging": None}
+
+
+@register("te-pt-tnp", default="shipped",
+          presets={"shipped": SHIPPED, "paper": _PAPER,
+                   **{name: {**_PAPER, **sizes} for name, sizes in _presets(_PT, _TE).items()}})
 class TEPTTNP(_TETransformerNP):
     """TE-PT-TNP (IST style) with pseudo-locations, and the local parts geonp adds to it.
 
@@ -167,18 +209,20 @@ class TEPTTNP(_TETransformerNP):
     cross-attention pseudo <- context, context <- pseudo, targets <- pseudo, with
     Eq. 10 location updates on the query side.
 
-    Parts, each built from its arguments (the paper's model has only the first and the last):
+    Parts, each built from its arguments (the paper's model, preset ``paper``, has only the first
+    and the last; the defaults are the shipped model, :data:`SHIPPED`):
 
     * the pseudo-token encoder above (``num_pseudo``, ``num_layers``, ...);
-    * local attention (``num_neighbours > 0``): in every layer each target also attends to its
-      ``num_neighbours`` nearest context points (``neighbour_weights`` scale the input
-      dimensions for "nearest"), :class:`~geonp.models.local_attention.TELocalAttentionBlock`;
-    * the local kriging head (``local_kriging``, with local attention): kriging of each target
-      from its ``kriging_neighbours`` nearest context points (in each quadrant of
-      ``kriging_quadrant_dims``), with an exponential covariance the network predicts per target
-      and an external drift on the last ``kriging_covariates`` inputs
-      (:class:`~geonp.models.local_kriging.LocalKriging`). Its mean is the predicted mean; its mean
-      and log variance join the target tokens, from which the decoder sets sigma;
+    * local attention (``local_attention``: ``{"neighbours": k, "weights": [w per location
+      dimension]}``): in every layer each target also attends to its ``k`` nearest context points
+      (``weights`` scale the location dimensions for "nearest"; None: 1 each),
+      :class:`~geonp.models.local_attention.TELocalAttentionBlock`;
+    * the local kriging head (``kriging``, a :class:`~geonp.models.local_kriging.KrigingConfig`
+      mapping; needs local attention): kriging of each target from its nearest context points,
+      with an exponential covariance the network predicts per target and an external drift on
+      the last ``covariates`` inputs (:class:`~geonp.models.local_kriging.LocalKriging`). Its mean
+      is the predicted mean; its mean and log variance join the target tokens, from which the
+      decoder sets sigma;
     * the Gaussian likelihood (``min_scale``).
 
     Variants that lost (a learned gate or gain between decoder and kriging means, raw neighbour
@@ -189,31 +233,23 @@ class TEPTTNP(_TETransformerNP):
     and history pages.
     """
 
-    def __init__(self, dim_x: int, dim_y: int, dim_model: int = 128, num_heads: int = 8, head_dim: int = 16,
-                 num_layers: int = 5, num_pseudo: int = 32, dim_kernel_hidden: int = 128,
-                 max_block_elems: int = DEFAULT_BLOCK_ELEMS, min_scale: float = 1e-3, num_neighbours: int = 0,
-                 neighbour_weights: list[float] | None = None, local_kriging: bool = False,
-                 kriging_neighbours: int = 0, kriging_quadrant_dims: list[int] | None = None,
-                 kriging_covariates: int = 0, kriging_slope_prior: str | float = "none",
-                 kriging_nugget_input: bool = False) -> None:
+    def __init__(self, dim_x: int, dim_y: int, dim_model: int = SHIPPED["dim_model"],
+                 num_heads: int = SHIPPED["num_heads"], head_dim: int = SHIPPED["head_dim"],
+                 num_layers: int = SHIPPED["num_layers"], num_pseudo: int = SHIPPED["num_pseudo"],
+                 dim_kernel_hidden: int = SHIPPED["dim_kernel_hidden"],
+                 max_block_elems: int = SHIPPED["max_block_elems"], min_scale: float = SHIPPED["min_scale"],
+                 local_attention: dict[str, Any] | None = SHIPPED["local_attention"],
+                 kriging: dict[str, Any] | None = SHIPPED["kriging"]) -> None:
         super().__init__(dim_x, dim_y, dim_model, min_scale)
-        with_kriging = local_kriging and num_neighbours > 0
-        # kriging_covariates: the last inputs are covariates, not locations (e.g. what the scene's
-        # history predicts at each cell, geonp.tasks.history); they enter only the local kriging head's
+        if kriging is not None and local_attention is None:
+            raise ValueError("the kriging head needs local attention (local_attention: {neighbours: k, ...})")
+        head = None if kriging is None else KrigingConfig.from_dict(kriging, dim_x)
+        # The last inputs may be covariates, not locations; they enter only the kriging head's
         # external drift, so the transformer, its weights and its equivariance are those of the
-        # first dim_x - kriging_covariates inputs.
-        if kriging_covariates and not with_kriging:
-            raise ValueError("kriging_covariates needs the local kriging head (local_kriging, num_neighbours > 0)")
-        if not 0 <= kriging_covariates < dim_x:
-            raise ValueError(f"kriging_covariates must be in 0..{dim_x - 1}, got {kriging_covariates}")
-        self.kriging_covariates = self.covariate_inputs = kriging_covariates
-        dim_x = dim_x - kriging_covariates  # the location inputs, from here on
-        # kriging_nugget_input: the last covariate is not a drift but the scene's nugget share (the
-        # ``nugget`` covariate, geonp.tasks.history), which sets the head's nugget: the variogram a
-        # geostatistician fits per scene, where the network's own nugget barely varies.
-        if kriging_nugget_input and not kriging_covariates:
-            raise ValueError("kriging_nugget_input needs the nugget as the last of kriging_covariates")
-        self.kriging_nugget_input = bool(kriging_nugget_input)
+        # first dim_x - covariates inputs.
+        self.kriging_covariates = self.covariate_inputs = 0 if head is None else head.covariates
+        self.kriging_nugget_input = head is not None and head.nugget_input
+        dim_x = dim_x - self.kriging_covariates  # the location inputs, from here on
 
         # The encoder: pseudo-tokens and their locations, TE cross-attention blocks.
         self.pseudo = nn.Parameter(torch.randn(num_pseudo, dim_model))  # u0 [M, Dz]
@@ -226,29 +262,19 @@ class TEPTTNP(_TETransformerNP):
         self.to_pseudo, self.to_context, self.to_target = (self._te_blocks(*args) for _ in range(3))
 
         # Local attention: targets also attend to their k nearest context points, in every layer.
-        if neighbour_weights is not None and len(neighbour_weights) != dim_x:
-            raise ValueError(f"neighbour_weights needs one weight per input dimension ({dim_x}), "
-                             f"got {list(neighbour_weights)}")
-        self.num_neighbours = num_neighbours
-        self.register_buffer("neighbour_weights", None if neighbour_weights is None
-                             else torch.tensor(neighbour_weights, dtype=torch.float32), persistent=False)
-        self.target_local = None if num_neighbours == 0 else nn.ModuleList(
+        self.num_neighbours, weights = _local_attention(local_attention, dim_x)
+        self.register_buffer("neighbour_weights", None if weights is None
+                             else torch.tensor(weights, dtype=torch.float32), persistent=False)
+        self.target_local = None if self.num_neighbours == 0 else nn.ModuleList(
             TELocalAttentionBlock(dim_model, num_heads, head_dim, dim_x, dim_kernel_hidden, True,
                                   max_block_elems) for _ in range(num_layers))
 
-        # The local kriging head (geonp.models.local_kriging). kriging_quadrant_dims: two input
-        # dimensions (e.g. [1, 2], rows and columns); the kriging neighbours are then the
-        # kriging_neighbours // 4 nearest in each quadrant around the target (see
-        # nearest_neighbours), so targets deep inside a gap see its far side too.
-        self.kriging_neighbours = kriging_neighbours or num_neighbours
-        if kriging_quadrant_dims is not None and (len(kriging_quadrant_dims) != 2
-                                                  or not all(0 <= d < dim_x for d in kriging_quadrant_dims)):
-            raise ValueError(f"kriging_quadrant_dims needs two input dimensions in 0..{dim_x - 1}, "
-                             f"got {kriging_quadrant_dims}")
-        self.kriging_quadrant_dims = None if kriging_quadrant_dims is None else tuple(kriging_quadrant_dims)
+        # The local kriging head (geonp.models.local_kriging).
+        self.kriging_neighbours = 0 if head is None else head.neighbours
+        self.kriging_quadrant_dims = None if head is None else head.quadrant_dims
         self.kriging = None
-        if with_kriging:
-            self.kriging = LocalKriging(dim_model, dim_x, "exponential", neighbour_weights, kriging_slope_prior)
+        if head is not None:
+            self.kriging = LocalKriging(dim_model, dim_x, "exponential", weights, head.slope_prior)
             # Its mean and log variance join the target tokens (zero-initialised: a model grown
             # with the head keeps its sigma; its mean is the kriging mean from the start).
             self.kriging_in = nn.Linear(dim_y + 1, dim_model)
@@ -269,7 +295,7 @@ class TEPTTNP(_TETransformerNP):
     def predict_per_nugget(self, xc: torch.Tensor, yc: torch.Tensor, xt: torch.Tensor, mask_c: torch.Tensor | None,
                            mask_t: torch.Tensor | None, nuggets: list[float | None]) -> list[Normal]:
         """One prediction per entry of ``nuggets``: the targets' nugget share (the last input,
-        ``kriging_nugget_input``) as ``xt`` gives it (``None``) or set to that number everywhere.
+        ``kriging.nugget_input``) as ``xt`` gives it (``None``) or set to that number everywhere.
 
         Equal to calling the model once per entry with ``xt[..., -1]`` changed, at the cost of one
         call: only the kriging head reads the nugget, so the transformer runs once and the head once
@@ -277,7 +303,7 @@ class TEPTTNP(_TETransformerNP):
         model's call (``NeuralProcess.forward``); each ``Normal`` has ``loc``/``scale`` ``[B, Nt, Dy]``.
         """
         if not self.kriging_nugget_input:
-            raise ValueError("predict_per_nugget needs a model that takes the nugget (kriging_nugget_input)")
+            raise ValueError("predict_per_nugget needs a model that takes the nugget (kriging nugget_input)")
         xc, yc, xt, mask_c, mask_t = check_inputs(self, xc, yc, xt, mask_c, mask_t)
         return self._predict(xc, yc, xt, mask_c, mask_t, nuggets)
 

@@ -47,13 +47,13 @@ def unscaled_count(names: list[str] | tuple[str, ...]) -> int:
 
 def check_nugget_input(names: list[str] | tuple[str, ...], takes_nugget: bool, where: str) -> None:
     """ValueError (one line, naming ``where``) unless the covariates ``names`` end with ``nugget``
-    exactly when the model takes its last covariate as the head's nugget (``kriging_nugget_input``):
+    exactly when the model takes its last covariate as the head's nugget (``kriging.nugget_input``):
     a share read as a drift, or a drift read as a share, would fill without a word of warning."""
     has = unscaled_count(names) > 0
     if has != bool(takes_nugget):
         raise ValueError(f"{where}: covariates {list(names)} " + (
-            "end with the nugget share, which needs model_args kriging_nugget_input: true" if has else
-            "lack the nugget share the model takes (kriging_nugget_input); add nugget as the last covariate"))
+            "end with the nugget share, which needs model_args kriging: {nugget_input: true}" if has else
+            "lack the nugget share the model takes (kriging nugget_input); add nugget as the last covariate"))
 
 
 def is_flat(maps: np.ndarray) -> bool:

@@ -65,7 +65,7 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
       variogram fitted to what the covariates before it leave of its observed cells
       (:func:`geonp.variogram.drift_residuals`, :func:`geonp.variogram.step_nugget_shares`), one number over the
       step (the median step's where a step has too few cells); te-pt-tnp's kriging head takes it
-      as its nugget (``kriging_nugget_input``), as a geostatistician fits the variogram of the
+      as its nugget (``kriging.nugget_input``), as a geostatistician fits the variogram of the
       residuals from the drift per scene. A share, not in the field's units: it must come last
       among the names (:func:`geonp.tasks.covariate_maps.unscaled_count`).
 

@@ -31,11 +31,11 @@ from pipelines.provenance import REPO, header
 #: (label, model name, build keywords): the bundled te-pt-tnp and its local-attention variant.
 MODELS = [
     ("te-pt-tnp tiny M=32", "te-pt-tnp", {"preset": "tiny", "num_pseudo": 32}),
-    ("te-pt-tnp tiny M=32 k=16", "te-pt-tnp", {"preset": "tiny", "num_pseudo": 32, "num_neighbours": 16,
-                                                "neighbour_weights": [0.25, 1.0, 1.0]}),
+    ("te-pt-tnp tiny M=32 k=16", "te-pt-tnp", {"preset": "tiny", "num_pseudo": 32,
+                                                "local_attention": {"neighbours": 16, "weights": [0.25, 1.0, 1.0]}}),
     ("te-pt-tnp flagship (k=16, kriging k=64)", "te-pt-tnp",
-     {"preset": "tiny", "num_pseudo": 32, "num_neighbours": 16, "neighbour_weights": [2.0, 1.0, 1.0],
-      "local_kriging": True, "kriging_neighbours": 64}),
+     {"preset": "tiny", "num_pseudo": 32, "local_attention": {"neighbours": 16, "weights": [2.0, 1.0, 1.0]},
+      "kriging": {"neighbours": 64}}),
     ("te-tnp tiny", "te-tnp", {"preset": "tiny"}),
 ]
 

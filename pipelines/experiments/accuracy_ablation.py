@@ -27,7 +27,6 @@ a variant run now replaces its row).
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import time
 from pathlib import Path
@@ -42,7 +41,7 @@ from geonp.device import resolve_device
 from geonp.evaluate import evaluate
 from geonp.tasks.windows import WindowSpec
 from geonp.train import TrainConfig, train
-from pipelines.checkpoint_variants import variant_checkpoint
+from pipelines.checkpoint_variants import merged, variant_checkpoint
 from pipelines.provenance import REPO, git_commit, header
 from pipelines.scenes import TEST, VALIDATION
 
@@ -51,14 +50,6 @@ RESULTS = REPO / "pipelines" / "results" / "accuracy_ablation.md"
 #: name -> (file, variable, open_satellite keywords, crop): parts of the satellite_cv products
 #: that neither training nor the test crops touch.
 SPLITS = {"val": (VALIDATION, 1), "test": (TEST, 0)}
-
-
-def merged(base: dict, overrides: dict) -> dict:
-    """``base`` with ``overrides`` merged in, mappings recursively (lists and values replaced)."""
-    out = copy.deepcopy(base)
-    for key, value in overrides.items():
-        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
 
 
 def load_variants() -> dict[str, dict]:

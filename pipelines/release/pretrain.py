@@ -22,8 +22,10 @@ from pathlib import Path
 import torch
 import yaml
 
-from geonp.checkpoint import read_checkpoint
+from geonp.checkpoint import read_checkpoint, write_checkpoint
 from geonp.device import resolve_device
+from geonp.models import build
+from geonp.models.registry import same_model
 from geonp.train import TrainConfig, train
 from pipelines.checkpoint_variants import variant_checkpoint
 from pipelines.provenance import REPO, git_commit, header
@@ -38,10 +40,9 @@ WEIGHTS = REPO / "geonp" / "weights"
 #: 0.2189 / 1.310 / 1.747; the gate was removed after commit 3ab7466). The drift slopes' prior
 #: is empirical Bayes (chosen on history_cv's validation split: geometric mean CRPS over the five
 #: products 1.5% below each target's own slopes with the default 30 fit steps, RMSE 1.6%).
-#: Its kriging head takes the scene's nugget share as its last covariate (``kriging_nugget_input``),
+#: Its kriging head takes the scene's nugget share as its last covariate (``kriging.nugget_input``),
 #: used where infill's ``--nugget auto`` finds it better on the input's own cells (geonp.fill.nugget).
-AT_INFERENCE = {"te-pt-tnp": {"kriging_quadrant_dims": [1, 2], "kriging_slope_prior": "empirical",
-                              "kriging_nugget_input": True}}
+AT_INFERENCE = {"te-pt-tnp": {"kriging": {"quadrant_dims": [1, 2], "slope_prior": "empirical", "nugget_input": True}}}
 #: History covariates the exported header asks infill for, in the kriging drift (which holds no
 #: weight): te-pt-tnp trained with ``dineof`` takes ``spread`` beside it, chosen on history_cv's
 #: validation split (``dineof-spread``: geometric mean CRPS over the five products 0.8% below
@@ -49,6 +50,20 @@ AT_INFERENCE = {"te-pt-tnp": {"kriging_quadrant_dims": [1, 2], "kriging_slope_pr
 #: step's ``nugget`` share last, for the head (``small-auto``: geometric mean CRPS 1.8% below the
 #: weights without it, RMSE 1.4%, with ``--nugget auto``).
 COVARIATES_AT_INFERENCE = {"te-pt-tnp": ["dineof", "spread", "nugget"]}
+
+
+def shipped_header(path: Path) -> None:
+    """Give an exported checkpoint the header ``build(name, dim_x, dim_y)`` gives, when it is that
+    model (:func:`geonp.models.registry.same_model`): the bundled te-pt-tnp is then its class's
+    default, ``preset: shipped``, rather than the training preset with the shipped arguments spelt out."""
+    tensors, meta = read_checkpoint(path)
+    cfg = meta["model"]
+    try:
+        default = build(cfg["name"], cfg["dim_x"], cfg["dim_y"]).config
+    except ValueError:  # the default model does not take these inputs: not the shipped one
+        return
+    if same_model(cfg, default) and cfg != default:
+        write_checkpoint(path, tensors, {**meta, "model": default})
 
 
 def _configs(models: list[str] | None) -> list[Path]:
@@ -85,6 +100,7 @@ def _run(path: Path, export_only: bool, trained_at: str | None) -> dict:
                            covariates=COVARIATES_AT_INFERENCE.get(cfg.model))
     else:
         shutil.copyfile(model, WEIGHTS / f"{cfg.model}.safetensors")
+    shipped_header(WEIGHTS / f"{cfg.model}.safetensors")
     done = json.loads(summary.read_text())
     return {"model": cfg.model, "preset": cfg.preset, "parameters": sum(t.numel() for t in tensors.values()),
             "steps": done["step"], "tasks": done["step"] * cfg.batch_size, "elapsed_s": round(done["elapsed_s"]),

@@ -25,7 +25,7 @@ from pipelines.checkpoint_variants import variant_checkpoint
 from pipelines.release.pretrain import AT_INFERENCE
 
 #: The defaults the inference-only choices are set back to (the trained model's own).
-TRAINED_DEFAULTS = {"kriging_slope_prior": "none"}
+TRAINED_DEFAULTS = {"kriging": {"slope_prior": "none"}}
 
 
 def validation_nll(config: Path, checkpoints: list[Path]) -> dict[str, float]:
@@ -34,7 +34,7 @@ def validation_nll(config: Path, checkpoints: list[Path]) -> dict[str, float]:
     data = {k: v for k, v in cfg.data.items() if k not in ("name", "files")}
     source = make_task_source(cfg.data["name"], **data)
     val = source.validation(cfg.val_tasks, cfg.batch_size, seed=cfg.val_seed)
-    undo = {k: TRAINED_DEFAULTS[k] for k in AT_INFERENCE.get(cfg.model, {}) if k in TRAINED_DEFAULTS}
+    undo = {k: TRAINED_DEFAULTS[k] for k in AT_INFERENCE.get(cfg.model, {}) if k in TRAINED_DEFAULTS}  # merged in
     scores = {}
     with tempfile.TemporaryDirectory() as tmp:
         for path in checkpoints:

@@ -156,3 +156,39 @@ def test_the_accessor_takes_samples():
 
     out = smooth_cube(t=1, r=20, c=24).geonp.infill("sst", model="linear", samples=2)
     assert out["sst_sample"].sizes["sample"] == 2 and out["sst_sample"].dims[1:] == out["sst"].dims
+
+
+def test_the_errors_correlation_rule_is_a_choice_of_the_caller():
+    """``correlation_fit`` replaces the scene's variogram: without its nugget, neighbouring cells near
+    the cloud's rim err more alike (an experiment's variant, pipelines.experiments.samples_check)."""
+    truth, values, gaps = scene()
+    values = values + np.random.default_rng(3).normal(0, 0.8, values.shape)  # a rough scene: a real nugget
+    mean, std, _ = krige_scene(values, np.ones(values.shape, bool))
+    share = scene_correlation(values)[1]
+    assert share > 0.05
+
+    def rim_correlation(fit) -> float:
+        drawn = draw_samples(values, mean, std, gaps, 200, np.random.default_rng(4), correlation_fit=fit)
+        err = drawn[:, 12:36, 16:18] - mean[12:36, 16:18]  # the cloud's first two columns
+        a, b = err[:, :, 0], err[:, :, 1]
+        return float(np.mean(a * b) / np.sqrt(np.mean(a**2) * np.mean(b**2)))
+
+    smooth = rim_correlation(lambda v: (scene_correlation(v)[0], 0.0))
+    assert smooth > rim_correlation(scene_correlation) + 0.1
+
+
+def test_the_samples_check_scores_every_variant_from_one_fill(monkeypatch):
+    import xarray as xr
+
+    import geonp.fill.engine as engine
+    from pipelines.experiments import samples_check
+
+    truth, _, _ = scene()
+    ds = xr.Dataset({"v": (("lat", "lon"), truth)}, coords={"lat": np.arange(48) * 0.1, "lon": np.arange(56) * 0.1})
+    calls = []
+    real = engine.infill
+    monkeypatch.setattr(engine, "infill", lambda *a, **k: calls.append(1) or real(*a, **k))
+    rows = samples_check.check_scene(ds, "v", None, "linear", 8, 0, ["scene", "no-nugget", "range2"])
+    assert len(calls) == 1 and [r["variant"] for r in rows] == ["scene", "no-nugget", "range2"]
+    assert len({r["rmse"] for r in rows}) == 1  # one fill
+    assert len({r["energy"] for r in rows}) == 3 and all(r["spread_ratio"] > 0.5 for r in rows)

@@ -23,6 +23,8 @@ once per scene and reused for every sample; memory is a few copies of the scene.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import dask
 import dask.array
 import numpy as np
@@ -118,8 +120,13 @@ def conditioning_weights(observed: np.ndarray, gaps: np.ndarray, range_cells: fl
     return near, weights, sd
 
 
+#: ``values [R, C]`` (NaN at gaps) -> ``(range_cells, nugget_share)`` of the errors' correlation.
+CorrelationFit = Callable[[np.ndarray], tuple[float, float]]
+
+
 def draw_samples(values: np.ndarray, mean: np.ndarray, std: np.ndarray, gaps: np.ndarray, n: int,
-                 rng: np.random.Generator, neighbours: int = NEIGHBOURS) -> np.ndarray:
+                 rng: np.random.Generator, neighbours: int = NEIGHBOURS,
+                 correlation_fit: CorrelationFit = scene_correlation) -> np.ndarray:
     """``n`` coherent samples ``[n, R, C]`` of one filled scene (the module's construction).
 
     Args:
@@ -129,6 +136,8 @@ def draw_samples(values: np.ndarray, mean: np.ndarray, std: np.ndarray, gaps: np
         n: samples.
         rng: the random stream (a given seed gives the same samples).
         neighbours: observed cells conditioning each gap cell.
+        correlation_fit: the errors' correlation from the scene (:func:`scene_correlation`, the
+            scene's own variogram; another rule is an experiment's, ``pipelines.experiments.samples_check``).
 
     Returns:
         Samples equal to ``values`` at observed cells, draws at ``gaps``, NaN elsewhere.
@@ -137,7 +146,7 @@ def draw_samples(values: np.ndarray, mean: np.ndarray, std: np.ndarray, gaps: np
     out = np.where(observed, values, np.nan)[None].repeat(n, 0)
     if not gaps.any():
         return out
-    range_cells, nugget_share = scene_correlation(values)
+    range_cells, nugget_share = correlation_fit(values)
     near, weights, sd = conditioning_weights(observed, gaps, range_cells, nugget_share, neighbours)
     fields = unconditional(values.shape, n, range_cells, nugget_share, rng)
     conditioned = fields[:, gaps]
@@ -149,20 +158,21 @@ def draw_samples(values: np.ndarray, mean: np.ndarray, std: np.ndarray, gaps: np
 
 
 
-def with_samples(out: xr.Dataset, variables: list[str], n: int, seed: int) -> xr.Dataset:
+def with_samples(out: xr.Dataset, variables: list[str], n: int, seed: int,
+                 correlation_fit: CorrelationFit = scene_correlation) -> xr.Dataset:
     """``out`` (the fill's layers ``v``, ``v_std``, ``v_flag`` in the working convention, rows and
     columns last) with ``v_sample [sample, *v.dims]`` per variable: ``n`` samples of every scene
     (each index of the leading dimensions), drawn lazily one scene at a time, so that writing them
     holds one scene's ``n`` samples in memory, never the cube's. Reproducible: scene ``i``'s stream
     is ``default_rng([seed, 15331, i])``, whatever the order scenes are computed in. Chunked one
-    sample of one scene per chunk."""
+    sample of one scene per chunk. ``correlation_fit``: as for :func:`draw_samples`."""
     out = out.copy()
     for v in variables:
         layer = out[v]
         lead = layer.shape[:-2]
         flat = [layer.data, out[f"{v}_std"].data, out[f"{v}_flag"].data]
         pieces = [dask.array.from_delayed(
-            dask.delayed(_scene_samples)(*(a[index] for a in flat), n, seed, i),
+            dask.delayed(_scene_samples)(*(a[index] for a in flat), n, seed, i, correlation_fit),
             shape=(n, *layer.shape[-2:]), dtype=np.float32) for i, index in enumerate(np.ndindex(*lead))]
         stacked = dask.array.stack(pieces, axis=1).reshape((n, *layer.shape)) if lead else pieces[0]
         attrs = {k: layer.attrs[k] for k in ("units", "standard_name") if k in layer.attrs}
@@ -174,10 +184,11 @@ def with_samples(out: xr.Dataset, variables: list[str], n: int, seed: int) -> xr
 
 
 def _scene_samples(values: np.ndarray, std: np.ndarray, flag: np.ndarray, n: int, seed: int,
-                   index: int) -> np.ndarray:
+                   index: int, correlation_fit: CorrelationFit) -> np.ndarray:
     """``n`` samples ``[n, R, C]`` (float32) of one filled scene from its stored layers."""
     values, std, flag = (np.asarray(a) for a in (values, std, flag))
     observed = np.where(flag == FLAG_OBSERVED, values, np.nan).astype(np.float64)
     gaps = (flag == FLAG_INFILLED) & np.isfinite(values) & np.isfinite(std)
     rng = np.random.default_rng([seed, 15331, index])
-    return draw_samples(observed, values.astype(np.float64), std.astype(np.float64), gaps, n, rng).astype(np.float32)
+    return draw_samples(observed, values.astype(np.float64), std.astype(np.float64), gaps, n, rng,
+                        correlation_fit=correlation_fit).astype(np.float32)

@@ -2,6 +2,8 @@
 
     python -m pipelines.experiments.samples_check --split validation --models kriging te-pt-tnp
     python -m pipelines.experiments.samples_check --split validation --scenes olci_chl#0 --samples 32
+    python -m pipelines.experiments.samples_check --split validation --models kriging \
+        --variants scene no-nugget range2 --out pipelines/results/samples_variants_validation
 
 Each scene of the suite (``pipelines.suite_scenes``) is hidden and filled as the suite does
 (``geonp.evaluate``, the model's defaults) with ``--samples`` coherent samples (conditional
@@ -11,6 +13,9 @@ taken from the same mean and sigma. Both are scored at the hidden cells
 the means of each contiguous hidden patch and of each 8 x 8 block (groups of 2 cells or more);
 and the samples' per-cell spread over the fill's sigma (median). Writes
 ``pipelines/results/samples_check_<split>.md`` and ``.json``.
+
+``--variants`` draws the samples of one fill with other rules for the errors' correlation
+(:data:`VARIANTS`; ``scene`` is geonp's, the scene's own variogram), one row each.
 """
 
 from __future__ import annotations
@@ -24,18 +29,57 @@ import xarray as xr
 
 from geonp.device import resolve_device
 from geonp.evaluate import evaluate
+from geonp.fill.samples import CorrelationFit, scene_correlation, with_samples
 from pipelines.provenance import REPO, git_commit, header
 from pipelines.suite_scenes import SPLITS, draw, load
 
 FIGURES = ("energy", "variogram", "patch_cov90", "block_cov90")
 
 
-def check_scene(ds: xr.Dataset, variable: str, under: np.ndarray, model: str, n: int, seed: int) -> dict:
-    """Fill one scene as the suite does, with ``n`` samples, and score them both ways (``geonp.evaluate``)."""
-    res = evaluate(ds, variable, [model], seed=seed, options={"device": "auto"}, hide_under=under, samples=n)
-    row = res["rows"][0]
-    return {"hidden_cells": res["hidden_cells"], "rmse": row["rmse"], "crps": row["crps"], "wall_s": row["wall_s"],
-            **row["samples"]}
+def _no_nugget(values: np.ndarray) -> tuple[float, float]:
+    return scene_correlation(values)[0], 0.0
+
+
+def _range2(values: np.ndarray) -> tuple[float, float]:
+    range_cells, nugget_share = scene_correlation(values)
+    return 2.0 * range_cells, nugget_share
+
+
+#: Rules for the errors' correlation (``geonp.fill.samples.draw_samples``' ``correlation_fit``):
+#: the scene's variogram as fitted (geonp's), without its nugget (the fill's sigma already holds
+#: the noise; the errors are the smooth part's), and with twice its range (errors of a fill vary
+#: more slowly than the field).
+VARIANTS: dict[str, CorrelationFit] = {"scene": scene_correlation, "no-nugget": _no_nugget, "range2": _range2}
+
+
+def check_scene(ds: xr.Dataset, variable: str, under: np.ndarray, model: str, n: int, seed: int,
+                variants: list[str] | None = None) -> list[dict]:
+    """Fill one scene as the suite does, with ``n`` samples, and score them both ways (``geonp.evaluate``);
+    one row per variant of the errors' correlation, all drawn from the one fill."""
+    from geonp.fill.engine import infill
+
+    fills: dict[str, xr.Dataset] = {}
+
+    def fill_once(fit: CorrelationFit):
+        def fill(data, name, model_name, samples=0, seed=0, **kwargs):
+            if name not in fills:
+                fills[name] = infill(data, name, model_name, seed=seed, **kwargs).compute()
+            return with_samples(fills[name], [name], samples, seed, fit)
+        return fill
+
+    rows = []
+    for variant in variants or ["scene"]:
+        res = evaluate(ds, variable, [model], seed=seed, options={"device": "auto"}, hide_under=under, samples=n,
+                       infill_fn=fill_once(VARIANTS[variant]))
+        row = res["rows"][0]
+        rows.append({"variant": variant, "hidden_cells": res["hidden_cells"], "rmse": row["rmse"],
+                     "crps": row["crps"], "wall_s": row["wall_s"], **row["samples"]})
+    return rows
+
+
+def _label(r: dict) -> str:
+    """A row's model, with its correlation rule when not geonp's."""
+    return r["model"] if r.get("variant", "scene") == "scene" else f"{r['model']} ({r['variant']})"
 
 
 def write(path: Path, text: str, rows: list[dict], n: int) -> None:
@@ -45,18 +89,19 @@ def write(path: Path, text: str, rows: list[dict], n: int) -> None:
              "| scene | model | hidden | energy | variogram | patch cov90 | 8x8 block cov90 "
              "| spread / sigma | fill and samples s |", "|---|---|---:|---|---|---|---|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['scene']} | {r['model']} | {r['hidden_cells']} "
+        lines.append(f"| {r['scene']} | {_label(r)} | {r['hidden_cells']} "
                      + " ".join(f"| {r[f]:.4g} / {r['independent_' + f]:.4g}" for f in FIGURES)
                      + f" | {r['spread_ratio']:.3f} | {r['wall_s']:.0f} |")
-    for model in sorted({r["model"] for r in rows}):
-        mine = [r for r in rows if r["model"] == model]
+    for model in sorted({_label(r) for r in rows}):
+        mine = [r for r in rows if _label(r) == model]
         better = {f: sum(r[f] < r["independent_" + f] for r in mine) for f in ("energy", "variogram")}
         cov = {f: [np.nanmean([r[k + f] for r in mine]) for k in ("", "independent_")]
                for f in ("patch_cov90", "block_cov90")}
         lines.append(f"\n- {model}: coherent samples score better on {better['energy']} / {len(mine)} scenes by "
                      f"energy score, {better['variogram']} / {len(mine)} by variogram score; mean block-mean "
                      f"coverage, patches {cov['patch_cov90'][0]:.2f} against {cov['patch_cov90'][1]:.2f}, "
-                     f"8x8 blocks {cov['block_cov90'][0]:.2f} against {cov['block_cov90'][1]:.2f}")
+                     f"8x8 blocks {cov['block_cov90'][0]:.2f} against {cov['block_cov90'][1]:.2f}; "
+                     f"spread / sigma {np.nanmedian([r['spread_ratio'] for r in mine]):.2f} (median over scenes)")
     path.write_text("\n".join(lines) + "\n")
     path.with_suffix(".json").write_text(json.dumps({"header": text, "rows": rows}, indent=1) + "\n")
 
@@ -68,22 +113,25 @@ def main() -> None:
     parser.add_argument("--scenes", nargs="*", default=None)
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--variants", nargs="*", default=["scene"], choices=list(VARIANTS),
+                        help="rules for the errors' correlation, each drawn from the same fill (default: geonp's)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="results path without suffix (default: pipelines/results/samples_check_<split>)")
     args = parser.parse_args()
     scenes = [s for s in draw(args.split) if not args.scenes or s.name in args.scenes]
     if args.scenes and len(scenes) != len(set(args.scenes)):
         parser.error(f"--scenes: not all in the {args.split} split")
-    out = REPO / "pipelines" / "results" / f"samples_check_{args.split}.md"
+    out = (args.out or REPO / "pipelines" / "results" / f"samples_check_{args.split}").with_suffix(".md")
     text = header(f"Coherent samples against independent draws ({args.split} split)", resolve_device("auto"),
                   f"{args.samples} samples; each model with its defaults, as the suite fills")
     rows = []
     for scene in scenes:
         ds, variable, under = load(scene)
         for model in args.models:
-            row = {"scene": scene.name, "model": model, "commit": git_commit(),
-                   **check_scene(ds, variable, under, model, args.samples, args.seed)}
-            rows.append(row)
-            print(f"{scene.name} {model}: " + ", ".join(f"{f} {row[f]:.4g} / {row['independent_' + f]:.4g}"
-                                                       for f in FIGURES), flush=True)
+            for row in check_scene(ds, variable, under, model, args.samples, args.seed, args.variants):
+                rows.append({"scene": scene.name, "model": model, "commit": git_commit(), **row})
+                print(f"{scene.name} {model} {row['variant']}: " + ", ".join(
+                    f"{f} {row[f]:.4g} / {row['independent_' + f]:.4g}" for f in FIGURES), flush=True)
         write(out, text, rows, args.samples)
     print(out.read_text())
 

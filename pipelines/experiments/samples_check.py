@@ -31,6 +31,7 @@ from geonp.device import resolve_device
 from geonp.evaluate import evaluate
 from geonp.fill.samples import CorrelationFit, scene_correlation, with_samples
 from pipelines.provenance import REPO, git_commit, header
+from pipelines.suite_rule import geometric_interval, load_rows
 from pipelines.suite_scenes import SPLITS, draw, load
 
 FIGURES = ("energy", "variogram", "patch_cov90", "block_cov90")
@@ -82,7 +83,55 @@ def _label(r: dict) -> str:
     return r["model"] if r.get("variant", "scene") == "scene" else f"{r['model']} ({r['variant']})"
 
 
-def write(path: Path, text: str, rows: list[dict], n: int) -> None:
+def variant_lines(rows: list[dict]) -> list[str]:
+    """Each variant against geonp's rule (``scene``), per model: the geometric mean over scenes of the
+    energy and variogram score ratios with 95% intervals (scenes resampled), and how far the mean
+    block-mean coverages lie from 0.90."""
+    lines = []
+    for model in sorted({r["model"] for r in rows}):
+        base = {r["scene"]: r for r in rows if r["model"] == model and r.get("variant", "scene") == "scene"}
+        for variant in sorted({r.get("variant", "scene") for r in rows} - {"scene"}):
+            mine = {r["scene"]: r for r in rows if r["model"] == model and r.get("variant") == variant}
+            both = sorted(set(mine) & set(base))
+            if not both:
+                continue
+            parts = []
+            for f in ("energy", "variogram"):
+                g, low, high = geometric_interval([mine[s][f] / base[s][f] for s in both])
+                parts.append(f"{f} x{g:.4f} [{low:.4f}, {high:.4f}]")
+            for f in ("patch_cov90", "block_cov90"):
+                off = [np.nanmean([abs(d[s][f] - 0.9) for s in both]) for d in (mine, base)]
+                parts.append(f"{f} mean |cov - 0.90| {off[0]:.3f} against {off[1]:.3f}")
+            lines.append(f"- {model} ({variant}) against {model} ({len(both)} scenes): " + "; ".join(parts))
+    return lines
+
+
+def calibration_lines(rows: list[dict], split: str, threshold: float = 0.85) -> list[str]:
+    """Block-mean coverage beside the fill's own per-cell 90% coverage, which the suite's table
+    (``suite_<split>.json``, the same fills) holds: scenes whose fill covers at least ``threshold``
+    per cell against the rest, and the correlation of the two over scenes."""
+    try:
+        cells = {(r["scene"], r["model"]): r["cov90"] for r in load_rows(split)}
+    except SystemExit:
+        return []
+    lines = []
+    for model in sorted({r["model"] for r in rows}):
+        mine = [r for r in rows if r["model"] == model and r.get("variant", "scene") == "scene"
+                and (r["scene"], model) in cells and np.isfinite(r["block_cov90"])]
+        if len(mine) < 3:
+            continue
+        cell = np.array([cells[r["scene"], model] for r in mine])
+        block = np.array([r["block_cov90"] for r in mine])
+        good = cell >= threshold
+        rest = block[~good].mean() if (~good).any() else float("nan")
+        lines.append(f"- {model}: 8x8 block-mean coverage {block[good].mean():.2f} on the {good.sum()} scenes whose "
+                     f"fill covers at least {threshold} of its cells (per-cell 90% coverage, suite table), "
+                     f"{rest:.2f} on the other {(~good).sum()}; "
+                     f"correlation of the two over scenes {np.corrcoef(cell, block)[0, 1]:.2f}")
+    return lines
+
+
+def write(path: Path, text: str, rows: list[dict], n: int, split: str | None = None) -> None:
     """The table: one line per scene and model, coherent | independent for each figure."""
     lines = [text, "", f"{n} samples per scene; each figure coherent / independent per-cell draws "
              "(energy and variogram scores: lower is better; block-mean 90% coverage: 0.90).", "",
@@ -102,6 +151,13 @@ def write(path: Path, text: str, rows: list[dict], n: int) -> None:
                      f"coverage, patches {cov['patch_cov90'][0]:.2f} against {cov['patch_cov90'][1]:.2f}, "
                      f"8x8 blocks {cov['block_cov90'][0]:.2f} against {cov['block_cov90'][1]:.2f}; "
                      f"spread / sigma {np.nanmedian([r['spread_ratio'] for r in mine]):.2f} (median over scenes)")
+    compared = variant_lines(rows)
+    if compared:
+        lines += ["", "Other rules for the errors' correlation against the scene's variogram (ratios: rule / scene's):",
+                  "", *compared]
+    limits = calibration_lines(rows, split) if split else []
+    if limits:
+        lines += ["", "What limits block-mean coverage: the fill's own per-cell calibration.", "", *limits]
     path.write_text("\n".join(lines) + "\n")
     path.with_suffix(".json").write_text(json.dumps({"header": text, "rows": rows}, indent=1) + "\n")
 
@@ -117,11 +173,20 @@ def main() -> None:
                         help="rules for the errors' correlation, each drawn from the same fill (default: geonp's)")
     parser.add_argument("--out", type=Path, default=None,
                         help="results path without suffix (default: pipelines/results/samples_check_<split>)")
+    parser.add_argument("--rewrite", action="store_true",
+                        help="write the table again from its JSON (the summary only; nothing is filled)")
     args = parser.parse_args()
+    out = (args.out or REPO / "pipelines" / "results" / f"samples_check_{args.split}").with_suffix(".md")
+    if args.rewrite:
+        if not out.with_suffix(".json").exists():
+            parser.error(f"--rewrite: {out.with_suffix('.json')} not found")
+        stored = json.loads(out.with_suffix(".json").read_text())
+        write(out, stored["header"], stored["rows"], args.samples, args.split)
+        print(out.read_text())
+        return
     scenes = [s for s in draw(args.split) if not args.scenes or s.name in args.scenes]
     if args.scenes and len(scenes) != len(set(args.scenes)):
         parser.error(f"--scenes: not all in the {args.split} split")
-    out = (args.out or REPO / "pipelines" / "results" / f"samples_check_{args.split}").with_suffix(".md")
     text = header(f"Coherent samples against independent draws ({args.split} split)", resolve_device("auto"),
                   f"{args.samples} samples; each model with its defaults, as the suite fills")
     rows = []
@@ -132,7 +197,7 @@ def main() -> None:
                 rows.append({"scene": scene.name, "model": model, "commit": git_commit(), **row})
                 print(f"{scene.name} {model} {row['variant']}: " + ", ".join(
                     f"{f} {row[f]:.4g} / {row['independent_' + f]:.4g}" for f in FIGURES), flush=True)
-        write(out, text, rows, args.samples)
+        write(out, text, rows, args.samples, args.split)
     print(out.read_text())
 
 

@@ -177,18 +177,30 @@ def test_the_errors_correlation_rule_is_a_choice_of_the_caller():
     assert smooth > rim_correlation(scene_correlation) + 0.1
 
 
-def test_the_samples_check_scores_every_variant_from_one_fill(monkeypatch):
+def test_the_samples_check_scores_every_sampler_from_one_fill(monkeypatch):
+    """Every sampler draws from the one fill of the scene; the sequential one (a model's own sampling,
+    coarse to fine) fills again twice per sample, its samples exact where observed."""
     import xarray as xr
 
     import geonp.fill.engine as engine
-    from pipelines.experiments import samples_check
+    from pipelines.experiments import samples_check, sequential_samples
 
     truth, _, _ = scene()
     ds = xr.Dataset({"v": (("lat", "lon"), truth)}, coords={"lat": np.arange(48) * 0.1, "lon": np.arange(56) * 0.1})
     calls = []
     real = engine.infill
-    monkeypatch.setattr(engine, "infill", lambda *a, **k: calls.append(1) or real(*a, **k))
-    rows = samples_check.check_scene(ds, "v", None, "linear", 8, 0, ["scene", "no-nugget", "range2"])
+    monkeypatch.setattr(engine, "infill", lambda *a, **k: calls.append(k.get("fit_steps")) or real(*a, **k))
+    rows = samples_check.check_scene(ds, "v", None, "linear", 4, 0, ["scene", "no-nugget", "range2"])
     assert len(calls) == 1 and [r["variant"] for r in rows] == ["scene", "no-nugget", "range2"]
     assert len({r["rmse"] for r in rows}) == 1  # one fill
     assert len({r["energy"] for r in rows}) == 3 and all(r["spread_ratio"] > 0.5 for r in rows)
+
+    calls.clear()
+    holes = ds.assign(v=ds.v.where((np.arange(56) < 20) | (np.arange(56) > 30)))  # a band of gaps
+    fill = real(holes, "v", "linear", fit_steps=0)
+    out = sequential_samples.sequential_samples(fill, holes, "v", "linear", 3, 0, {"fit_steps": 30})
+    assert len(calls) == 3 * len(sequential_samples.STRIDES) and set(calls) == {sequential_samples.REFIT_STEPS}
+    drawn = out.v_sample.values
+    seen = np.isfinite(holes.v.values)
+    assert np.array_equal(drawn[:, seen], np.broadcast_to(holes.v.values[seen], (3, seen.sum())))
+    assert np.isfinite(drawn).all() and not np.allclose(drawn[0], drawn[1])

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import xarray as xr
@@ -30,6 +32,7 @@ import xarray as xr
 from geonp.device import resolve_device
 from geonp.evaluate import evaluate
 from geonp.fill.samples import CorrelationFit, scene_correlation, with_samples
+from pipelines.experiments.sequential_samples import sequential_samples
 from pipelines.provenance import REPO, git_commit, header
 from pipelines.suite_rule import geometric_interval, load_rows
 from pipelines.suite_scenes import SPLITS, draw, load
@@ -46,26 +49,40 @@ def _range2(values: np.ndarray) -> tuple[float, float]:
     return 2.0 * range_cells, nugget_share
 
 
-#: Rules for the errors' correlation (``geonp.fill.samples.draw_samples``' ``correlation_fit``):
-#: the scene's variogram as fitted (geonp's), without its nugget (the fill's sigma already holds
-#: the noise; the errors are the smooth part's), and with twice its range (errors of a fill vary
-#: more slowly than the field).
-VARIANTS: dict[str, CorrelationFit] = {"scene": scene_correlation, "no-nugget": _no_nugget, "range2": _range2}
+#: ``(fill, masked data, variable, model, n, seed, infill keywords)`` -> the fill with ``n`` samples.
+Sampler = Callable[[xr.Dataset, xr.Dataset, str, str, int, int, dict[str, Any]], xr.Dataset]
+
+
+def _by_correlation(fit: CorrelationFit) -> Sampler:
+    """geonp's conditional simulation with the errors' correlation from ``fit``."""
+    def sample(fill: xr.Dataset, data: xr.Dataset, name: str, model: str, n: int, seed: int,
+               kwargs: dict[str, Any]) -> xr.Dataset:
+        return with_samples(fill, [name], n, seed, fit)
+    return sample
+
+
+#: Samplers by name. Rules for the errors' correlation (``geonp.fill.samples.draw_samples``'
+#: ``correlation_fit``): the scene's variogram as fitted (geonp's), without its nugget (the fill's
+#: sigma already holds the noise; the errors are the smooth part's), and with twice its range
+#: (errors of a fill vary more slowly than the field); and the model's own sequential sampling,
+#: coarse to fine (:mod:`pipelines.experiments.sequential_samples`).
+VARIANTS: dict[str, Sampler] = {"scene": _by_correlation(scene_correlation), "no-nugget": _by_correlation(_no_nugget),
+                                "range2": _by_correlation(_range2), "sequential": sequential_samples}
 
 
 def check_scene(ds: xr.Dataset, variable: str, under: np.ndarray, model: str, n: int, seed: int,
                 variants: list[str] | None = None) -> list[dict]:
     """Fill one scene as the suite does, with ``n`` samples, and score them both ways (``geonp.evaluate``);
-    one row per variant of the errors' correlation, all drawn from the one fill."""
+    one row per sampler (:data:`VARIANTS`), all drawing from the one fill."""
     from geonp.fill.engine import infill
 
     fills: dict[str, xr.Dataset] = {}
 
-    def fill_once(fit: CorrelationFit):
+    def fill_once(sampler: Sampler):
         def fill(data, name, model_name, samples=0, seed=0, **kwargs):
             if name not in fills:
                 fills[name] = infill(data, name, model_name, seed=seed, **kwargs).compute()
-            return with_samples(fills[name], [name], samples, seed, fit)
+            return sampler(fills[name], data, name, model_name, samples, seed, kwargs)
         return fill
 
     rows = []

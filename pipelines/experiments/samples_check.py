@@ -140,10 +140,10 @@ def calibration_lines(rows: list[dict], split: str, threshold: float = 0.85) -> 
         cell = np.array([cells[r["scene"], model] for r in mine])
         block = np.array([r["block_cov90"] for r in mine])
         good = cell >= threshold
-        rest = block[~good].mean() if (~good).any() else float("nan")
+        rest = f"{block[~good].mean():.2f} on the other {(~good).sum()}" if (~good).any() else "no other"
         lines.append(f"- {model}: 8x8 block-mean coverage {block[good].mean():.2f} on the {good.sum()} scenes whose "
                      f"fill covers at least {threshold} of its cells (per-cell 90% coverage, suite table), "
-                     f"{rest:.2f} on the other {(~good).sum()}; "
+                     f"{rest}; "
                      f"correlation of the two over scenes {np.corrcoef(cell, block)[0, 1]:.2f}")
     return lines
 

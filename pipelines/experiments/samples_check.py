@@ -127,10 +127,10 @@ def calibration_lines(rows: list[dict], split: str, threshold: float = 0.85) -> 
     """Block-mean coverage beside the fill's own per-cell 90% coverage, which the suite's table
     (``suite_<split>.json``, the same fills) holds: scenes whose fill covers at least ``threshold``
     per cell against the rest, and the correlation of the two over scenes."""
-    try:
-        cells = {(r["scene"], r["model"]): r["cov90"] for r in load_rows(split)}
-    except SystemExit:
+    table = REPO / "pipelines" / "results" / f"suite_{split}.json"
+    if not table.exists():  # no suite run of this split yet: nothing to join
         return []
+    cells = {(r["scene"], r["model"]): r["cov90"] for r in load_rows(split, table)}
     lines = []
     for model in sorted({r["model"] for r in rows}):
         mine = [r for r in rows if r["model"] == model and r.get("variant", "scene") == "scene"

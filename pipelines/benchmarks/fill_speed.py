@@ -18,12 +18,16 @@ Each (case, model) runs once quiet, then once *contended*: beside another CPU-bo
 with its default threads (matrix products in a loop, started first and stopped after), with no
 setting changed. Reported: wall time of the fill, peak resident memory of the process, gap cells
 filled per second, and the contended time over the quiet one (issue 54's goal: at most 2.5).
+``--device cuda`` fills on the GPU instead (quiet only: the contended case is about shared CPU
+cores) and writes ``fill_speed_cuda``, with the GPU's peak memory; the CPU rows stay in
+``fill_speed_cpu``, so the two tables sit side by side (issue 54, item 5: at least 10^7 gap cells
+a minute, 166,667 a second, on one H100/H200).
 ``--threads N`` fills with a fixed thread count (``geonp infill --threads N``) instead of geonp's
 choice (``auto``: the cores the process may use, :func:`geonp.threads.configure`); rows are kept
 per setting, so a table can show both. (The ``auto`` rows at commit 916d601 ran with threads that
 gave way to the other job, ``geonp.threads.adapt``; no faster than 2 fixed threads beside it,
 304.8 s against 238.7 s, it was removed.)
-Writes ``pipelines/results/fill_speed_cpu.md`` and ``.json`` (rows of earlier runs kept unless
+Writes ``pipelines/results/fill_speed_{device}.md`` and ``.json`` (rows of earlier runs kept unless
 rerun).
 """
 
@@ -43,7 +47,7 @@ from pipelines.provenance import REPO, git_commit, header
 
 CASES = ("scene150k", "demo", "stack", "cube1m")
 MODELS = ("linear", "kriging", "dineof", "te-pt-tnp")
-OUT = REPO / "pipelines" / "results" / "fill_speed_cpu"
+RESULTS = REPO / "pipelines" / "results"
 #: The other job: PyTorch matrix products with its default threads, as a notebook or a training run would be.
 COMPETITOR = "import torch\na = torch.randn(1200, 1200)\nwhile True:\n    a = torch.tanh(a @ a / 1200)\n"
 
@@ -77,32 +81,36 @@ def load_case(case: str):
     raise ValueError(f"unknown case {case!r}; one of {', '.join(CASES)}")
 
 
-def one(case: str, model: str, threads: int | None = None) -> dict:
-    """Fill one case with one model in this process; what the parent records."""
+def one(case: str, model: str, threads: int | None = None, device: str = "cpu") -> dict:
+    """Fill one case with one model in this process on ``device``; what the parent records."""
     import geonp
     from geonp.models import te_fused
 
-    if model == "te-pt-tnp":
+    if model == "te-pt-tnp" and device == "cpu":
         te_fused.cpu_kernel()  # a one-time build is not the fill's time
     ds, variable, valid = load_case(case)
     gaps = int((~np.isfinite(ds[variable].values) & np.broadcast_to(ds["valid"].values, ds[variable].shape)).sum()
                if "valid" in ds else (~np.isfinite(ds[variable].values)).sum())
     start = time.perf_counter()
-    geonp.infill(ds, variable, model, device="cpu", threads=threads)
+    geonp.infill(ds, variable, model, device=device, threads=threads)
     wall = time.perf_counter() - start
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    return {"case": case, "model": model, "threads_asked": threads or "auto", "gap_cells": gaps,
-            "wall_s": round(wall, 1), "cells_per_s": round(gaps / wall), "peak_gb": round(peak_gb, 2)}
+    row = {"case": case, "model": model, "threads_asked": threads or "auto", "gap_cells": gaps,
+           "wall_s": round(wall, 1), "cells_per_s": round(gaps / wall), "peak_gb": round(peak_gb, 2)}
+    if device == "cuda":
+        row["gpu_peak_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    return row
 
 
-def measure(case: str, model: str, contended: bool, threads: int | None = None) -> dict | None:
+def measure(case: str, model: str, contended: bool, threads: int | None = None, device: str = "cpu") -> dict | None:
     """Run :func:`one` in a child process, beside the competitor when ``contended``."""
     other = subprocess.Popen([sys.executable, "-c", COMPETITOR]) if contended else None
     try:
         if other is not None:
             time.sleep(5)  # the other job at full speed before the fill starts
         fixed = ["--threads", str(threads)] if threads else []
-        out = subprocess.run([sys.executable, "-m", "pipelines.benchmarks.fill_speed", "--one", case, model, *fixed],
+        out = subprocess.run([sys.executable, "-m", "pipelines.benchmarks.fill_speed", "--one", case, model, *fixed,
+                              "--device", device],
                              capture_output=True, text=True, cwd=REPO, timeout=7200)
     finally:
         if other is not None:
@@ -121,26 +129,36 @@ def main() -> None:
     parser.add_argument("--models", nargs="*", default=list(MODELS), choices=MODELS)
     parser.add_argument("--quiet-only", action="store_true", help="skip the contended runs")
     parser.add_argument("--threads", type=int, default=None, help="a fixed thread count (default: geonp's choice)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="fill on the CPU (default) or the GPU (quiet runs only; its own table)")
     parser.add_argument("--one", nargs=2, metavar=("CASE", "MODEL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(*args.one, threads=args.threads)), flush=True)
+        print(json.dumps(one(*args.one, threads=args.threads, device=args.device)), flush=True)
         return
-    text = header("Fill speed, quiet and beside another job", torch.device("cpu"),
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.exit(2, "fill_speed: --device cuda: no CUDA device here\n")
+    gpu = args.device == "cuda"
+    out = RESULTS / f"fill_speed_{args.device}"
+    text = header("Fill speed, quiet and beside another job" if not gpu else "Fill speed on the GPU",
+                  torch.device(args.device),
                   "each fill alone in its process with geonp's defaults (te-pt-tnp: 30 fit steps, the nugget check); "
-                  "contended: beside a PyTorch job with its default threads; dineof on the multi-date cases only")
+                  + ("on the GPU, quiet only; wall time from the call to the filled dataset in memory (model load and "
+                     "CUDA start included); GPU GB: torch's peak allocation; goal: 10^7 gap cells a minute "
+                     "(166,667 a second)" if gpu else
+                     "contended: beside a PyTorch job with its default threads; dineof on the multi-date cases only"))
     commit = git_commit()
     rows = []
     for case in args.cases:
         for model in args.models:
             if model == "dineof" and case in ("scene150k", "demo"):
                 continue
-            for contended in (False,) if args.quiet_only else (False, True):
-                row = measure(case, model, contended, args.threads)
+            for contended in (False,) if args.quiet_only or gpu else (False, True):
+                row = measure(case, model, contended, args.threads, args.device)
                 if row is not None:
                     rows.append({**row, "commit": commit})
                     print(json.dumps(rows[-1]), flush=True)
-    path = OUT.with_suffix(".json")
+    path = out.with_suffix(".json")
     def key(r: dict) -> tuple:
         return r["case"], r["model"], str(r.get("threads_asked", "auto")), r["contended"]
 
@@ -148,8 +166,10 @@ def main() -> None:
     if path.exists():
         rows += [r for r in json.loads(path.read_text())["rows"] if key(r) not in ran]
     rows.sort(key=lambda r: (CASES.index(r["case"]), MODELS.index(r["model"]), key(r)[2], r["contended"]))
+    gpu_columns = " GPU GB | cells/min (quiet) |" if gpu else ""
     lines = ["| case | model | threads | gap cells | quiet s | contended s | contended / quiet | cells/s (quiet) | "
-             "peak GB | commit |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+             "peak GB |" + gpu_columns + " commit |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * gpu + "---|"]
     for setting in dict.fromkeys(key(r)[:3] for r in rows):
         quiet = next((r for r in rows if key(r) == (*setting, False)), None)
         busy = next((r for r in rows if key(r) == (*setting, True)), None)
@@ -157,10 +177,12 @@ def main() -> None:
         ratio = f"{busy['wall_s'] / quiet['wall_s']:.2f}" if quiet and busy else "–"
         lines.append(f"| {setting[0]} | {setting[1]} | {setting[2]} | {first['gap_cells']} | "
                      f"{quiet['wall_s'] if quiet else '–'} | {busy['wall_s'] if busy else '–'} | {ratio} | "
-                     f"{quiet['cells_per_s'] if quiet else '–'} | {first['peak_gb']} | {first['commit']} |")
-    OUT.with_suffix(".md").write_text(text + "\n" + "\n".join(lines) + "\n")
+                     f"{quiet['cells_per_s'] if quiet else '–'} | {first['peak_gb']} |"
+                     + (f" {first.get('gpu_peak_gb', '–')} | {quiet['cells_per_s'] * 60:.3g} |" if gpu and quiet else
+                        " – | – |" if gpu else "") + f" {first['commit']} |")
+    out.with_suffix(".md").write_text(text + "\n" + "\n".join(lines) + "\n")
     path.write_text(json.dumps({"header": text, "rows": rows}, indent=1) + "\n")
-    print(OUT.with_suffix(".md").read_text())
+    print(out.with_suffix(".md").read_text())
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Infill at scale on CPU: peak memory of ``geonp infill`` on a ~2 GB Zarr cube, and targets/s per model.
+"""Infill at scale (CPU, or the GPU with ``--device cuda``): peak memory of ``geonp infill`` on a ~2 GB Zarr cube, and
+targets/s per model.
 
 Memory (goal: peak RSS < 1.5 GB whatever the cube's size). Writes a float32 Zarr v3 cube of
 ``--size-gb`` (default 2.0, i.e. time 500 x 1000 x 1000 with chunks (1, 500, 500)) chunk by
@@ -201,7 +202,7 @@ def memory_run(args: argparse.Namespace, checkpoint: str, folder: Path) -> dict:
     info["write_s"] = time.perf_counter() - start
     print(f"cube {info['shape']} written in {info['write_s']:.0f} s ({info['disk_bytes'] / 1e9:.2f} GB on disk)",
           flush=True)
-    result = run_infill(cube, out, checkpoint, args.threads)
+    result = run_infill(cube, out, checkpoint, args.threads, extra=["--device", args.device])
     info["import_rss"] = baseline_rss(args.threads)
     info.update(result)
     info["filled"] = check_output(out, info)
@@ -222,13 +223,13 @@ def scene(size: int, cover: float, seed: int = 0) -> xr.Dataset:
                       coords={"lat": np.linspace(50.0, 45.0, size), "lon": np.linspace(5.0, 10.0, size)})
 
 
-def throughput(models: list[str], ds: xr.Dataset, checkpoint: str, seed: int = 0) -> list[dict]:
+def throughput(models: list[str], ds: xr.Dataset, checkpoint: str, seed: int = 0, device: str = "cpu") -> list[dict]:
     targets = int(np.isnan(ds["v"].values).sum())
     rows = []
     for name in models:
         start = time.perf_counter()
         out = geonp.infill(ds, "v", model=name, checkpoint=checkpoint if name == MODEL else None, fit_steps=0,
-                           device="cpu", seed=seed)
+                           device=device, seed=seed)
         seconds = time.perf_counter() - start
         filled = int((out["v_flag"].values == FLAG_INFILLED).sum())
         rows.append({"model": name, "targets": targets, "filled": filled, "seconds": seconds,
@@ -243,7 +244,8 @@ def gb(n: float) -> str:
 
 def report(args: argparse.Namespace, weights: str, memory: dict | None, rows: list[dict]) -> str:
     scene_cells = args.scene * args.scene
-    text = header("Infill at scale on CPU: peak memory and targets per second", torch.device("cpu"),
+    text = header(f"Infill at scale on {'the GPU' if args.device == 'cuda' else 'CPU'}: peak memory and targets per "
+                  "second", torch.device(args.device),
                   f"one `geonp infill` run on the cube; one `geonp.infill` call per model on the scene; "
                   f"{args.threads} thread(s) (torch, OpenMP/MKL, dask)",
                   {"te-pt-tnp weights": weights})
@@ -289,19 +291,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cover", type=float, default=0.3, help="throughput scene cloud cover (default: 0.3)")
     p.add_argument("--checkpoint", default=None, help="te-pt-tnp weights (default: bundled, else random)")
     p.add_argument("--threads", type=int, default=1, help="torch / OpenMP / dask threads (default: 1)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="fill on the CPU (default) or the GPU: `geonp infill --device` and the scene's calls")
     p.add_argument("--skip-memory", action="store_true", help="only the throughput table")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tmp", default=None, help="folder for the temporary cube (default: the system's)")
     p.add_argument("--keep", action="store_true", help="keep the temporary cube, output and checkpoint")
     p.add_argument("--out", default="pipelines/results/infill_cpu.md")
     args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.exit(2, "infill_benchmark: --device cuda: no CUDA device here\n")
     torch.set_num_threads(args.threads)
     folder = Path(tempfile.mkdtemp(prefix="geonp-infill-bench-", dir=args.tmp))
     try:
         checkpoint, weights = resolve_checkpoint(args.checkpoint, folder)
         memory = None if args.skip_memory else memory_run(args, checkpoint, folder)
         with dask.config.set(num_workers=args.threads):
-            rows = throughput(args.models, scene(args.scene, args.cover, args.seed), checkpoint, args.seed)
+            rows = throughput(args.models, scene(args.scene, args.cover, args.seed), checkpoint, args.seed,
+                              args.device)
     finally:
         if args.keep:
             print(f"kept {folder}")

@@ -1,0 +1,47 @@
+#!/bin/bash
+# The GPU rows of the speed benchmarks (issue 54, item 5), in one call on a lent GPU machine:
+# te-pt-tnp with its defaults on fill_speed's cases (demo, scene150k, stack, cube1m), then the
+# fill of a 10 GB cube (infill_benchmark --device cuda; 2 GB when too little time is left).
+# Each table is copied to $OUT as soon as it is written, so a call cut short keeps what ran.
+#
+#   bash pipelines/benchmarks/on_gpu.sh SECONDS
+#
+# Expects GEONP_DATA to hold the case files (satellite/modis_lst_brazil_2019-11-01.nc,
+# satellite/alboran_sst_avhrr_2017-05.nc, era5/era5_t2m_uk_2019-03_hourly.nc), HadISST reachable
+# as geonp.demo finds it, and geonp's dependencies installed (or as wheels in .whl/, installed
+# into /tmp/site first when that folder exists: see pipelines/weights/README.md for which).
+set -u
+t0=$(date +%s)
+limit=${1:?seconds of wall clock}
+out=${OUT:-gpu-out}; mkdir -p "$out"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, xarray, zarr, dask, netCDF4, geonp; assert torch.cuda.is_available(), 'no CUDA device';
+print('torch', torch.__version__, 'xarray', xarray.__version__, 'zarr', zarr.__version__)" || exit 4
+left() { echo $(( limit - ($(date +%s) - t0) )); }
+keep() { cp pipelines/results/"$1".md pipelines/results/"$1".json "$out"/ 2>/dev/null; }
+
+for case in demo scene150k stack cube1m; do
+  [ "$(left)" -lt 60 ] && break
+  echo "== fill_speed $case ($(left) s left)"
+  timeout "$(( $(left) - 30 ))" python3 -m pipelines.benchmarks.fill_speed --device cuda --models te-pt-tnp \
+    --cases "$case" > "$out/fill_speed_$case.log" 2>&1
+  echo "exit $?"; grep '^{' "$out/fill_speed_$case.log"
+  keep fill_speed_cuda
+done
+
+# The 10 GB cube: about 120 s to write on one core, then the fill; 2 GB when that will not fit.
+size=10; [ "$(left)" -lt 330 ] && size=2
+if [ "$(left)" -gt 120 ]; then
+  echo "== infill_benchmark --size-gb $size ($(left) s left)"
+  timeout "$(( $(left) - 10 ))" python3 -m pipelines.benchmarks.infill_benchmark --size-gb "$size" --device cuda \
+    --threads "$(nproc)" --models te-pt-tnp --out "pipelines/results/infill_${size}gb_cuda.md" \
+    > "$out/infill_benchmark.log" 2>&1
+  echo "exit $?"; tail -5 "$out/infill_benchmark.log"
+  keep "infill_${size}gb_cuda"
+fi
+echo "wall $(( $(date +%s) - t0 )) s"

@@ -2,7 +2,11 @@
 point-wise skill scores of gap-filling evaluations (RMSE, MAE, NLL, CRPS, coverage, interval score),
 with two diagnostics: errors by distance to the nearest observed cell, and PIT histograms.
 
-CRPS and the interval score come from ``scoringrules`` (closed form for a Gaussian predictive).
+CRPS and the interval score of a Gaussian predictive are closed forms (Gneiting & Raftery 2007),
+written here rather than taken from ``scoringrules``: every fill scores CRPS (the nugget check), and
+where numba is installed, importing ``scoringrules`` compiles its kernels, 3-5 s on 2 cores and up to
+12 s on a GPU machine's cold start in every process. ``scoringrules`` stays the library of the
+multivariate scores of samples (``geonp.sample_scores``), checked against these in the tests.
 """
 
 from __future__ import annotations
@@ -30,6 +34,19 @@ def task_log_likelihood(dist: Normal, yt: torch.Tensor, mask_t: torch.Tensor) ->
     log_p = dist.log_prob(torch.where(mask_t[..., None], yt, dist.loc.detach())).sum(-1)  # [B, Nt]
     log_p = log_p * mask_t
     return log_p.sum(-1) / mask_t.sum(-1).clamp(min=1)
+
+
+def crps_normal(y: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+    """CRPS of ``Normal(mean, std)`` at ``y``, elementwise in ``y``'s units (arrays broadcast):
+    ``std * (z (2 Phi(z) - 1) + 2 phi(z) - 1 / sqrt(pi))`` with ``z = (y - mean) / std``."""
+    z = (y - mean) / std
+    return std * (z * (2.0 * norm.cdf(z) - 1.0) + 2.0 * norm.pdf(z) - 1.0 / math.sqrt(math.pi))
+
+
+def interval_score(y: np.ndarray, lower: np.ndarray, upper: np.ndarray, alpha: float) -> np.ndarray:
+    """Interval score of the central ``1 - alpha`` interval ``[lower, upper]`` at ``y``,
+    elementwise in ``y``'s units: its width plus ``2 / alpha`` times how far ``y`` falls outside."""
+    return (upper - lower) + (2.0 / alpha) * (np.maximum(lower - y, 0.0) + np.maximum(y - upper, 0.0))
 
 
 def mean_and_stderr(values: torch.Tensor) -> tuple[float, float]:
@@ -90,8 +107,6 @@ def gaussian_skill(y: np.ndarray, mean: np.ndarray, std: np.ndarray) -> dict[str
     Raises:
         ValueError: no point can be scored.
     """
-    import scoringrules as sr
-
     y, mean, std = _scorable(y, mean, std)
     if y.size == 0:
         raise ValueError("no point with a finite truth, mean and standard deviation to score")
@@ -101,13 +116,13 @@ def gaussian_skill(y: np.ndarray, mean: np.ndarray, std: np.ndarray) -> dict[str
         "rmse": float(np.sqrt(np.mean(err**2))),
         "mae": float(np.mean(np.abs(err))),
         "nll": float(np.mean(0.5 * np.log(2 * math.pi * std**2) + 0.5 * (err / std) ** 2)),
-        "crps": float(np.mean(sr.crps_normal(y, mean, std))),
+        "crps": float(np.mean(crps_normal(y, mean, std))),
     }
     for level in (0.50, 0.90, 0.95):
         half = norm.ppf(0.5 + level / 2) * std
         scores[f"coverage_{round(level * 100)}"] = float(np.mean(np.abs(err) <= half))
     half = norm.ppf(0.95) * std
-    scores["interval_score_90"] = float(np.mean(sr.interval_score(y, mean - half, mean + half, 0.1)))
+    scores["interval_score_90"] = float(np.mean(interval_score(y, mean - half, mean + half, 0.1)))
     return scores
 
 

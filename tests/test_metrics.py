@@ -11,8 +11,10 @@ from geonp.metrics import (
     DISTANCE_BINS,
     binned_coverage,
     binned_rmse,
+    crps_normal,
     distance_to_observed,
     gaussian_skill,
+    interval_score,
     pit_histogram,
 )
 
@@ -29,6 +31,18 @@ def test_calibrated_gaussian_scores_match_theory():
     assert s["coverage_50"] == pytest.approx(0.50, abs=0.003)
     assert s["coverage_90"] == pytest.approx(0.90, abs=0.003)
     assert s["coverage_95"] == pytest.approx(0.95, abs=0.003)
+
+
+def test_closed_forms_agree_with_scoringrules():
+    """The Gaussian CRPS and interval score geonp writes out equal the library's, point by point."""
+    import scoringrules as sr
+
+    rng = np.random.default_rng(2)
+    y, mean, std = rng.normal(size=500), rng.normal(size=500), rng.uniform(0.05, 4.0, 500)
+    np.testing.assert_allclose(crps_normal(y, mean, std), sr.crps_normal(y, mean, std), rtol=1e-10, atol=1e-12)
+    lower, upper = mean - 1.64 * std, mean + 1.64 * std
+    np.testing.assert_allclose(interval_score(y, lower, upper, 0.1), sr.interval_score(y, lower, upper, 0.1),
+                               rtol=1e-10)
 
 
 def test_overconfident_predictions_lose_coverage_and_score_worse():

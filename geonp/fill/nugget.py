@@ -28,6 +28,7 @@ import torch
 from geonp.fill.calibrate import BATCH, own_cell_windows
 from geonp.fill.field import Field
 from geonp.fill.options import NUGGET_CHOICES, FillOptions
+from geonp.metrics import crps_normal
 from geonp.models.base import NeuralProcess
 from geonp.tasks.covariate_maps import OWN_NUGGET, flat_covariates, is_flat
 
@@ -64,8 +65,6 @@ def paired_crps(model: NeuralProcess, source, device: torch.device | str, window
     (in batches of :data:`geonp.fill.calibrate.BATCH`) drawn by ``source``, ``(scene's nugget [n], network's own [n],
     window of each cell [n])``: the same cells both ways, windows numbered from ``first``.
     :class:`NothingToHide` when ``source`` can draw no window."""
-    import scoringrules as sr
-
     scene, own, window = [], [], []
     for i in range(first // BATCH, first // BATCH + max(1, windows // BATCH)):
         try:
@@ -77,7 +76,7 @@ def paired_crps(model: NeuralProcess, source, device: torch.device | str, window
         # Both options from one pass of the transformer: only the kriging head reads the nugget.
         dists = model.predict_per_nugget(b.xc, b.yc, b.xt, b.mask_c, b.mask_t, [None, OWN_NUGGET])
         for dist, out in zip(dists, (scene, own)):
-            out.append(sr.crps_normal(b.yt[..., 0].cpu().numpy()[keep], dist.loc[..., 0].float().cpu().numpy()[keep],
+            out.append(crps_normal(b.yt[..., 0].cpu().numpy()[keep], dist.loc[..., 0].float().cpu().numpy()[keep],
                                       dist.scale[..., 0].float().cpu().numpy()[keep]))
     return np.concatenate(scene), np.concatenate(own), np.concatenate(window)
 

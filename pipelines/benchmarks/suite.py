@@ -40,7 +40,7 @@ import torch
 from geonp.device import resolve_device
 from geonp.evaluate import evaluate
 from geonp.fill.options import FitOptions
-from geonp.metrics import WIDE_DISTANCE_BINS, distance_bin
+from geonp.metrics import WIDE_DISTANCE_BINS, crps_normal, distance_bin
 from pipelines.checkpoint_variants import bundled_variants
 from pipelines.provenance import REPO, git_commit, header
 from pipelines.suite_report import report
@@ -76,8 +76,6 @@ def block_stats(cells: dict, mean: np.ndarray, std: np.ndarray, block: int | Non
 
     ``cells`` is ``evaluate``'s (``keep_cells``): the hidden cells of a ``(time, rows, cols)`` field;
     ``block``: cells a side of a block (default :func:`block_side` of the field)."""
-    import scoringrules as sr
-
     block = block or block_side(tuple(cells["shape"]))
     _, n_rows, n_cols = cells["shape"]
     t, r, c = np.unravel_index(cells["index"], cells["shape"])
@@ -90,7 +88,7 @@ def block_stats(cells: dict, mean: np.ndarray, std: np.ndarray, block: int | Non
     ids, where = np.unique(key, return_inverse=True)
     sums = {"n": np.bincount(where, minlength=ids.size),
             "sse": np.bincount(where, err**2, ids.size),
-            "crps": np.bincount(where, sr.crps_normal(truth[ok], mean[ok], std[ok]), ids.size),
+            "crps": np.bincount(where, crps_normal(truth[ok], mean[ok], std[ok]), ids.size),
             "in90": np.bincount(where, np.abs(err) <= 1.6448536269514722 * std[ok], ids.size)}
     out = {"block": (ids // len(BINS)).tolist(), "bin": (ids % len(BINS)).tolist(), "n": sums["n"].tolist()}
     out.update({k: [float(f"{v:.6g}") for v in sums[k]] for k in ("sse", "crps")})

@@ -72,10 +72,9 @@ def test_scaling_pipeline_times_cells_and_records_oom(tmp_path, monkeypatch):
     assert record["100"]["status"].startswith("OOM") and record["200"]["status"].startswith("not run (OOM")
 
 
-def test_satellite_cv_reuse_keeps_rows_not_rerun(tmp_path):
-    import pytest
-
-    from pipelines.benchmarks import satellite_cv
+def test_reuse_keeps_rows_not_rerun(tmp_path):
+    """A rerun's rows replace the earlier table's for the same (model, fit steps); the rest stay."""
+    from pipelines import provenance
 
     def result(rows, donors=(3, -1)):
         return {"source": "s", "seed": 0, "donors": list(donors), "hidden_cells": 10,
@@ -83,17 +82,17 @@ def test_satellite_cv_reuse_keeps_rows_not_rerun(tmp_path):
 
     old = result([("te-pt-tnp", 0, 1.0, "old"), ("kriging", 0, 2.0, "old"), ("te-pt-tnp", 200, 0.9, "old")])
     new = result([("te-pt-tnp", 0, 0.5, "new")])
-    satellite_cv.keep_earlier(new, old, "scene")
+    provenance.keep_earlier(new, old, "scene")
     assert sorted((r["model"], r["fit_steps"], r["commit"]) for r in new["rows"]) == [
         ("kriging", 0, "old"), ("te-pt-tnp", 0, "new"), ("te-pt-tnp", 200, "old")]
     with pytest.raises(SystemExit, match="scene: rows to combine hid different cells"):
-        satellite_cv.keep_earlier(result([]), result([], donors=(4, -1)), "scene")
+        provenance.keep_earlier(result([]), result([], donors=(4, -1)), "scene")
 
     path = tmp_path / "t.json"  # a table from before rows carried their commit
     table = {"header": "# T\n\n- commit: abc1234\n", "results": [result([("linear", 0, 1.0, "x")])]}
     del table["results"][0]["rows"][0]["commit"]
     path.write_text(json.dumps(table))
-    assert satellite_cv._earlier(path)["s"]["rows"][0]["commit"] == "abc1234"
+    assert provenance.earlier_results(path)["s"]["rows"][0]["commit"] == "abc1234"
 
 
 def test_satellite_cv_merge_combines_runs(tmp_path):

@@ -43,10 +43,9 @@ from geonp.evaluate import evaluate
 from geonp.fill.options import NUGGET_CHOICES
 from geonp.fill.predictor import bundled_checkpoint
 from geonp.skill_table import write_table
-from pipelines.benchmarks.satellite_cv import _earlier, keep_earlier
 from pipelines.checkpoint_variants import bundled_variants, variant_checkpoint
 from pipelines.products import alaska_ndvi, esacci_soil_moisture
-from pipelines.provenance import REPO, git_commit, header
+from pipelines.provenance import REPO, earlier_results, git_commit, header, keep_earlier
 
 ROWS = ["linear", "kriging", "dineof", "te-pt-tnp", "te-pt-tnp+dineof", "te-pt-tnp+nearest_steps",
         "te-pt-tnp+dineof+nearest_steps"]
@@ -124,7 +123,7 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     out = Path(args.out or REPO / "pipelines" / "results" / f"history_cv_{args.split}.md")
-    earlier = _earlier(out.with_suffix(".json")) if args.reuse else {}
+    earlier = earlier_results(out.with_suffix(".json")) if args.reuse else {}
     folder, commit = data_folder(), git_commit()
     trained = dict(item.split("=", 1) for item in args.checkpoint)
     nuggets = dict(item.split("=", 1) for item in args.nugget if "=" in item)

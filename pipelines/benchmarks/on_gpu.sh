@@ -4,8 +4,10 @@
 # fill of a 10 GB cube (infill_benchmark --device cuda; 2 GB when too little time is left).
 # Each table is copied to $OUT as soon as it is written, so a call cut short keeps what ran.
 #
-#   bash pipelines/benchmarks/on_gpu.sh SECONDS
+#   GEONP_COMMIT=$(git rev-parse --short HEAD) bash pipelines/benchmarks/on_gpu.sh SECONDS
 #
+# (GEONP_COMMIT written into the command from here: the device copy's git metadata named an older
+# commit, 476505b-dirty for 3069be5, on 2026-11-28.)
 # Expects GEONP_DATA to hold the case files (satellite/modis_lst_brazil_2019-11-01.nc,
 # satellite/alboran_sst_avhrr_2017-05.nc, era5/era5_t2m_uk_2019-03_hourly.nc), HadISST reachable
 # as geonp.demo finds it, and geonp's dependencies installed (or as wheels in .whl/, installed

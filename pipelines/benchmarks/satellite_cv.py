@@ -20,8 +20,6 @@ Writes ``pipelines/results/satellite_cv.md`` and ``.json``.
 from __future__ import annotations
 
 import argparse
-import json
-import re
 from pathlib import Path
 
 import torch
@@ -31,7 +29,7 @@ from geonp.data.readers import data_folder
 from geonp.device import resolve_device
 from geonp.evaluate import evaluate
 from geonp.skill_table import write_table
-from pipelines.provenance import REPO, git_commit, header
+from pipelines.provenance import REPO, earlier_results, git_commit, header, header_field, keep_earlier, same_cells
 from pipelines.scenes import TEST as SCENES
 
 #: name -> (file under the data folder, variable, open_satellite keywords, crop as isel keywords)
@@ -60,7 +58,7 @@ def main() -> None:
     runs = [(m, n) for m, n in ((args.models, args.fit_steps), (args.fine_tune, args.fine_tune_steps)) if m]
     if not runs:
         raise SystemExit("satellite_cv: nothing to run; give --models or --fine-tune")
-    earlier = _earlier(Path(args.out).with_suffix(".json")) if args.reuse else {}
+    earlier = earlier_results(Path(args.out).with_suffix(".json")) if args.reuse else {}
     folder, commit = data_folder(), git_commit()
     results = []
     for name in args.scenes:
@@ -74,7 +72,7 @@ def main() -> None:
             if res is None:
                 res = part
             else:
-                _same_cells(res, part, name)
+                same_cells(res, part, name)
                 res["rows"] += part["rows"]
         res["source"] = f"{path} {variable}, crop {_crop_text(crop)}"
         if res["source"] in earlier:
@@ -105,51 +103,13 @@ def merge(files: list[str], out: str) -> None:
     runs = []
     for f in files:
         path = Path(f)
-        for source, res in _earlier(path).items():
+        for source, res in earlier_results(path).items():
             if source in merged:
                 keep_earlier(res, merged[source], source)
             merged[source] = res
-        said = {key: _header_field(path, key) for key in ("command", "device", "commit")}
+        said = {key: header_field(path, key) for key in ("command", "device", "commit")}
         runs.append(f"{path.name}: {said['command']} at {said['commit']} on {said['device']}")
     _write(list(merged.values()), out, "; merged from " + "; ".join(runs))
-
-
-def _earlier(path: Path) -> dict[str, dict]:
-    """Results of an earlier run by source; rows that predate the commit column get the table's commit."""
-    if not path.exists():
-        raise SystemExit(f"{path}: no earlier table to take rows from")
-    commit = _header_field(path, "commit", "unknown")
-    out = {}
-    for res in json.loads(path.read_text())["results"]:
-        for row in res["rows"]:
-            row.setdefault("commit", commit)
-        out[res["source"]] = res
-    return out
-
-
-def _header_field(path: Path, key: str, missing: str = "unrecorded") -> str:
-    """The value of the ``- key: value`` line of a results table's provenance header, else ``missing``."""
-    found = re.search(rf"^- {key}: (.+)$", json.loads(path.read_text()).get("header", ""), re.MULTILINE)
-    return found.group(1).strip() if found else missing
-
-
-def keep_earlier(res: dict, old: dict, name: str) -> None:
-    """Add to ``res`` the rows of ``old`` (same scene) for (model, fit steps) not run now.
-
-    Rows from tables older than the diagnostics lack them and print "–" there; the hidden cells'
-    counts by distance are the same for both (same cells), so ``res`` takes ``old``'s if it has none.
-    """
-    _same_cells(res, old, name)
-    ran = {(r["model"], r["fit_steps"]) for r in res["rows"]}
-    res["rows"] += [r for r in old["rows"] if (r["model"], r["fit_steps"]) not in ran]
-    if "hidden_by_distance" in old:
-        res.setdefault("hidden_by_distance", old["hidden_by_distance"])
-
-
-def _same_cells(a: dict, b: dict, name: str) -> None:
-    if (a["seed"], a["donors"], a["hidden_cells"]) != (b["seed"], b["donors"], b["hidden_cells"]):
-        raise SystemExit(f"{name}: rows to combine hid different cells (seed, donors or count differ); "
-                         "rerun every model without --reuse")
 
 
 def _crop_text(crop: dict) -> str:

@@ -35,9 +35,8 @@ from geonp.device import resolve_device
 from geonp.evaluate import evaluate
 from geonp.metrics import WIDE_DISTANCE_BINS
 from geonp.skill_table import write_table
-from pipelines.benchmarks.satellite_cv import _earlier, keep_earlier
 from pipelines.checkpoint_variants import bundled_variants
-from pipelines.provenance import REPO, git_commit, header
+from pipelines.provenance import REPO, earlier_results, git_commit, header, keep_earlier
 from pipelines.scenes import WIDE_CLOUDS
 
 ROWS = ["linear", "kriging", "te-pt-tnp", "te-pt-tnp@30"]
@@ -103,7 +102,7 @@ def main() -> None:
     if not args.rows:
         raise SystemExit("wide_clouds: nothing to run; give --rows")
     out = Path(args.out or REPO / "pipelines" / "results" / f"wide_clouds_{args.split}.md")
-    earlier = _earlier(out.with_suffix(".json")) if args.reuse else {}
+    earlier = earlier_results(out.with_suffix(".json")) if args.reuse else {}
     trained = dict(item.split("=", 1) for item in args.checkpoint)
     commit = git_commit()
     ds, variable, under, what = scene(args.split)

@@ -132,3 +132,15 @@ def test_the_draw_is_the_same_every_time(drawn):
     suite_scenes.product.cache_clear()
     suite_scenes._gap_layers.cache_clear()
     assert suite_scenes.draw() == scenes
+
+
+def test_fill_options_rows_are_checked_before_anything_runs():
+    """``--options LABEL=JSON`` takes geonp.infill's fill options; an unknown one is the parser's one-line error."""
+    import argparse
+
+    from pipelines.benchmarks.suite import fill_rows
+
+    parser = argparse.ArgumentParser(prog="suite")
+    assert fill_rows(parser, ['calsig={"calibrate_sigma": true}']) == {"calsig": {"calibrate_sigma": True}}
+    with pytest.raises(SystemExit):
+        fill_rows(parser, ['bad={"calibrate": true}'])

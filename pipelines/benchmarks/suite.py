@@ -21,7 +21,8 @@ user's ``geonp infill`` does; ``dineof`` scores the multi-date scenes only. ``LA
 ``--checkpoint LABEL=PATH`` scores te-pt-tnp with other weights, ``--variant LABEL=JSON`` the
 bundled te-pt-tnp changed at inference (``pipelines.checkpoint_variants.bundled_variants``),
 ``--fit LABEL=JSON`` the bundled te-pt-tnp fine-tuned with other :class:`~geonp.fill.options.FitOptions`
-(e.g. ``head='{"scope": "head"}'``).
+(e.g. ``head='{"scope": "head"}'``), ``--options LABEL=JSON`` the bundled te-pt-tnp with other
+:class:`~geonp.fill.options.FillOptions` fields (e.g. ``calsig='{"calibrate_sigma": true}'``).
 Writes ``pipelines/results/suite_<split>.md`` and ``.json`` (``{"header", "split", "scenes",
 "rows"}``; a row: ``scene, product, model, rmse, crps, cov90, rmse_by_distance, wall_s``, ...).
 """
@@ -39,7 +40,7 @@ import torch
 
 from geonp.device import resolve_device
 from geonp.evaluate import evaluate
-from geonp.fill.options import FitOptions
+from geonp.fill.options import FillOptions, FitOptions
 from geonp.metrics import WIDE_DISTANCE_BINS, crps_normal, distance_bin
 from pipelines.checkpoint_variants import bundled_variants
 from pipelines.provenance import REPO, git_commit, header
@@ -124,11 +125,12 @@ def write_json(path: Path, text: str, split: str, scenes: list[dict], rows: list
 
 def run(scenes: list[Scene], rows: list[str], trained: dict[str, str], seed: int,
         earlier: dict, fits: dict[str, FitOptions] | None = None,
-        samples: int = 0) -> tuple[list[dict], list[dict], list[str]]:
+        samples: int = 0, fills: dict[str, dict] | None = None) -> tuple[list[dict], list[dict], list[str]]:
     """Score ``rows`` on ``scenes``; returns (scene records, rows, notes of rows not scored).
     ``trained``: row label -> te-pt-tnp weights; ``fits``: row label -> the bundled te-pt-tnp's fine-tuning;
-    ``samples``: coherent samples per fill, scored as a whole (each row's ``samples``)."""
-    fits = fits or {}
+    ``samples``: coherent samples per fill, scored as a whole (each row's ``samples``); ``fills``: row
+    label -> other fill options of the bundled te-pt-tnp (``geonp.infill`` keywords)."""
+    fits, fills = fits or {}, fills or {}
     commit = git_commit()
     records, out, notes = [], [], []
     for scene in scenes:
@@ -142,6 +144,9 @@ def run(scenes: list[Scene], rows: list[str], trained: dict[str, str], seed: int
             options = {"device": "auto"}
             if label in fits:
                 model, options["fit"] = "te-pt-tnp", fits[label]
+            if label in fills:
+                model = "te-pt-tnp"
+                options.update(fills[label])
             steps = int(fit) if fit else (options.get("fit", FitOptions()).steps if model == "te-pt-tnp" else 0)
             try:
                 res = evaluate(ds, variable, [model], checkpoints=checkpoints, fit_steps=steps, seed=seed,
@@ -177,6 +182,20 @@ def fit_rows(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, Fit
     return fits
 
 
+def fill_rows(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, dict]:
+    """``--options LABEL=JSON`` items as fill options per row label, checked by
+    :meth:`FillOptions.from_keywords` (a bad one: the parser's error)."""
+    fills = {}
+    for item in items:
+        label, _, text = item.partition("=")
+        try:
+            fills[label] = json.loads(text)
+            FillOptions.from_keywords(**fills[label])
+        except (ValueError, TypeError) as err:
+            parser.error(f"--options {item!r}: {err}")
+    return fills
+
+
 def merge(split: str, records: list[dict], rows: list[dict], earlier: dict) -> tuple[list[dict], list[dict]]:
     """This run's scenes and rows, and the earlier table's rows of (scene, model) not rerun, in draw order."""
     order = {s.name: i for i, s in enumerate(draw(split))}
@@ -199,6 +218,8 @@ def main() -> None:
                         help="a row LABEL[@FIT] scores the bundled te-pt-tnp changed at inference only")
     parser.add_argument("--fit", action="append", default=[], metavar="LABEL=JSON",
                         help="a row LABEL[@FIT] scores the bundled te-pt-tnp fine-tuned with these FitOptions fields")
+    parser.add_argument("--options", action="append", default=[], metavar="LABEL=JSON",
+                        help="a row LABEL[@FIT] scores the bundled te-pt-tnp with these fill options (geonp.infill's)")
     parser.add_argument("--samples", type=int, default=0, metavar="N",
                         help="also draw N coherent samples per fill and score them as a whole (issue 55)")
     parser.add_argument("--seed", type=int, default=0)
@@ -221,7 +242,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         trained.update(bundled_variants(args.variant, Path(tmp)))
         records, rows, notes = run(scenes, args.rows, trained, args.seed, earlier, fit_rows(parser, args.fit),
-                                   args.samples)
+                                   args.samples, fill_rows(parser, args.options))
     scene_list, rows = merge(args.split, records, rows, earlier)
     body = report(scene_list, rows, args.split) + "".join(f"\n- not scored: {n}" for n in notes)
     out.write_text(text + "\n" + body + "\n")

@@ -83,28 +83,47 @@ class NeuralProcess(nn.Module):
         return self.predict(xc, yc, xt, mask_c, mask_t)
 
     def for_prediction(self) -> NeuralProcess:
-        """This model in eval mode with its attention blocked for no-grad forwards of window-sized
-        tasks (:data:`geonp.models.te_attention.PREDICT_BLOCK_ELEMS`). A runtime
-        setting, not a weight; the blocking fixes the summation order, so a resumed infill that
-        calls this again writes what an uninterrupted one would.
+        """This model in eval mode, blocked for no-grad forwards of window-sized tasks on the
+        device it is on (:meth:`blocked`). Runtime settings, not weights; the blocking fixes the
+        summation order, so a resumed infill that calls this again (on the same kind of device)
+        writes what an uninterrupted one would.
 
         Returns:
             the model itself.
         """
-        from geonp.models.te_attention import PREDICT_BLOCK_ELEMS, set_block_elems
-
-        return set_block_elems(self, PREDICT_BLOCK_ELEMS).eval()
+        return self.blocked(training=False).eval()
 
     def for_training(self) -> NeuralProcess:
-        """This model in training mode with its attention blocked for forwards with autograd
-        (:data:`geonp.models.te_attention.TRAIN_BLOCK_ELEMS`).
+        """This model in training mode, blocked for forwards with autograd on its device (:meth:`blocked`).
 
         Returns:
             the model itself.
         """
-        from geonp.models.te_attention import TRAIN_BLOCK_ELEMS, set_block_elems
+        return self.blocked(training=True).train()
 
-        return set_block_elems(self, TRAIN_BLOCK_ELEMS).train()
+    def blocked(self, training: bool) -> NeuralProcess:
+        """Set how much of a task the attention and the kriging head form at once, by the device
+        the model's weights are on: on a CPU blocks sized for its caches
+        (:data:`geonp.models.te_attention.PREDICT_BLOCK_ELEMS` without autograd,
+        ``TRAIN_BLOCK_ELEMS`` with it, :data:`geonp.models.local_kriging.CACHE_ELEMS`), on a GPU
+        larger ones (``GPU_PREDICT_BLOCK_ELEMS``, ``GPU_CACHE_ELEMS``) so that a window is a few
+        launches rather than thousands. Blocking bounds memory; it never changes the result
+        beyond the order of float sums. Move the model first, then call this.
+
+        Returns:
+            the model itself.
+        """
+        from geonp.models import local_kriging, te_attention
+
+        weight = next(self.parameters(), None)
+        gpu = weight is not None and weight.device.type == "cuda"
+        attention = (te_attention.TRAIN_BLOCK_ELEMS if training else
+                     te_attention.GPU_PREDICT_BLOCK_ELEMS if gpu else te_attention.PREDICT_BLOCK_ELEMS)
+        te_attention.set_block_elems(self, attention)
+        for module in self.modules():
+            if isinstance(module, local_kriging.LocalKriging):
+                module.cache_elems = local_kriging.GPU_CACHE_ELEMS if gpu else local_kriging.CACHE_ELEMS
+        return self
 
     def predict(
         self, xc: torch.Tensor, yc: torch.Tensor, xt: torch.Tensor, mask_c: torch.Tensor, mask_t: torch.Tensor

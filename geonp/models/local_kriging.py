@@ -62,6 +62,9 @@ INIT_LENGTHSCALES = {"gaussian": 0.25, "matern32": 1.0, "exponential": 2.0}
 INIT_SILL, INIT_NUGGET = 1.0, 0.05
 #: K x K entries processed at once (1 MiB of float32): one slice of targets (``LocalKriging.cache_elems``).
 CACHE_ELEMS = 2**18
+#: The same on a GPU (64 MiB): 1 MiB slices made 5,344 kriging-head calls of a 40 s fill of the
+#: 150k-cell scene on an H200 (pipelines/results/fill_profile_cuda_scene150k.md).
+GPU_CACHE_ELEMS = 2**24
 #: Ridge on each drift slope, relative to that slope's own entry of ``F^T K^-1 F`` (a tiny floor
 #: keeps a covariate flat among a target's neighbours solvable: its slope then goes to 0); a head's
 #: own is ``LocalKriging.drift_ridge``.
@@ -165,8 +168,9 @@ class LocalKriging(nn.Module):
     slope's own precision.
 
     Two attributes hold no weights: ``drift_ridge`` (:data:`DRIFT_RIDGE`; 0 is the textbook system)
-    and ``cache_elems`` (:data:`CACHE_ELEMS`: how many targets' systems are formed at once, which
-    bounds memory and never changes the result).
+    and ``cache_elems`` (:data:`CACHE_ELEMS`, :data:`GPU_CACHE_ELEMS` on a GPU: how many targets'
+    systems are formed at once, which bounds memory and never changes the result; set by
+    ``NeuralProcess.for_prediction`` / ``for_training`` for the model's device).
     """
 
     def __init__(self, dim_model: int, dim_x: int, kernel: str = "gaussian",

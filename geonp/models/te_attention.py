@@ -102,6 +102,10 @@ DEFAULT_BLOCK_ELEMS = 2**24
 PREDICT_BLOCK_ELEMS = 2**22
 #: Block cap for window-sized tasks with autograd, what ``NeuralProcess.for_training`` sets.
 TRAIN_BLOCK_ELEMS = 2**25
+#: Block cap for no-grad forwards on a GPU (256 MiB of float32): the CPU's cap, sized for its
+#: caches, cut a GPU fill into thousands of tiny launches (3,714 attention blocks in a 40 s fill of
+#: the 150k-cell scene on an H200, pipelines/results/fill_profile_cuda_scene150k.md).
+GPU_PREDICT_BLOCK_ELEMS = 2**26
 #: Keys per block of the Python forms (``TEAttention.key_block``): bounds memory, never the result.
 KEY_BLOCK = 512
 _SAVED_PER_PAIR = 10  # kernel-MLP activations (in units of the hidden width) kept per pair for backward

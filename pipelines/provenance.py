@@ -1,5 +1,4 @@
-"""What every results table records (command, device, date, commit, versions), and reading an
-earlier table back to keep the rows a rerun does not replace (``--reuse``)."""
+"""What every results table records: command, device, date, commit, versions."""
 
 from __future__ import annotations
 
@@ -7,7 +6,6 @@ import datetime as dt
 import json
 import os
 import platform
-import re
 import shlex
 import subprocess
 import sys
@@ -84,42 +82,3 @@ def write_results(out: Path, text: str, rows: list[dict]) -> None:
     """``out.md``, the table ``text``, and ``out.json``, its preamble and ``rows``."""
     out.with_suffix(".md").write_text(text)
     out.with_suffix(".json").write_text(json.dumps({"header": text.split("\n|")[0], "rows": rows}, indent=2))
-
-
-def earlier_results(path: Path) -> dict[str, dict]:
-    """Results of an earlier run by source; rows that predate the commit column get the table's commit."""
-    if not path.exists():
-        raise SystemExit(f"{path}: no earlier table to take rows from")
-    commit = header_field(path, "commit", "unknown")
-    out = {}
-    for res in json.loads(path.read_text())["results"]:
-        for row in res["rows"]:
-            row.setdefault("commit", commit)
-        out[res["source"]] = res
-    return out
-
-
-def header_field(path: Path, key: str, missing: str = "unrecorded") -> str:
-    """The value of the ``- key: value`` line of a results table's provenance header, else ``missing``."""
-    found = re.search(rf"^- {key}: (.+)$", json.loads(path.read_text()).get("header", ""), re.MULTILINE)
-    return found.group(1).strip() if found else missing
-
-
-def keep_earlier(res: dict, old: dict, name: str) -> None:
-    """Add to ``res`` the rows of ``old`` (same scene) for (model, fit steps) not run now.
-
-    Rows from tables older than the diagnostics lack them and print "–" there; the hidden cells'
-    counts by distance are the same for both (same cells), so ``res`` takes ``old``'s if it has none.
-    """
-    same_cells(res, old, name)
-    ran = {(r["model"], r["fit_steps"]) for r in res["rows"]}
-    res["rows"] += [r for r in old["rows"] if (r["model"], r["fit_steps"]) not in ran]
-    if "hidden_by_distance" in old:
-        res.setdefault("hidden_by_distance", old["hidden_by_distance"])
-
-
-def same_cells(a: dict, b: dict, name: str) -> None:
-    """Stop (one line) unless two runs of scene ``name`` hid the same cells (seed, donors, count)."""
-    if (a["seed"], a["donors"], a["hidden_cells"]) != (b["seed"], b["donors"], b["hidden_cells"]):
-        raise SystemExit(f"{name}: rows to combine hid different cells (seed, donors or count differ); "
-                         "rerun every model without --reuse")

@@ -179,3 +179,46 @@ def test_memory_knobs_do_not_make_a_different_model():
     b = build("te-tnp", 1, 1, preset="tiny", max_block_elems=1000).config
     c = build("te-tnp", 1, 1, preset="tiny", num_layers=3).config
     assert same_model(a, b) and not same_model(a, c)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"))])
+def test_blocks_follow_the_device_the_model_is_on(device):
+    """for_prediction / for_training size the attention blocks and the kriging head's slices for
+    the device the weights are on: cache-sized on a CPU, a few launches a window on a GPU."""
+    from geonp.models import local_kriging, te_attention
+
+    model = build("te-pt-tnp", dim_x=6, dim_y=1).to(device)  # the shipped model: 3 locations, 3 covariates
+    gpu = device == "cuda"
+
+    def sizes():
+        attention = {m.max_block_elems for m in model.modules() if isinstance(m, te_attention.TEAttention)}
+        kriging = {m.cache_elems for m in model.modules() if isinstance(m, local_kriging.LocalKriging)}
+        return attention, kriging
+
+    slices = local_kriging.GPU_CACHE_ELEMS if gpu else local_kriging.CACHE_ELEMS
+    assert model.for_training() is model and model.training
+    assert sizes() == ({te_attention.TRAIN_BLOCK_ELEMS}, {slices})
+    model.for_prediction()
+    assert sizes() == ({te_attention.GPU_PREDICT_BLOCK_ELEMS if gpu else te_attention.PREDICT_BLOCK_ELEMS}, {slices})
+    assert not model.training
+
+
+def test_gpu_block_sizes_give_the_cpu_answer():
+    """The GPU's larger blocks, run on the CPU, predict what the CPU's blocks do (float sums aside)."""
+    from geonp.models import local_kriging, te_attention
+
+    torch.manual_seed(0)
+    model = build("te-pt-tnp", dim_x=6, dim_y=1).for_prediction()
+    xc, xt = torch.rand(2, 300, 6) * 4, torch.rand(2, 200, 6) * 4
+    yc = torch.randn(2, 300, 1)
+    with torch.no_grad():
+        small = model(xc, yc, xt)
+        for m in model.modules():
+            if isinstance(m, te_attention.TEAttention):
+                m.max_block_elems = te_attention.GPU_PREDICT_BLOCK_ELEMS
+            if isinstance(m, local_kriging.LocalKriging):
+                m.cache_elems = local_kriging.GPU_CACHE_ELEMS
+        large = model(xc, yc, xt)
+    torch.testing.assert_close(large.loc, small.loc, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(large.scale, small.scale, atol=1e-5, rtol=1e-5)

@@ -74,7 +74,7 @@ def test_scaling_pipeline_times_cells_and_records_oom(tmp_path, monkeypatch):
 
 def test_reuse_keeps_rows_not_rerun(tmp_path):
     """A rerun's rows replace the earlier table's for the same (model, fit steps); the rest stay."""
-    from pipelines import provenance
+    from pipelines import scene_tables
 
     def result(rows, donors=(3, -1)):
         return {"source": "s", "seed": 0, "donors": list(donors), "hidden_cells": 10,
@@ -82,17 +82,17 @@ def test_reuse_keeps_rows_not_rerun(tmp_path):
 
     old = result([("te-pt-tnp", 0, 1.0, "old"), ("kriging", 0, 2.0, "old"), ("te-pt-tnp", 200, 0.9, "old")])
     new = result([("te-pt-tnp", 0, 0.5, "new")])
-    provenance.keep_earlier(new, old, "scene")
+    scene_tables.keep_earlier(new, old, "scene")
     assert sorted((r["model"], r["fit_steps"], r["commit"]) for r in new["rows"]) == [
         ("kriging", 0, "old"), ("te-pt-tnp", 0, "new"), ("te-pt-tnp", 200, "old")]
     with pytest.raises(SystemExit, match="scene: rows to combine hid different cells"):
-        provenance.keep_earlier(result([]), result([], donors=(4, -1)), "scene")
+        scene_tables.keep_earlier(result([]), result([], donors=(4, -1)), "scene")
 
     path = tmp_path / "t.json"  # a table from before rows carried their commit
     table = {"header": "# T\n\n- commit: abc1234\n", "results": [result([("linear", 0, 1.0, "x")])]}
     del table["results"][0]["rows"][0]["commit"]
     path.write_text(json.dumps(table))
-    assert provenance.earlier_results(path)["s"]["rows"][0]["commit"] == "abc1234"
+    assert scene_tables.earlier_results(path)["s"]["rows"][0]["commit"] == "abc1234"
 
 
 def test_satellite_cv_merge_combines_runs(tmp_path):

@@ -142,5 +142,6 @@ def test_fill_options_rows_are_checked_before_anything_runs():
 
     parser = argparse.ArgumentParser(prog="suite")
     assert fill_rows(parser, ['calsig={"calibrate_sigma": true}']) == {"calsig": {"calibrate_sigma": True}}
-    with pytest.raises(SystemExit):
-        fill_rows(parser, ['bad={"calibrate": true}'])
+    for bad in ('{"calibrate": true}', '{"seed": 1}', '{"fit_steps": 0}', '{"fit": {"steps": 3}}', '{"samples": 2}'):
+        with pytest.raises(SystemExit):
+            fill_rows(parser, [f"bad={bad}"])

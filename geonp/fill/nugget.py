@@ -77,7 +77,7 @@ def paired_crps(model: NeuralProcess, source, device: torch.device | str, window
         dists = model.predict_per_nugget(b.xc, b.yc, b.xt, b.mask_c, b.mask_t, [None, OWN_NUGGET])
         for dist, out in zip(dists, (scene, own)):
             out.append(crps_normal(b.yt[..., 0].cpu().numpy()[keep], dist.loc[..., 0].float().cpu().numpy()[keep],
-                                      dist.scale[..., 0].float().cpu().numpy()[keep]))
+                                   dist.scale[..., 0].float().cpu().numpy()[keep]))
     return np.concatenate(scene), np.concatenate(own), np.concatenate(window)
 
 

@@ -103,12 +103,16 @@ class NeuralProcess(nn.Module):
 
     def blocked(self, training: bool) -> NeuralProcess:
         """Set how much of a task the attention and the kriging head form at once, by the device
-        the model's weights are on: on a CPU blocks sized for its caches
-        (:data:`geonp.models.te_attention.PREDICT_BLOCK_ELEMS` without autograd,
-        ``TRAIN_BLOCK_ELEMS`` with it, :data:`geonp.models.local_kriging.CACHE_ELEMS`), on a GPU
-        larger ones (``GPU_PREDICT_BLOCK_ELEMS``, ``GPU_CACHE_ELEMS``) so that a window is a few
-        launches rather than thousands. Blocking bounds memory; it never changes the result
-        beyond the order of float sums. Move the model first, then call this.
+        the model's weights are on. Attention: with autograd ``TRAIN_BLOCK_ELEMS`` on every device
+        (:mod:`geonp.models.te_attention`); without it ``PREDICT_BLOCK_ELEMS`` on a CPU (sized for
+        its caches) and ``GPU_PREDICT_BLOCK_ELEMS`` on a GPU. The kriging head's slices:
+        :data:`geonp.models.local_kriging.CACHE_ELEMS` on a CPU, ``GPU_CACHE_ELEMS`` on a GPU, so
+        that a window is a few launches rather than thousands. Blocking bounds memory; it never
+        changes the result beyond the order of float sums. Move the model first, then call this
+        (``geonp train`` keeps the sizes its model was built with).
+
+        Args:
+            training: blocks for forwards with autograd (True) or without (False).
 
         Returns:
             the model itself.

@@ -123,6 +123,38 @@ def measure(case: str, model: str, contended: bool, threads: int | None = None, 
     return {**json.loads(lines[-1]), "contended": contended}
 
 
+def row_key(row: dict, gpu: bool) -> tuple:
+    """What a rerun replaces: the same case, model, threads and contention; on a GPU also the same
+    commit, so each GPU session's rows stay beside the last one's (GPU time is rare)."""
+    key = row["case"], row["model"], str(row.get("threads_asked", "auto")), row["contended"]
+    return (*key, row["commit"]) if gpu else key
+
+
+def cpu_table(rows: list[dict]) -> list[str]:
+    """One line per (case, model, threads): quiet and contended wall times side by side."""
+    lines = ["| case | model | threads | gap cells | quiet s | contended s | contended / quiet | cells/s (quiet) | "
+             "peak GB | commit |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for setting in dict.fromkeys(row_key(r, False)[:3] for r in rows):
+        quiet = next((r for r in rows if row_key(r, False) == (*setting, False)), None)
+        busy = next((r for r in rows if row_key(r, False) == (*setting, True)), None)
+        first = quiet or busy
+        ratio = f"{busy['wall_s'] / quiet['wall_s']:.2f}" if quiet and busy else "–"
+        lines.append(f"| {setting[0]} | {setting[1]} | {setting[2]} | {first['gap_cells']} | "
+                     f"{quiet['wall_s'] if quiet else '–'} | {busy['wall_s'] if busy else '–'} | {ratio} | "
+                     f"{quiet['cells_per_s'] if quiet else '–'} | {first['peak_gb']} | {first['commit']} |")
+    return lines
+
+
+def gpu_table(rows: list[dict]) -> list[str]:
+    """One line per GPU row (quiet only): wall time, cells a second and a minute (the goal's unit), memory."""
+    lines = ["| case | model | gap cells | wall s | cells/s | cells/min | peak GB (host) | GPU GB | commit |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        lines.append(f"| {r['case']} | {r['model']} | {r['gap_cells']} | {r['wall_s']} | {r['cells_per_s']} | "
+                     f"{r['cells_per_s'] * 60:.3g} | {r['peak_gb']} | {r.get('gpu_peak_gb', '–')} | {r['commit']} |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", nargs="*", default=list(CASES), choices=CASES)
@@ -159,27 +191,11 @@ def main() -> None:
                     rows.append({**row, "commit": commit})
                     print(json.dumps(rows[-1]), flush=True)
     path = out.with_suffix(".json")
-    def key(r: dict) -> tuple:
-        return r["case"], r["model"], str(r.get("threads_asked", "auto")), r["contended"]
-
-    ran = {key(r) for r in rows}
     if path.exists():
-        rows += [r for r in json.loads(path.read_text())["rows"] if key(r) not in ran]
-    rows.sort(key=lambda r: (CASES.index(r["case"]), MODELS.index(r["model"]), key(r)[2], r["contended"]))
-    gpu_columns = " GPU GB | cells/min (quiet) |" if gpu else ""
-    lines = ["| case | model | threads | gap cells | quiet s | contended s | contended / quiet | cells/s (quiet) | "
-             "peak GB |" + gpu_columns + " commit |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * gpu + "---|"]
-    for setting in dict.fromkeys(key(r)[:3] for r in rows):
-        quiet = next((r for r in rows if key(r) == (*setting, False)), None)
-        busy = next((r for r in rows if key(r) == (*setting, True)), None)
-        first = quiet or busy
-        ratio = f"{busy['wall_s'] / quiet['wall_s']:.2f}" if quiet and busy else "–"
-        lines.append(f"| {setting[0]} | {setting[1]} | {setting[2]} | {first['gap_cells']} | "
-                     f"{quiet['wall_s'] if quiet else '–'} | {busy['wall_s'] if busy else '–'} | {ratio} | "
-                     f"{quiet['cells_per_s'] if quiet else '–'} | {first['peak_gb']} |"
-                     + (f" {first.get('gpu_peak_gb', '–')} | {quiet['cells_per_s'] * 60:.3g} |" if gpu and quiet else
-                        " – | – |" if gpu else "") + f" {first['commit']} |")
+        ran = {row_key(r, gpu) for r in rows}
+        rows += [r for r in json.loads(path.read_text())["rows"] if row_key(r, gpu) not in ran]
+    rows.sort(key=lambda r: (CASES.index(r["case"]), MODELS.index(r["model"]), row_key(r, gpu)[2:]))
+    lines = gpu_table(rows) if gpu else cpu_table(rows)
     out.with_suffix(".md").write_text(text + "\n" + "\n".join(lines) + "\n")
     path.write_text(json.dumps({"header": text, "rows": rows}, indent=1) + "\n")
     print(out.with_suffix(".md").read_text())

@@ -45,7 +45,8 @@ from geonp.fill.predictor import bundled_checkpoint
 from geonp.skill_table import write_table
 from pipelines.checkpoint_variants import bundled_variants, variant_checkpoint
 from pipelines.products import alaska_ndvi, esacci_soil_moisture
-from pipelines.provenance import REPO, earlier_results, git_commit, header, keep_earlier
+from pipelines.provenance import REPO, git_commit, header
+from pipelines.scene_tables import earlier_results, keep_earlier
 
 ROWS = ["linear", "kriging", "dineof", "te-pt-tnp", "te-pt-tnp+dineof", "te-pt-tnp+nearest_steps",
         "te-pt-tnp+dineof+nearest_steps"]

@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tmp", default=None, help="folder for the temporary cube (default: the system's)")
     p.add_argument("--keep", action="store_true", help="keep the temporary cube, output and checkpoint")
-    p.add_argument("--out", default="pipelines/results/infill_cpu.md")
+    p.add_argument("--out", default=None, help="the table (default: pipelines/results/infill_{device}.md)")
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         p.exit(2, "infill_benchmark: --device cuda: no CUDA device here\n")
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             shutil.rmtree(folder, ignore_errors=True)
     text = report(args, weights, memory, rows)
-    out = Path(args.out)
+    out = Path(args.out or f"pipelines/results/infill_{args.device}.md")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     out.with_suffix(".json").write_text(json.dumps({"weights": weights, "threads": args.threads, "memory": memory,

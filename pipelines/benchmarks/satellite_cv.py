@@ -29,7 +29,8 @@ from geonp.data.readers import data_folder
 from geonp.device import resolve_device
 from geonp.evaluate import evaluate
 from geonp.skill_table import write_table
-from pipelines.provenance import REPO, earlier_results, git_commit, header, header_field, keep_earlier, same_cells
+from pipelines.provenance import REPO, git_commit, header
+from pipelines.scene_tables import earlier_results, header_field, keep_earlier, same_cells
 from pipelines.scenes import TEST as SCENES
 
 #: name -> (file under the data folder, variable, open_satellite keywords, crop as isel keywords)

@@ -31,7 +31,6 @@ import torch
 
 from geonp.device import resolve_device
 from geonp.models import build
-from geonp.models.te_attention import PREDICT_BLOCK_ELEMS, set_block_elems
 from pipelines.benchmarks.memory import high_water
 from pipelines.provenance import header
 
@@ -57,10 +56,9 @@ def _task(nc: int, nt: int, device: torch.device, seed: int = 0) -> tuple[torch.
 def measure(name: str, preset: str, nc: int, nt: int, device: torch.device) -> dict:
     """One cell in this process: ``{seconds, peak_bytes}`` of one forward pass."""
     torch.manual_seed(0)
-    model = build(name, dim_x=DIM_X, dim_y=1, preset=preset).to(device).eval()
-    # TE attention blocks as geonp infill sets them without autograd (the CPU presets' larger
-    # training blocks outgrow the caches: 20x slower forwards, see set_block_elems).
-    set_block_elems(model, PREDICT_BLOCK_ELEMS)
+    # Blocks as geonp infill sets them for this device without autograd (on a CPU the presets'
+    # larger training blocks outgrow the caches: 20x slower forwards, see set_block_elems).
+    model = build(name, dim_x=DIM_X, dim_y=1, preset=preset).to(device).for_prediction()
     with torch.inference_mode():
         model(*_task(100, 100, device)).loc.sum().item()  # warm-up: allocator, kernels
         inputs = _task(nc, nt, device)

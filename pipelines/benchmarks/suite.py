@@ -182,14 +182,22 @@ def fit_rows(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, Fit
     return fits
 
 
+#: Fill options a row sets elsewhere: its fit steps (``LABEL@FIT``), ``--fit``, ``--seed``, ``--samples``.
+ROW_SET = {"fit_steps": "LABEL@FIT", "fit": "--fit LABEL=JSON", "seed": "--seed", "samples": "--samples",
+           "device": "nothing (the suite fills on the best device)"}
+
+
 def fill_rows(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, dict]:
     """``--options LABEL=JSON`` items as fill options per row label, checked by
-    :meth:`FillOptions.from_keywords` (a bad one: the parser's error)."""
+    :meth:`FillOptions.from_keywords` (a bad one, or one the row sets another way: the parser's error)."""
     fills = {}
     for item in items:
         label, _, text = item.partition("=")
         try:
             fills[label] = json.loads(text)
+            elsewhere = sorted(set(fills[label]) & set(ROW_SET))
+            if elsewhere:
+                raise ValueError(f"{elsewhere[0]} is set with {ROW_SET[elsewhere[0]]}")
             FillOptions.from_keywords(**fills[label])
         except (ValueError, TypeError) as err:
             parser.error(f"--options {item!r}: {err}")

@@ -36,7 +36,8 @@ from geonp.evaluate import evaluate
 from geonp.metrics import WIDE_DISTANCE_BINS
 from geonp.skill_table import write_table
 from pipelines.checkpoint_variants import bundled_variants
-from pipelines.provenance import REPO, earlier_results, git_commit, header, keep_earlier
+from pipelines.provenance import REPO, git_commit, header
+from pipelines.scene_tables import earlier_results, keep_earlier
 from pipelines.scenes import WIDE_CLOUDS
 
 ROWS = ["linear", "kriging", "te-pt-tnp", "te-pt-tnp@30"]

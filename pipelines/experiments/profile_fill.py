@@ -7,7 +7,10 @@ The case is one of :mod:`pipelines.benchmarks.fill_speed`'s (its data, its gaps)
 geonp's defaults (30 fit steps, the nugget check). The device is started before the profile (a
 CUDA context, the fused CPU kernel's one-time build), so what is left is what every fill pays in a
 fresh process: lazy imports included. cProfile adds its own overhead to Python-heavy code, so the
-profiled wall time is longer than ``fill_speed``'s; read the shares, not the seconds.
+profiled wall time is longer than ``fill_speed``'s; read the shares, not the seconds. On a GPU,
+kernels run asynchronously and cProfile books their time at the next synchronisation (a
+``.item()``, a ``bool()`` of a tensor, a copy to the host), so there the call counts are exact but
+the seconds of a function may include other functions' kernels.
 Writes ``pipelines/results/fill_profile_{device}_{case}.md``: the top functions by cumulative time,
 then by own time.
 """

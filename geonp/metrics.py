@@ -4,9 +4,8 @@ with two diagnostics: errors by distance to the nearest observed cell, and PIT h
 
 CRPS and the interval score of a Gaussian predictive are closed forms (Gneiting & Raftery 2007),
 written here rather than taken from ``scoringrules``: every te-pt-tnp fill scores CRPS (its nugget
-check), and
-where numba is installed, importing ``scoringrules`` compiles its kernels, 3-5 s on 2 cores and up to
-12 s on a GPU machine's cold start in every process. ``scoringrules`` stays the library of the
+check), and where numba is installed, importing ``scoringrules`` compiles its kernels in every
+process, 3-5 s on 2 cores and up to 12 s on a GPU machine's cold start. ``scoringrules`` stays the library of the
 multivariate scores of samples (``geonp.sample_scores``), checked against these in the tests.
 """
 

@@ -104,8 +104,7 @@ def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, device
     every = max(1, options.steps // 5)
     losses: list[float] = []
     torch.manual_seed(seed)  # as a training run seeds before it starts: whatever draws from torch follows the seed
-    tuned = copy.deepcopy(model).to(device).for_training()  # blocks sized for the device
-    tuned.train()
+    tuned = copy.deepcopy(model).to(device).for_training()  # training mode, blocks sized for the device
     if options.scope == "head":  # frozen weights get no gradient, and Adam leaves them be
         fitted = {id(p) for p in head_parameters(tuned)}
         for p in tuned.parameters():

@@ -121,7 +121,7 @@ def test_fast_path_matches_the_reference_in_values_and_gradients(name, offset):
     results = []
     for backend in ("direct", "fast"):
         model.zero_grad()
-        with attention_backend(backend):  # the backward pass recomputes with the same implementation
+        with attention_backend(model, backend):  # the backward pass recomputes with the same implementation
             dist = model(xc, yc, xt, mask_c)
             (-dist.log_prob(torch.ones_like(dist.loc)).mean()).backward()
         grads = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
@@ -133,21 +133,27 @@ def test_fast_path_matches_the_reference_in_values_and_gradients(name, offset):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
 
 
-def test_the_backend_is_chosen_in_one_place_and_put_back():
-    from geonp.models.te_attention import BACKENDS, attention_backend, current_backend
+def test_the_backend_is_each_layers_own_and_put_back():
+    """attention_backend switches the layers of one model and nothing else; the choice is each
+    layer's attribute, not process-wide state, and comes back when the block ends."""
+    from geonp.models.te_attention import TEAttention, attention_backend
 
-    start = current_backend()
-    assert start in BACKENDS
-    with attention_backend("direct"):
-        assert current_backend() == "direct"
-        with attention_backend("fast"):
-            assert current_backend() == "fast"
-        assert current_backend() == "direct"
-    assert current_backend() == start
+    model, other = build("te-pt-tnp", 3, 1, preset="tiny"), build("te-tnp", 3, 1, preset="tiny")
+
+    def backends(m):
+        return {layer.backend for layer in m.modules() if isinstance(layer, TEAttention)}
+
+    assert backends(model) == backends(other) == {"fused"}
+    with attention_backend(model, "direct"):
+        assert backends(model) == {"direct"} and backends(other) == {"fused"}
+        with attention_backend(model, "fast"):
+            assert backends(model) == {"fast"}
+        assert backends(model) == {"direct"}
+    assert backends(model) == {"fused"}
     with pytest.raises(ValueError, match="unknown TE attention backend 'cuda'"):
-        with attention_backend("cuda"):
+        with attention_backend(model, "cuda"):
             pass
-    assert current_backend() == start
+    assert backends(model) == {"fused"}
 
 
 def test_a_backward_pass_outside_the_backend_block_recomputes_with_the_forward_backend():
@@ -167,7 +173,7 @@ def test_a_backward_pass_outside_the_backend_block_recomputes_with_the_forward_b
     for inside in (True, False):
         layer.zero_grad()
         q = zq.clone().requires_grad_()
-        with attention_backend("direct"):
+        with attention_backend(layer, "direct"):
             out, x = layer(q, xq, zk, xk, mask)
             if inside:
                 (out.square().sum() + x.square().sum()).backward()
@@ -176,15 +182,3 @@ def test_a_backward_pass_outside_the_backend_block_recomputes_with_the_forward_b
         grads.append([q.grad.clone()] + [p.grad.clone() for p in layer.parameters() if p.grad is not None])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
-
-
-def test_geonp_fused_0_starts_at_the_python_fast_path():
-    import os
-    import subprocess
-    import sys
-
-    code = "from geonp.models.te_attention import current_backend; print(current_backend())"
-    for env, want in (("0", "fast"), ("1", "fused")):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                             env={**os.environ, "GEONP_FUSED": env})
-        assert out.stdout.strip() == want

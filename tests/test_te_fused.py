@@ -83,9 +83,9 @@ def test_fused_layer_matches_the_python_fast_path(nk, dx, update_locations, dist
             torch.nn.init.normal_(layer.loc_mlp[-1].weight, std=0.3)  # switch Eq. 10 on
     inputs = layer_inputs(9, nk, dx)
     with torch.no_grad():
-        with attention_backend("fast"):
+        with attention_backend(layer, "fast"):
             out_py, x_py = layer(*inputs)
-        with attention_backend("fused"):
+        with attention_backend(layer, "fused"):
             out_fused, x_fused = layer(*inputs)
     torch.testing.assert_close(out_fused, out_py, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(x_fused, x_py, atol=1e-5, rtol=1e-5)
@@ -101,9 +101,9 @@ def test_fused_models_predict_as_the_python_path_far_from_the_origin(name):
     torch.manual_seed(0)
     model = build(name, 3, 1, preset="tiny").eval()
     with torch.no_grad():
-        with attention_backend("fast"):
+        with attention_backend(model, "fast"):
             slow = model(xc, yc, xt, mask_c)
-        with attention_backend("fused"):
+        with attention_backend(model, "fused"):
             fast = model(xc, yc, xt, mask_c)
     torch.testing.assert_close(fast.loc, slow.loc, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(fast.scale, slow.scale, atol=1e-5, rtol=1e-5)
@@ -125,7 +125,7 @@ def test_fused_gradients_match_the_python_fast_path(update_locations, distance_p
     for backend in ("fast", "fused"):
         zq, xq, zk, xk, mask = (t.clone().requires_grad_(t.is_floating_point()) for t in layer_inputs(9, 37, 3))
         layer.zero_grad()
-        with attention_backend(backend):  # the backward pass recomputes with the same implementation
+        with attention_backend(layer, backend):  # the backward pass recomputes with the same implementation
             out, x = layer(zq, xq, zk, xk, mask)
             g = torch.Generator().manual_seed(2)
             (out * torch.randn(out.shape, generator=g)).sum().add((x * torch.randn(x.shape, generator=g)).sum()
@@ -158,7 +158,7 @@ def test_fused_gradients_are_the_same_bit_for_bit_on_several_threads():
         for _ in range(3):
             layer.zero_grad()
             zq, xq, zk, xk, mask = layer_inputs(6, 40, 3)
-            with attention_backend("fused"):  # the kernel, whatever GEONP_FUSED says
+            with attention_backend(layer, "fused"):
                 out, x = layer(zq, xq, zk, xk, mask)
                 (out.square().sum() + x.sum()).backward()
             grads.append([p.grad.clone() for p in layer.parameters()])

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from collections.abc import Iterator
 
 import torch
@@ -61,40 +60,6 @@ from geonp.models.layers import mlp
 #: last layer of ``phi``, see ``TEAttention._logits_fast``); ``direct`` runs the direct form, the
 #: reference the tests hold the other two to. All three compute the same function.
 BACKENDS = ("fused", "fast", "direct")
-# The one place the implementation is chosen: every TEAttention reads it on every call. It starts
-# at "fused", or "fast" with GEONP_FUSED=0 in the environment; change it with attention_backend.
-_backend = "fast" if os.environ.get("GEONP_FUSED", "1") == "0" else "fused"
-
-
-def current_backend() -> str:
-    """The TE attention implementation in use now.
-
-    Returns:
-        One of :data:`BACKENDS`.
-    """
-    return _backend
-
-
-@contextlib.contextmanager
-def attention_backend(name: str) -> Iterator[None]:
-    """Run every TE attention layer with implementation ``name`` inside the ``with`` block.
-
-    Args:
-        name: one of :data:`BACKENDS`.
-
-    Raises:
-        ValueError: an unknown name.
-    """
-    global _backend
-    if name not in BACKENDS:
-        raise ValueError(f"unknown TE attention backend {name!r}; known: {', '.join(BACKENDS)}")
-    before, _backend = _backend, name
-    try:
-        yield
-    finally:
-        _backend = before
-
-
 #: Default cap on hidden activations alive at once (elements; 2**24 floats = 64 MiB).
 DEFAULT_BLOCK_ELEMS = 2**24
 #: Block cap for window-sized tasks without autograd (see :func:`set_block_elems`), what
@@ -115,8 +80,9 @@ _NEG = -1e30  # finite "minus infinity" so fully padded key blocks never give in
 class TEAttention(nn.Module):
     """TE multi-head attention ``queries (zq, xq) <- keys (zk, xk)``.
 
-    Which implementation runs (the fused kernel, the Python fast form or the direct form) is
-    chosen in one place for every layer: :func:`attention_backend`.
+    Which implementation runs (the fused kernel, the Python fast form or the direct form) is the
+    layer's ``backend`` attribute, ``"fused"`` unless set (:func:`attention_backend` sets it for
+    every layer of a model).
 
     Args:
         dim: token size ``Dz``.
@@ -127,8 +93,8 @@ class TEAttention(nn.Module):
         max_block_elems: memory cap, see the module docstring.
         distance_prior: add the per-head squared-distance term, see the module docstring.
 
-    ``max_block_elems`` and ``key_block`` (:data:`KEY_BLOCK`) are attributes a caller may change:
-    they set how the work is blocked, never what it computes.
+    ``max_block_elems``, ``key_block`` (:data:`KEY_BLOCK`) and ``backend`` are attributes a caller
+    may change: they set how the work is done, never what it computes.
     """
 
     def __init__(
@@ -144,7 +110,7 @@ class TEAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.num_heads, self.head_dim, self.dim_hidden = num_heads, head_dim, dim_hidden
-        self.max_block_elems, self.key_block = max_block_elems, KEY_BLOCK
+        self.max_block_elems, self.key_block, self.backend = max_block_elems, KEY_BLOCK, "fused"
         inner = num_heads * head_dim
         self.to_q = nn.Linear(dim, inner, bias=False)
         self.to_k = nn.Linear(dim, inner, bias=False)
@@ -177,8 +143,8 @@ class TEAttention(nn.Module):
         n_valid = mask_k.sum(-1).clamp(min=1).to(xq.dtype)  # [B]
         xq_in = xq
         # Read once: row blocks recomputed in the backward pass must use the implementation the
-        # forward pass used, even when backward() runs outside the attention_backend block.
-        backend = _backend
+        # forward pass used, even when backward() runs after the attribute has changed again.
+        backend = self.backend
         direct = backend == "direct"
         if not direct:
             # Centre the locations on the keys' mean: a translation, so nothing changes but the
@@ -339,3 +305,31 @@ def set_block_elems(model: nn.Module, max_block_elems: int) -> nn.Module:
         if isinstance(module, TEAttention):
             module.max_block_elems = max_block_elems
     return model
+
+
+@contextlib.contextmanager
+def attention_backend(model: nn.Module, name: str) -> Iterator[nn.Module]:
+    """Run every TE attention layer of ``model`` with implementation ``name`` inside the block.
+
+    Each layer keeps its choice in its ``backend`` attribute (``"fused"`` unless set), like
+    ``max_block_elems``: how the work is done, never what it computes. The previous choices
+    come back when the block ends.
+
+    Args:
+        model: any module; its :class:`TEAttention` layers are switched.
+        name: one of :data:`BACKENDS`.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if name not in BACKENDS:
+        raise ValueError(f"unknown TE attention backend {name!r}; known: {', '.join(BACKENDS)}")
+    layers = [m for m in model.modules() if isinstance(m, TEAttention)]
+    before = [m.backend for m in layers]
+    for layer in layers:
+        layer.backend = name
+    try:
+        yield model
+    finally:
+        for layer, was in zip(layers, before):
+            layer.backend = was

@@ -11,9 +11,8 @@ It is compiled on first use with ``torch.utils.cpp_extension`` (needs a C++ comp
 ``ninja``; cached under ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``). That
 first build takes about 45 s here and is announced on stderr; later processes load it in a second.
 Where it cannot be built :func:`cpu_kernel` returns None and TEAttention keeps its Python path:
-same function, slower. Whether TEAttention asks for it at all is chosen in one place,
-:func:`geonp.models.te_attention.attention_backend` (``GEONP_FUSED=0`` in the environment starts
-it at the Python path). The backward pass
+same function, slower. Whether a TEAttention layer asks for it at all is the layer's ``backend``
+attribute (:func:`geonp.models.te_attention.attention_backend` switches a whole model). The backward pass
 is fused too: it recomputes each query row's pair activations tile by tile rather than storing
 them, so training memory is that of the forward pass (the Python path checkpoints row blocks
 for the same reason).

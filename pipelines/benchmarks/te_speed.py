@@ -85,7 +85,7 @@ def measure(name: str, kwargs: dict, train_data: list, infill_data: list, repeat
     figures: dict[str, dict[str, list[float]]] = {f: {"train": [], "infill": []} for f, _ in FORMS}
     for i in range(repeats + 1):  # the first round warms up
         for label, backend in FORMS:
-            with attention_backend(backend):
+            with attention_backend(model, backend):
                 step = time_training(set_block_elems(model.train(), TRAIN_BLOCK_ELEMS), train_data)
                 rate = time_infill(set_block_elems(model.eval(), PREDICT_BLOCK_ELEMS), infill_data)
             if i:

@@ -87,4 +87,4 @@ def _calibrate(p: Plan, say: Callable[[str], None] | None) -> None:
                                        p.choice.covariates, p.options.check_windows)
     p.sigma_scales = describe(scales)
     if say:
-        say(f"sigma calibrated on the input's own cells, scale by distance to an observation: {p.sigma_scales}")
+        say("sigma calibrated on the input's own cells (the scales: geonp infill -v)")

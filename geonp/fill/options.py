@@ -50,8 +50,8 @@ class FitOptions:
             cells as for any model. Off: on history_cv's validation split 3 folds gave a mean CRPS
             ratio to the best of kriging and dineof of 0.8613 against 0.8466 without; on the
             suite's validation split (row ``folds3``) CRPS x1.027 [0.985, 1.100]: better calibrated
-            on soil moisture (c3s_sm#0 90% coverage 0.62 -> 0.80), far too wide where the history
-            is reliable (ersst#0 CRPS x2.43).
+            on soil moisture (c3s_sm#0 90% coverage 0.62 -> 0.80), far too wide on two gap-free
+            stacks under one cloud mask (ersst#0 CRPS x2.43, era5land_iberia_t2m#0 x1.24).
         scope: which weights fine-tuning changes (:data:`FIT_SCOPES`): ``"all"``, or ``"head"``, the parts after the
             encoder (:data:`geonp.fill.finetune.HEAD_MODULES`: the kriging head, the decoder, the
             likelihood), the encoder frozen, so that a step runs no backward pass through the

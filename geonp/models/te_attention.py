@@ -294,6 +294,11 @@ class TEAttentionBlock(nn.Module):
         return z + self.ff(self.norm_ff(z)), x
 
 
+def _te_layers(model: nn.Module) -> list[TEAttention]:
+    """The TE attention layers of ``model`` (the model itself if it is one)."""
+    return [module for module in model.modules() if isinstance(module, TEAttention)]
+
+
 def set_block_elems(model: nn.Module, max_block_elems: int) -> nn.Module:
     """Set the memory cap of every TE attention layer in ``model`` (a runtime knob, not a weight).
 
@@ -301,9 +306,8 @@ def set_block_elems(model: nn.Module, max_block_elems: int) -> nn.Module:
     2**22 runs the small preset 20x faster than 2**26, whose temporaries outgrow the caches;
     with autograd 2**22 forces row-by-row recomputation and trains 70x slower than 2**25.
     """
-    for module in model.modules():
-        if isinstance(module, TEAttention):
-            module.max_block_elems = max_block_elems
+    for layer in _te_layers(model):
+        layer.max_block_elems = max_block_elems
     return model
 
 
@@ -324,7 +328,7 @@ def attention_backend(model: nn.Module, name: str) -> Iterator[nn.Module]:
     """
     if name not in BACKENDS:
         raise ValueError(f"unknown TE attention backend {name!r}; known: {', '.join(BACKENDS)}")
-    layers = [m for m in model.modules() if isinstance(m, TEAttention)]
+    layers = _te_layers(model)
     before = [m.backend for m in layers]
     for layer in layers:
         layer.backend = name

@@ -121,8 +121,11 @@ def dineof(
     spread = float(truth[seen].std()) or 1.0
     anomaly = np.where(seen, (truth - centre) / spread, 0.0)  # [N, T], standardised
 
-    # Cross-validation: observed cells hidden under other steps' real gaps.
-    cv_mask, _ = borrow_gaps(observed, ~np.isfinite(values) & ok, rng, low=cv_low, high=cv_high, min_observed=20)
+    # Cross-validation: observed cells hidden under other steps' real gaps, a repeated donor's moved
+    # (on a gap-free stack under one cloud every step would lose the same place, whose cells no mode
+    # can then be fitted to); synthetic clouds of a cover the shares accept where no step can donate.
+    cv_mask, _ = borrow_gaps(observed, ~np.isfinite(values) & ok, rng, low=cv_low, high=cv_high,
+                             cover=(cv_low + cv_high) / 2, min_observed=20, move_repeats=True)
     cv = cv_mask[:, cells].T  # [N, T]
     limit = max(1, min(max_modes, steps_seen - 1))
     work = np.where(cv, 0.0, anomaly)
@@ -150,8 +153,10 @@ def dineof(
     mean = np.full(values.shape, np.nan)
     mean[:, cells] = (centre + spread * ((filled @ lead) @ lead.T)).T
     # Prior on a cell's loadings: mode k's mean square loading over the cells, against the noise
-    # the cross-validation saw (both in standardised units).
-    noise = (best_err / spread) ** 2 if np.isfinite(best_err) else 1.0
+    # (both in standardised units): what the modes miss at the observed cells, not the
+    # cross-validation's error, which holds the gaps' extrapolation error too and would shrink
+    # every cell's loadings towards zero.
+    noise = float(np.mean((filled - (filled @ lead) @ lead.T)[seen] ** 2)) if seen.any() else 1.0
     ridge = noise * len(filled) / np.maximum(power[-best_k:], 1e-12)  # [k]
     held_out = np.full(values.shape, np.nan)
     held_out[:, cells] = (centre + spread * _leave_one_out(np.where(seen, anomaly, 0.0), seen, lead, ridge)).T

@@ -153,10 +153,8 @@ def dineof(
     mean = np.full(values.shape, np.nan)
     mean[:, cells] = (centre + spread * ((filled @ lead) @ lead.T)).T
     # Prior on a cell's loadings: mode k's mean square loading over the cells, against the noise
-    # (both in standardised units): what the modes miss at the observed cells, not the
-    # cross-validation's error, which holds the gaps' extrapolation error too and would shrink
-    # every cell's loadings towards zero.
-    noise = float(np.mean((filled - (filled @ lead) @ lead.T)[seen] ** 2)) if seen.any() else 1.0
+    # the cross-validation saw (both in standardised units).
+    noise = (best_err / spread) ** 2 if np.isfinite(best_err) else 1.0
     ridge = noise * len(filled) / np.maximum(power[-best_k:], 1e-12)  # [k]
     held_out = np.full(values.shape, np.nan)
     held_out[:, cells] = (centre + spread * _leave_one_out(np.where(seen, anomaly, 0.0), seen, lead, ridge)).T

@@ -70,6 +70,7 @@ def borrow_gaps(
     cover: float = 0.3,
     min_observed: int = 50,
     steps: np.ndarray | list[int] | None = None,
+    move_repeats: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Cells to hide in each step of a stack: its observed cells under another step's real gaps.
 
@@ -84,9 +85,15 @@ def borrow_gaps(
             (a real gap inside the valid area).
         rng: the randomness (donor choice, clouds); same state, same result.
         low, high: the share of a step's observed cells to hide, ``0 <= low < high < 1``.
-        cover: cloud fraction of the synthetic clouds.
+        cover: cloud fraction of the synthetic clouds (keep it within ``low`` to ``high``: a
+            draw that hides more than ``high`` is refused).
         min_observed: steps with fewer observed cells are left untouched.
         steps: the steps to hide cells in; the others are only donors.
+        move_repeats: a donor drawn again hides its gaps moved by a random offset (cyclic over
+            the grid, redrawn up to 10 times until it hides ``low`` to ``high``), so no two steps
+            lose the same cells to one donor. Where a stack has one real cloud (a gap-free field
+            under one borrowed mask) every step would otherwise lose the same place, a hole in
+            the whole history that the fill itself never faces.
 
     Returns:
         ``(hidden, donors)``: bool ``[S, R, C]`` (True: hide), and int ``[S]``: each step's donor,
@@ -100,6 +107,7 @@ def borrow_gaps(
     gap_rows = gaps.reshape(n_steps, -1).astype(np.float32)
     hidden = np.zeros_like(observed)
     donors = np.full(n_steps, DONOR_NONE, dtype=np.int64)
+    used = np.zeros(n_steps, bool)
     for t in range(n_steps) if steps is None else [int(s) for s in steps]:
         if n_obs[t] < min_observed:
             continue
@@ -110,6 +118,9 @@ def borrow_gaps(
         if usable.size:
             donors[t] = int(rng.choice(usable))
             hidden[t] = gaps[donors[t]] & observed[t]
+            if move_repeats and used[donors[t]]:
+                hidden[t] = _moved(gaps[donors[t]], observed[t], rng, low, high, hidden[t])
+            used[donors[t]] = True
             continue
         best, best_share = None, 0.0
         for _ in range(CLOUD_TRIES):
@@ -123,3 +134,22 @@ def borrow_gaps(
         if best is not None:
             hidden[t], donors[t] = best, DONOR_CLOUDS
     return hidden, donors
+
+
+def _moved(gaps: np.ndarray, observed: np.ndarray, rng: np.random.Generator, low: float, high: float,
+           fallback: np.ndarray) -> np.ndarray:
+    """``gaps [R, C]`` rolled by a random offset, over ``observed [R, C]``: the first of
+    :data:`CLOUD_TRIES` offsets that hides ``low`` to ``high`` of the observed cells, else the one
+    nearest below ``high``, else ``fallback``."""
+    n_obs = observed.sum()
+    best, best_share = fallback, 0.0
+    for _ in range(CLOUD_TRIES):
+        offset = (int(rng.integers(gaps.shape[0])), int(rng.integers(gaps.shape[1])))
+        moved = np.roll(gaps, offset, axis=(0, 1)) & observed
+        share = moved.sum() / n_obs
+        if low <= share <= high:
+            return moved
+        if best_share < share <= high:
+            best, best_share = moved, share
+    return best
+

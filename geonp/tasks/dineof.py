@@ -121,8 +121,11 @@ def dineof(
     spread = float(truth[seen].std()) or 1.0
     anomaly = np.where(seen, (truth - centre) / spread, 0.0)  # [N, T], standardised
 
-    # Cross-validation: observed cells hidden under other steps' real gaps.
-    cv_mask, _ = borrow_gaps(observed, ~np.isfinite(values) & ok, rng, low=cv_low, high=cv_high, min_observed=20)
+    # Cross-validation: observed cells hidden under other steps' real gaps, a repeated donor's moved
+    # (on a gap-free stack under one cloud every step would lose the same place, whose cells no mode
+    # can then be fitted to); synthetic clouds of a cover the shares accept where no step can donate.
+    cv_mask, _ = borrow_gaps(observed, ~np.isfinite(values) & ok, rng, low=cv_low, high=cv_high,
+                             cover=(cv_low + cv_high) / 2, min_observed=20, move_repeats=True)
     cv = cv_mask[:, cells].T  # [N, T]
     limit = max(1, min(max_modes, steps_seen - 1))
     work = np.where(cv, 0.0, anomaly)

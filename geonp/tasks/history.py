@@ -204,7 +204,7 @@ def fold_hidden(values: np.ndarray, ok: np.ndarray, fold: int, folds: int, rng: 
     """
     observed = np.isfinite(values) & ok
     hidden, _ = borrow_gaps(observed, ~np.isfinite(values) & ok, rng, low=low, high=high,
-                            steps=list(range(fold, len(values), folds)))
+                            steps=list(range(fold, len(values), folds)), move_repeats=True)
     return hidden
 
 

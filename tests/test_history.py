@@ -37,6 +37,46 @@ def test_a_low_rank_stack_is_filled_to_its_noise_and_the_modes_are_found():
     assert rec.cv_rmse[1] > 2 * rec.cv_rmse[rec.modes]
 
 
+def one_cloud_stack(cover: float, steps: int = 12, seed: int = 3):
+    """A gap-free low-rank stack with one cloud over one step (a reanalysis under a borrowed
+    satellite mask, as the scene suite builds them): ``(truth, with the cloud)``."""
+    truth, _ = low_rank_stack(steps=steps, noise=0.1, seed=seed)
+    given = truth.copy()
+    given[steps // 2][random_clouds(truth.shape[1:], cover, np.random.default_rng(seed), 6.0)] = np.nan
+    return truth, given
+
+
+@pytest.mark.parametrize("cover", [0.08, 0.3])
+def test_a_gap_free_stack_under_one_cloud_is_cross_validated_and_its_modes_found(cover):
+    """One cloud of 8% (every other step's only donor) or of 30% (more than the cross-validation
+    may hide): the cross-validation still hides cells in every step and at different places, so
+    the three modes are found and the cloud is filled to about the noise."""
+    truth, given = one_cloud_stack(cover)
+    rec = dineof(given)
+    gap = np.isnan(given)
+    assert rec.cv_points > 0.02 * np.isfinite(given).sum()
+    assert 3 <= rec.modes <= 6
+    assert np.sqrt(np.mean((rec.mean[gap] - truth[gap]) ** 2)) < 0.2  # noise 0.1, spread about 3
+
+
+def test_a_donor_drawn_again_hides_its_gaps_elsewhere():
+    from geonp.tasks.clouds import borrow_gaps
+
+    _, given = one_cloud_stack(0.2, steps=6)
+    observed, gaps = np.isfinite(given), np.isnan(given)
+    kept, donors = borrow_gaps(observed, gaps, np.random.default_rng(0), low=0.1, high=0.5)
+    moved, again = borrow_gaps(observed, gaps, np.random.default_rng(0), low=0.1, high=0.5, move_repeats=True)
+    others = [t for t in range(6) if t != 3]
+    assert list(donors[others]) == list(again[others]) == [3] * 5  # the cloudy step is every step's donor
+    assert all((kept[t] == gaps[3]).all() for t in others)  # as drawn: the same cells in every step
+    first = moved[others[0]]
+    assert (first == gaps[3]).all()  # a first use keeps the donor's cells
+    for t in others[1:]:
+        share = moved[t].sum() / observed[t].sum()
+        assert 0.1 <= share <= 0.5 and (moved[t] != first).any()
+    assert not (moved & ~observed).any()
+
+
 def test_sigma_is_calibrated_grows_with_distance_and_is_zero_where_observed():
     truth, given = low_rank_stack(noise=0.3)
     rec = dineof(given)
@@ -110,8 +150,10 @@ def test_held_out_leaves_each_observation_out_of_its_own_prediction():
     rec = dineof(given)
     seen, gap = np.isfinite(given), np.isnan(given)
     rmse = lambda pred, ref, where: np.sqrt(np.mean((pred[where] - ref[where]) ** 2))  # noqa: E731
-    # At a gap it predicts about as well as the reconstruction (a ridge fit of the same modes).
-    assert rmse(rec.held_out, truth, gap) < 1.1 * rmse(rec.mean, truth, gap)
+    # At a gap it predicts about as well as the reconstruction (a ridge fit of the same modes; the
+    # ridge's noise is the cross-validation's error, extrapolation included, so a gap's loadings
+    # shrink a little: 1.13x here, and within a few % of the fill, mostly better, on the suite's stacks).
+    assert rmse(rec.held_out, truth, gap) < 1.2 * rmse(rec.mean, truth, gap)
     # At an observed cell the fit has seen the value; the held-out prediction has not, and misses
     # the observation by about as much as a gap's prediction misses a noisy observation there.
     assert rmse(rec.mean, given, seen) < 0.9 * rmse(rec.held_out, given, seen)

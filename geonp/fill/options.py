@@ -51,7 +51,10 @@ class FitOptions:
             ratio to the best of kriging and dineof of 0.8613 against 0.8466 without; on the
             suite's validation split (row ``folds3``) CRPS x1.027 [0.985, 1.100]: better calibrated
             on soil moisture (c3s_sm#0 90% coverage 0.62 -> 0.80), far too wide on two gap-free
-            stacks under one cloud mask (ersst#0 CRPS x2.43, era5land_iberia_t2m#0 x1.24).
+            stacks under one cloud mask (ersst#0 CRPS x2.43, era5land_iberia_t2m#0 x1.24), whose
+            folds then hid the same place in every step (calibration windows on ersst#0 wanted
+            sigma x6.8 at distance 1 against 0.89 at the fill's own cells); folds move a repeated
+            donor's gaps since bc9bac8.
         scope: which weights fine-tuning changes (:data:`FIT_SCOPES`): ``"all"``, or ``"head"``, the parts after the
             encoder (:data:`geonp.fill.finetune.HEAD_MODULES`: the kriging head, the decoder, the
             likelihood), the encoder frozen, so that a step runs no backward pass through the

@@ -8,6 +8,8 @@ white noise blurred with a Gaussian kernel, cut at the quantile that gives the c
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from scipy import ndimage
 
@@ -119,37 +121,27 @@ def borrow_gaps(
             donors[t] = int(rng.choice(usable))
             hidden[t] = gaps[donors[t]] & observed[t]
             if move_repeats and used[donors[t]]:
-                hidden[t] = _moved(gaps[donors[t]], observed[t], rng, low, high, hidden[t])
+                moved = _within(lambda donor=gaps[donors[t]], seen=observed[t]: seen & np.roll(
+                    donor, (int(rng.integers(ny)), int(rng.integers(nx))), axis=(0, 1)), n_obs[t], low, high)
+                hidden[t] = hidden[t] if moved is None else moved
             used[donors[t]] = True
             continue
-        best, best_share = None, 0.0
-        for _ in range(CLOUD_TRIES):
-            clouds = random_clouds((ny, nx), cover, rng) & observed[t]
-            frac = clouds.sum() / n_obs[t]
-            if low <= frac <= high:
-                best = clouds
-                break
-            if best_share < frac <= high:
-                best, best_share = clouds, frac
-        if best is not None:
-            hidden[t], donors[t] = best, DONOR_CLOUDS
+        clouds = _within(lambda seen=observed[t]: random_clouds((ny, nx), cover, rng) & seen, n_obs[t], low, high)
+        if clouds is not None:
+            hidden[t], donors[t] = clouds, DONOR_CLOUDS
     return hidden, donors
 
 
-def _moved(gaps: np.ndarray, observed: np.ndarray, rng: np.random.Generator, low: float, high: float,
-           fallback: np.ndarray) -> np.ndarray:
-    """``gaps [R, C]`` rolled by a random offset, over ``observed [R, C]``: the first of
-    :data:`CLOUD_TRIES` offsets that hides ``low`` to ``high`` of the observed cells, else the one
-    nearest below ``high``, else ``fallback``."""
-    n_obs = observed.sum()
-    best, best_share = fallback, 0.0
-    for _ in range(CLOUD_TRIES):
-        offset = (int(rng.integers(gaps.shape[0])), int(rng.integers(gaps.shape[1])))
-        moved = np.roll(gaps, offset, axis=(0, 1)) & observed
-        share = moved.sum() / n_obs
-        if low <= share <= high:
-            return moved
-        if best_share < share <= high:
-            best, best_share = moved, share
-    return best
 
+def _within(draw: Callable[[], np.ndarray], n_observed: int, low: float, high: float) -> np.ndarray | None:
+    """The first of :data:`CLOUD_TRIES` masks ``draw()`` gives that hides ``low`` to ``high`` of a
+    step's ``n_observed`` cells, else the largest below ``high``, else None."""
+    best, best_share = None, 0.0
+    for _ in range(CLOUD_TRIES):
+        mask = draw()
+        share = mask.sum() / n_observed
+        if low <= share <= high:
+            return mask
+        if best_share < share <= high:
+            best, best_share = mask, share
+    return best

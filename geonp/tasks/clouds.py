@@ -132,7 +132,6 @@ def borrow_gaps(
     return hidden, donors
 
 
-
 def _within(draw: Callable[[], np.ndarray], n_observed: int, low: float, high: float) -> np.ndarray | None:
     """The first of :data:`CLOUD_TRIES` masks ``draw()`` gives that hides ``low`` to ``high`` of a
     step's ``n_observed`` cells, else the largest below ``high``, else None."""

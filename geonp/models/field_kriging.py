@@ -36,7 +36,7 @@ import numpy as np
 from scipy.spatial import cKDTree
 
 from geonp.models.kriging import fit_variogram
-from geonp.tasks.clouds import random_clouds
+from geonp.tasks.clouds import moved_randomly, random_clouds
 from geonp.variogram import MIN_SCENE_POINTS, fit_grid_variogram
 
 #: Variogram families with a sill (the covariance form needs one).
@@ -190,7 +190,7 @@ def krige_scene(values: np.ndarray, valid: np.ndarray, *, neighbours: int = 64, 
         raise ValueError(f"check must be 'clouds' or 'gaps', got {check!r}")
     hide = random_clouds(values.shape, 0.15, rng, float(rng.uniform(2.0, 8.0))) & observed
     if check == "gaps" and gaps.sum() >= MIN_SCENE_POINTS:
-        moved = np.roll(gaps, (int(rng.integers(values.shape[0])), int(rng.integers(values.shape[1]))), axis=(0, 1))
+        moved = moved_randomly(gaps, rng)
         if (moved & observed).sum() >= MIN_SCENE_POINTS and (observed & ~moved).sum() >= MIN_SCENE_POINTS:
             hide = moved & observed
     check = np.argwhere(hide)

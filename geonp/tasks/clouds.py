@@ -121,8 +121,8 @@ def borrow_gaps(
             donors[t] = int(rng.choice(usable))
             hidden[t] = gaps[donors[t]] & observed[t]
             if move_repeats and used[donors[t]]:
-                moved = _within(lambda donor=gaps[donors[t]], seen=observed[t]: seen & np.roll(
-                    donor, (int(rng.integers(ny)), int(rng.integers(nx))), axis=(0, 1)), n_obs[t], low, high)
+                moved = _within(lambda donor=gaps[donors[t]], seen=observed[t]: seen & moved_randomly(donor, rng),
+                                n_obs[t], low, high)
                 hidden[t] = hidden[t] if moved is None else moved
             used[donors[t]] = True
             continue
@@ -130,6 +130,12 @@ def borrow_gaps(
         if clouds is not None:
             hidden[t], donors[t] = clouds, DONOR_CLOUDS
     return hidden, donors
+
+
+def moved_randomly(mask: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``mask [R, C]`` rolled by a random offset (cyclic over the grid): the same cloud shapes at
+    another place, for hiding cells where a real gap pattern should not fall where it fell."""
+    return np.roll(mask, (int(rng.integers(mask.shape[0])), int(rng.integers(mask.shape[1]))), axis=(0, 1))
 
 
 def _within(draw: Callable[[], np.ndarray], n_observed: int, low: float, high: float) -> np.ndarray | None:

@@ -125,17 +125,19 @@ def write_json(path: Path, text: str, split: str, scenes: list[dict], rows: list
 
 def run(scenes: list[Scene], rows: list[str], trained: dict[str, str], seed: int,
         earlier: dict, fits: dict[str, FitOptions] | None = None,
-        samples: int = 0, fills: dict[str, dict] | None = None) -> tuple[list[dict], list[dict], list[str]]:
+        samples: int = 0, fills: dict[str, dict] | None = None,
+        cells_dir: Path | None = None) -> tuple[list[dict], list[dict], list[str]]:
     """Score ``rows`` on ``scenes``; returns (scene records, rows, notes of rows not scored).
     ``trained``: row label -> te-pt-tnp weights; ``fits``: row label -> the bundled te-pt-tnp's fine-tuning;
     ``samples``: coherent samples per fill, scored as a whole (each row's ``samples``); ``fills``: row
-    label -> other fill options of the bundled te-pt-tnp (``geonp.infill`` keywords)."""
+    label -> other fill options of the bundled te-pt-tnp (``geonp.infill`` keywords); ``cells_dir``: also
+    keep each scene's hidden cells and every row's predictions there (:func:`save_cells`)."""
     fits, fills = fits or {}, fills or {}
     commit = git_commit()
     records, out, notes = [], [], []
     for scene in scenes:
         ds, variable, under = load(scene)
-        record = None
+        record, kept = None, {}
         for row in rows:
             label, _, fit = row.partition("@")
             if label == "dineof" and scene.kind == "single":
@@ -159,6 +161,7 @@ def run(scenes: list[Scene], rows: list[str], trained: dict[str, str], seed: int
             record = record or scene_record(scene, res)
             out.append(score_row(scene, res, res["rows"][0], row if fit else label, commit))
             r = out[-1]
+            kept[r["model"]] = res
             print(f"{scene.name} {r['model']}: RMSE {r['rmse']:.4g} CRPS {r['crps']:.4g} cov90 {r['cov90']:.3f} "
                   f"({r['wall_s']:.0f} s)", flush=True)
         if record is not None:
@@ -167,7 +170,22 @@ def run(scenes: list[Scene], rows: list[str], trained: dict[str, str], seed: int
                 raise SystemExit(f"{scene.name}: drawn differently from the earlier table ({old['what']}); "
                                  "rerun every row without --reuse")
             records.append(record)
+            if cells_dir is not None:
+                save_cells(cells_dir / f"{scene.name.replace('#', '_')}.npz", kept)
     return records, out, notes
+
+
+def save_cells(path: Path, results: dict[str, dict]) -> None:
+    """One scene's hidden cells and each row's predictions at them, for analyses that need the cells
+    (:mod:`pipelines.suite_overlap`): ``truth``, ``distance`` (cells to the nearest context cell),
+    ``index`` (flat, into ``shape``) and per row label ``L``: ``L:mean``, ``L:std`` (``[n_hidden]``)."""
+    first = next(iter(results.values()))["cells"]
+    arrays = {"truth": first["truth"], "distance": first["distance"], "index": first["index"],
+              "shape": np.asarray(first["shape"])}
+    for label, res in results.items():
+        arrays[f"{label}:mean"], arrays[f"{label}:std"] = res["rows"][0]["mean"], res["rows"][0]["std"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(path, **arrays)
 
 
 def fit_rows(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, FitOptions]:
@@ -233,6 +251,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--reuse", action="store_true", help="keep the earlier table's rows not run now")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--cells", default=None, metavar="DIR",
+                        help="also keep each scene's hidden cells and the rows' predictions in DIR/SCENE.npz")
     args = parser.parse_args()
     out = Path(args.out or REPO / "pipelines" / "results" / f"suite_{args.split}.md")
     earlier = {}
@@ -250,7 +270,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         trained.update(bundled_variants(args.variant, Path(tmp)))
         records, rows, notes = run(scenes, args.rows, trained, args.seed, earlier, fit_rows(parser, args.fit),
-                                   args.samples, fill_rows(parser, args.options))
+                                   args.samples, fill_rows(parser, args.options),
+                                   Path(args.cells) if args.cells else None)
     scene_list, rows = merge(args.split, records, rows, earlier)
     body = report(scene_list, rows, args.split) + "".join(f"\n- not scored: {n}" for n in notes)
     out.write_text(text + "\n" + body + "\n")

@@ -14,7 +14,7 @@ import sys
 import warnings
 from typing import NoReturn
 
-from geonp.fill.options import NUGGET_CHOICES, FillOptions, FitOptions
+from geonp.fill.options import HISTORY_CHOICES, NUGGET_CHOICES, FillOptions, FitOptions
 from geonp.interrupt import catch_ctrl_c
 from geonp.version import __version__
 
@@ -82,6 +82,10 @@ def _parser() -> argparse.ArgumentParser:
     infill.add_argument("--nugget", choices=NUGGET_CHOICES, default="auto",
                         help="for weights whose kriging head takes the scene's nugget: choose it per field on "
                              "INPUT's own hidden cells, or always the scene's, or always the network's "
+                             "(default: %(default)s)")
+    infill.add_argument("--history", choices=HISTORY_CHOICES, default=FillOptions.history,
+                        help="for weights with history covariates: use each field's history, never use it "
+                             "(flat maps, as for one scene), or check it per field on INPUT's own hidden cells "
                              "(default: %(default)s)")
     infill.add_argument("--samples", type=int, default=0, metavar="N",
                         help="also write N coherent samples of the fill as VAR_sample (observed cells as "
@@ -222,7 +226,8 @@ def _run(args: argparse.Namespace) -> int:
         from geonp.fill.engine import infill_file
 
         options = FillOptions(fit=FitOptions(steps=args.fit_steps), calibrate_sigma=args.calibrate_sigma,
-                              nugget=args.nugget, check_windows=args.check_windows, samples=args.samples,
+                              nugget=args.nugget, history=args.history, check_windows=args.check_windows,
+                              samples=args.samples,
                               batch_size=args.batch_size,
                               seed=args.seed, device=args.device,
                               threads=args.threads, window=args.window)
@@ -283,6 +288,7 @@ def _run(args: argparse.Namespace) -> int:
 #: The store's attributes ``geonp infill -v`` prints, in the words it prints them with.
 HOW_MADE = {"geonp_model": "model", "geonp_checkpoint": "weights", "geonp_fit_steps": "fine-tuning steps",
             "geonp_history": "from the cube's history", "geonp_nugget": "noise level (nugget)",
+            "geonp_history_used": "history used",
             "geonp_sigma_scales": "sigma calibration"}
 
 

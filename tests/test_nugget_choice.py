@@ -159,11 +159,11 @@ def test_a_resumed_store_repeats_the_choice_it_made(nugget_weights, tmp_path, mo
 
 def test_the_gain_and_its_error_are_clustered_by_window():
     scene, own = np.array([1.0, 1.0, 2.0, 2.0]), np.full(4, 2.0)
-    gain, error = nugget_module.scene_gain(scene, own, np.array([0, 0, 1, 1]))
+    gain, error = nugget_module.paired_gain(scene, own, np.array([0, 0, 1, 1]))
     assert gain == 0.5 and np.isclose(error, np.sqrt(2.0 * 2) / 4)  # deviations +1 and -1, G / (G - 1) = 2
-    _, independent = nugget_module.scene_gain(scene, own, np.arange(4))
+    _, independent = nugget_module.paired_gain(scene, own, np.arange(4))
     assert independent < error  # the same cells, each its own window: the error shrinks
-    assert nugget_module.scene_gain(scene, own, np.zeros(4, int))[1] == np.inf  # one window tells nothing
+    assert nugget_module.paired_gain(scene, own, np.zeros(4, int))[1] == np.inf  # one window tells nothing
 
 
 @pytest.mark.parametrize("spread, looks", [(0.1, 1), (0.176, 2), (3.0, 3)])
@@ -173,14 +173,13 @@ def test_a_close_call_draws_more_windows_and_a_clear_one_does_not(monkeypatch, s
     clear); or near zero at every draw (doubling up to CHOICE_MORE times the first)."""
     calls = []
 
-    def fake(model, source, device, windows, first=0):
+    def fake(windows, first):
         calls.append((first, windows))
         ids = np.arange(first, first + windows)
         gain = 0.1 + spread * np.where(ids % 2, 1.0, -1.0)  # alternating: mean 0.1 exactly
         return np.zeros(windows), gain, ids
 
-    monkeypatch.setattr(nugget_module, "paired_crps", fake)
-    scene, own, window = nugget_module.settled_crps(None, None, "cpu", 8)
+    scene, own, window = nugget_module.settled_crps(fake, 8)
     assert len(calls) == looks and calls[0] == (0, 8)
     assert calls == [(0, 8), (8, 8), (16, 16)][:looks]  # windows numbered on: none scored twice
     assert np.array_equal(window, np.arange(8 * 2 ** (looks - 1))) and scene.size == own.size == window.size

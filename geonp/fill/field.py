@@ -51,6 +51,8 @@ class Field:
     #: The same covariates computed without some observed cells, for fine-tuning: a list of
     #: :class:`geonp.tasks.history.HistoryFold` (empty without a history).
     folds: list = dataclass_field(default_factory=list, repr=False, compare=False)
+    #: The history covariates were replaced by flat maps (:mod:`geonp.fill.history_check`): no folds then.
+    history_dropped: bool = dataclass_field(default=False, repr=False, compare=False)
     #: A stack method's fill (:mod:`geonp.fill.stack`): mean and 1-sigma, each ``[time, rows, cols]``.
     stack: tuple[np.ndarray, np.ndarray] | None = dataclass_field(default=None, repr=False, compare=False)
     _pyramids: dict[int | tuple[int, int], Pyramid] = dataclass_field(default_factory=dict, repr=False,

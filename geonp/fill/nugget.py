@@ -81,12 +81,12 @@ def paired_crps(model: NeuralProcess, source, device: torch.device | str, window
     return np.concatenate(scene), np.concatenate(own), np.concatenate(window)
 
 
-def scene_gain(scene: np.ndarray, own: np.ndarray, window: np.ndarray) -> tuple[float, float]:
-    """How much lower the scene's nugget makes mean CRPS than the network's own, ``own - scene``
-    over the cells ``[n]``, and its standard error, clustered by ``window [n]`` (cells of one
+def paired_gain(candidate: np.ndarray, default: np.ndarray, window: np.ndarray) -> tuple[float, float]:
+    """How much lower ``candidate`` makes mean CRPS than ``default``, ``default - candidate`` over
+    the same cells ``[n]``, and its standard error, clustered by ``window [n]`` (cells of one
     window share their context, so they are not independent), with the usual ``G / (G - 1)``
     small-sample factor for ``G`` windows; infinite with fewer than two windows (nothing to tell)."""
-    diff = own - scene
+    diff = default - candidate
     gain = float(diff.mean())
     groups = np.unique(window, return_inverse=True)[1]
     count = int(groups.max()) + 1 if groups.size else 0
@@ -96,26 +96,27 @@ def scene_gain(scene: np.ndarray, own: np.ndarray, window: np.ndarray) -> tuple[
     return gain, float(np.sqrt(np.square(totals).sum() * count / (count - 1)) / diff.size)
 
 
-def settled_crps(model: NeuralProcess, source, device: torch.device | str,
+def settled_crps(score: Callable[[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]],
                  windows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`paired_crps` on ``windows`` windows, then on as many again as have been
-    scored while the scene's gain (:func:`scene_gain`) is within :data:`CHOICE_MARGIN` standard
-    errors of the threshold (:data:`CHOICE_Z` standard errors) and fewer than
-    :data:`CHOICE_MORE` times the first draw have been scored. A later draw that finds no window
-    to hide ends it with what the earlier ones scored."""
-    scene, own, window = paired_crps(model, source, device, windows)
+    """``score(windows, first)`` (``(candidate, default, window)`` CRPS per hidden cell of
+    ``windows`` windows numbered from ``first``, as :func:`paired_crps`) on ``windows`` windows,
+    then on as many again as have been scored while the candidate's gain (:func:`paired_gain`) is
+    within :data:`CHOICE_MARGIN` standard errors of the threshold (:data:`CHOICE_Z` standard
+    errors) and fewer than :data:`CHOICE_MORE` times the first draw have been scored. A later
+    draw that finds no window to hide ends it with what the earlier ones scored."""
+    candidate, default, window = score(windows, 0)
     drawn = windows
     while drawn < CHOICE_MORE * windows:
-        gain, error = scene_gain(scene, own, window)
+        gain, error = paired_gain(candidate, default, window)
         if not abs(gain - CHOICE_Z * error) < CHOICE_MARGIN * error:
             break
         try:
-            more = paired_crps(model, source, device, windows=drawn, first=drawn)
+            more = score(drawn, drawn)
         except NothingToHide:  # windows are drawn at random: a later draw can come up empty
             break
-        scene, own, window = (np.concatenate(pair) for pair in zip((scene, own, window), more))
+        candidate, default, window = (np.concatenate(pair) for pair in zip((candidate, default, window), more))
         drawn *= 2
-    return scene, own, window
+    return candidate, default, window
 
 
 def choose_nugget(model: NeuralProcess, fields: list[Field], spec, device: torch.device | str, choice: str = "auto",
@@ -150,14 +151,15 @@ def choose_nugget(model: NeuralProcess, fields: list[Field], spec, device: torch
             continue
         with own_cell_windows([f], spec, seed, seed + 15485863, model.dim_x, elevation, covariates) as source:
             try:
-                scene, own, window = settled_crps(model, source, device, windows)
+                scene, own, window = settled_crps(lambda n, first: paired_crps(model, source, device, n, first),
+                                                  windows)
             except NothingToHide:
                 scene = own = window = np.zeros(0)
         if not scene.size:
             _use_own(f)
             said.append(f"{f.label}: the network's (no cell to hide)")
             continue
-        gain, error = scene_gain(scene, own, window)
+        gain, error = paired_gain(scene, own, window)
         # Both CRPS figures named: "the network's (CRPS ... against the network's ...)" read as a
         # comparison of the network with itself.
         why = (f"CRPS with the scene's nugget {scene.mean():.4g} against the network's {own.mean():.4g} "

@@ -20,6 +20,8 @@ from typing import Any
 #: (:mod:`geonp.fill.nugget`): choose per field on the input's own hidden cells (default), always the
 #: scene's fitted share, always the network's own.
 NUGGET_CHOICES = ("auto", "scene", "model")
+#: ``--history`` choices (:mod:`geonp.fill.history_check`): check it per field, always use it, never.
+HISTORY_CHOICES = ("auto", "use", "none")
 #: What fine-tuning may change (``FitOptions.scope``): every weight, or the head's alone.
 FIT_SCOPES = ("all", "head")
 
@@ -100,6 +102,10 @@ class FillOptions:
             more distance bins into 0.85-0.95 (16 -> 20 of 23) but raised CRPS by 0.9%, and the
             rule chooses by CRPS (docs/results/history_cv_test.md).
         nugget: ``--nugget``, one of :data:`NUGGET_CHOICES`.
+        history: ``--history``, one of :data:`HISTORY_CHOICES`: for a model with history
+            covariates, whether each field's history is used (``use``), never used (``none``, flat
+            maps as for one scene) or used only where the field's own hidden cells say it helps
+            (``auto``, :mod:`geonp.fill.history_check`).
         check_windows: ``--check-windows``: windows of the input's own observed cells (each hides
             100-400 of them under gap shapes the input has) that the nugget check scores first (up
             to four times as many on a close call, :mod:`geonp.fill.nugget`) and that
@@ -122,6 +128,7 @@ class FillOptions:
     fit: FitOptions = field(default_factory=FitOptions)
     calibrate_sigma: bool = False
     nugget: str = "auto"
+    history: str = "use"
     check_windows: int = 64
     samples: int = 0
     # The tasks layer's MAX_HISTORY_CELLS (geonp.tasks.covariate_maps), written out: importing the
@@ -136,6 +143,8 @@ class FillOptions:
     def __post_init__(self) -> None:
         if self.nugget not in NUGGET_CHOICES:
             raise ValueError(f"--nugget must be one of {', '.join(NUGGET_CHOICES)}, got {self.nugget!r}")
+        if self.history not in HISTORY_CHOICES:
+            raise ValueError(f"--history must be one of {', '.join(HISTORY_CHOICES)}, got {self.history!r}")
         if int(self.batch_size) < 1:
             raise ValueError(f"--batch-size must be >= 1, got {self.batch_size}")
         if int(self.max_history_cells) < 1:
@@ -156,7 +165,7 @@ class FillOptions:
             fit_steps: fine-tuning steps (None: ``fit``'s, by default 30).
             calibrate_sigma: scale sigma on the input's own cells (None: off).
             fit: fine-tuning options to start from (None: :class:`FitOptions`' defaults).
-            keywords: the other fields by name (``nugget``, ``check_windows``, ``samples``,
+            keywords: the other fields by name (``nugget``, ``history``, ``check_windows``, ``samples``,
                 ``max_history_cells``, ``batch_size``,
                 ``seed``, ``device``, ``threads``, ``window``); a None value keeps the default.
 
@@ -184,13 +193,13 @@ class FillOptions:
         """What a resumed run must repeat to write the same store (not where or how fast it runs).
 
         Returns:
-            ``{"fit": {...}, "calibrate_sigma", "nugget", "check_windows", "samples",
+            ``{"fit": {...}, "calibrate_sigma", "nugget", "history", "check_windows", "samples",
             "max_history_cells", "seed", "window"}``,
             JSON-serialisable.
         """
         window = self.window.as_dict() if hasattr(self.window, "as_dict") else self.window
         return {"fit": dataclasses.asdict(self.fit), "calibrate_sigma": self.calibrate_sigma, "nugget": self.nugget,
-                "check_windows": self.check_windows, "samples": self.samples,
+                "history": self.history, "check_windows": self.check_windows, "samples": self.samples,
                 "max_history_cells": self.max_history_cells, "seed": self.seed,
                 "window": list(window) if isinstance(window, tuple) else window}
 

@@ -49,6 +49,7 @@ class Plan:
     sigma_scales: str | None = None  # the calibration's sigma scale per distance bin, when calibrated
     nugget_chosen: str | None = None  # which nugget each field's kriging got, and why
     nugget_network: list[str] = field(default_factory=list)  # the fields whose kriging got the network's own
+    history_chosen: str | None = None  # whether each field's history covariates were used, and why
 
     def fill(self, f: Field, key: tuple[slice, slice, slice]) -> BlockResult:
         if self.choice.model is None:  # a stack method: the field was reconstructed when planned
@@ -196,6 +197,8 @@ def provenance(p: Plan, source: str) -> dict[str, Any]:
         attrs["geonp_sigma_scales"] = p.sigma_scales
     if p.nugget_chosen is not None:
         attrs["geonp_nugget"] = p.nugget_chosen
+    if p.history_chosen:
+        attrs["geonp_history_used"] = p.history_chosen
     if p.notes:
         attrs["geonp_notes"] = "; ".join(p.notes)
     return attrs

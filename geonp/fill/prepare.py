@@ -1,4 +1,5 @@
-"""The model made ready for one cube before its blocks are filled: its kriging nugget chosen on
+"""The model made ready for one cube before its blocks are filled: whether each field's history
+covariates are used (``--history``, for a model that takes them), its kriging nugget chosen on
 the cube's own observations (``--nugget``, for a model that takes the scene's), fine-tuned on
 them (``--fit-steps``) and, when asked, its sigma calibrated on them (``--calibrate-sigma``).
 
@@ -19,17 +20,39 @@ from geonp.fill.stack import add_history_folds
 
 
 def prepare(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None) -> None:
-    """Choose the nugget, fine-tune, then calibrate the plan's model in place (each only when the
-    plan asks for it).
+    """Choose whether to use each field's history and the nugget, fine-tune, then calibrate the
+    plan's model in place (each only when the plan asks for it).
 
     Args:
         p: the run's plan; ``p.choice.model`` is replaced by the prepared model.
         store_dir: the resumable output store, where the fine-tuned weights are kept (None: in memory).
         say: progress messages, or None for quiet.
     """
+    _choose_history(p, store_dir, say)
     _choose_nugget(p, store_dir, say)
     _finetune(p, store_dir, say)
     _calibrate(p, say)
+
+
+def _choose_history(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None) -> None:
+    """``--history``: each field's history covariates used or replaced by flat maps
+    (:mod:`geonp.fill.history_check`), for a model that takes history covariates. A resumable store
+    keeps the choice, as it keeps the nugget's (:func:`_choose_nugget`)."""
+    from geonp.fill.history_check import choose_history, drop_history, history_names
+
+    if p.choice.model is None or not history_names(p.choice.covariates) or p.options.history == "use":
+        return
+    saved = None if store_dir is None else store_dir / "geonp_history_used.json"
+    if saved is not None and saved.exists():
+        record = json.loads(saved.read_text())
+        drop_history(p.fields, record["dropped"], p.choice.covariates)
+        p.history_chosen = record["said"]
+        return
+    p.history_chosen, dropped = choose_history(p.choice.model, p.fields, p.spec, p.device, p.choice.covariates,
+                                               p.options.history, p.options.seed, p.elevation, say,
+                                               p.options.check_windows)
+    if saved is not None:
+        write_text_atomic(saved, json.dumps({"said": p.history_chosen, "dropped": dropped}))
 
 
 def _choose_nugget(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None) -> None:

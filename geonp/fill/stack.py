@@ -45,8 +45,8 @@ def add_history_folds(field: Field, covariates: list[str], folds: int, seed: int
     from geonp.tasks.covariate_maps import OWN_NUGGET, is_flat, unscaled_count
     from geonp.tasks.history import has_history, history_folds
 
-    if folds == 0 or field.history is None or is_flat(field.history):
-        return  # no history (flat maps): nothing a window could learn to overtrust
+    if folds == 0 or field.history is None or is_flat(field.history) or field.history_dropped:
+        return  # no history (flat maps, or dropped): nothing a window could learn to overtrust
     values = field.whole()
     if not has_history(values, field.valid, max_cells):  # one scene whose only covariate is its own (coarse)
         return

@@ -145,3 +145,27 @@ def test_fill_options_rows_are_checked_before_anything_runs():
     for bad in ('{"calibrate": true}', '{"seed": 1}', '{"fit_steps": 0}', '{"fit": {"steps": 3}}', '{"samples": 2}'):
         with pytest.raises(SystemExit):
             fill_rows(parser, [f"bad={bad}"])
+
+
+def test_the_overlap_ceilings_find_what_hindsight_can_gain():
+    """Two fills whose errors cancel blend to zero error at w = 0.5; a fill better in one bin is chosen there."""
+    from pipelines.suite_overlap import overlap
+
+    rng = np.random.default_rng(3)
+    e = rng.normal(size=400)
+    distance = np.where(np.arange(400) < 200, 1.0, 20.0)  # bins "1" and "13-25", 200 cells each
+    cells = {"truth": np.zeros(400), "distance": distance, "te-pt-tnp:mean": e, "kriging:mean": -e,
+             "linear:mean": 5 * e}
+    out = overlap(cells)
+    assert out["other"] == "kriging" and math.isclose(out["correlation"], -1.0, abs_tol=1e-12)
+    assert out["blend_weight"] == 0.5 and out["blend_rmse"] < 1e-12
+    # Kriging twice as good beyond 12 cells only: the per-bin choice takes it there and te-pt-tnp near.
+    kriging = np.where(distance > 12, e / 2, 2 * e)
+    cells = {**cells, "kriging:mean": kriging, "dineof:mean": 3 * e}
+    out = overlap(cells)
+    expected = math.sqrt((np.sum(e[:200] ** 2) + np.sum((e[200:] / 2) ** 2)) / 400)
+    assert out["other"] == "kriging" and math.isclose(out["by_bin_rmse"], expected, rel_tol=1e-12)
+    # Worse near and better far, kriging adds nothing to a single blend weight: te-pt-tnp alone is best.
+    assert out["blend_weight"] == 1.0 and math.isclose(out["blend_rmse"], out["model_rmse"])
+    with pytest.raises(ValueError, match="need 'te-pt-tnp'"):
+        overlap({"truth": np.zeros(3), "distance": np.ones(3), "linear:mean": np.ones(3)})

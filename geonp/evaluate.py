@@ -167,7 +167,9 @@ def evaluate(
         try:
             out = infill_fn(masked_ds, variable, model, checkpoint=checkpoint, valid_mask=valid,
                             fit_steps=steps, seed=seed, **extra, **(options or {}))
-            chosen = {"nugget": out.attrs["geonp_nugget"]} if "geonp_nugget" in out.attrs else {}
+            # What the fill chose on the input itself (its nugget, whether it used the history).
+            chosen = {key: out.attrs[f"geonp_{key}"] for key in ("nugget", "history_used")
+                      if f"geonp_{key}" in out.attrs}
             layers = [variable, f"{variable}_std"] + ([f"{variable}_sample"] if samples else [])
             out = out[layers].compute()  # a lazy result's work is part of the time
             wall = time.perf_counter() - start

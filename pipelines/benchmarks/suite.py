@@ -105,7 +105,7 @@ def score_row(scene: Scene, res: dict, r: dict, label: str, commit: str) -> dict
             "n_by_distance": {k: v["n"] for k, v in r["rmse_by_distance"].items()},
             "cov90_by_distance": {k: _finite(v) for k, v in r["coverage_90_by_distance"].items()},
             "wall_s": r["wall_s"], "fit_steps": r["fit_steps"],
-            "commit": commit, **({"nugget": r["nugget"]} if "nugget" in r else {}),
+            "commit": commit, **{key: r[key] for key in ("nugget", "history_used") if key in r},
             **({"samples": r["samples"]} if "samples" in r else {}),
             "blocks": block_stats(res["cells"], r["mean"], r["std"])}
 

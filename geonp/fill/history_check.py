@@ -36,7 +36,7 @@ from geonp.fill.stack import add_history_folds
 from geonp.metrics import crps_normal
 from geonp.models.base import NeuralProcess
 from geonp.tasks.covariate_maps import is_flat
-from geonp.tasks.history import STEP_COVARIATES, HistoryFold
+from geonp.tasks.history import STEP_COVARIATES, HistoryFold, has_history
 
 #: History folds the check hides cells under (each one DINEOF run).
 CHECK_FOLDS = 3
@@ -111,18 +111,16 @@ def choose_history(model: NeuralProcess, fields: list[Field], spec, device: torc
         raise ValueError(f"--history must be one of {', '.join(HISTORY_CHOICES)}, got {choice!r}")
     said, dropped = [], []
     for f in fields:
-        if f.history is None or is_flat(f.history) or not history_names(covariates):
-            continue
-        add_history_folds(f, covariates, CHECK_FOLDS, seed)
-        if not f.folds:  # one scene: its maps hold no history to check
-            continue
+        if f.history is None or is_flat(f.history) or not history_names(covariates) \
+                or not has_history(f.whole(), f.valid):
+            continue  # no history in its maps (one scene, or a field too large): nothing to check
         if choice != "auto":
-            f.folds = []
             if choice == "none":
                 drop_history([f], [f.label], covariates)
                 dropped.append(f.label)
             said.append(f"{f.label}: {'used' if choice == 'use' else 'not used'} (asked)")
             continue
+        add_history_folds(f, covariates, CHECK_FOLDS, seed)
         with_history, flat = paired_sources(f, covariates, spec, seed + 32452843, model.dim_x, elevation)
         try:
             flat_crps, history_crps, window = settled_crps(

@@ -94,7 +94,8 @@ def table(split: str, cells_dir: Path) -> tuple[str, list[dict]]:
         cols = [geometric_interval([r[k] / r["other_rmse"] for r in rs]) for k in ("model_rmse", "blend_rmse",
                                                                                   "by_bin_rmse")]
         shown = " | ".join(f"{m:.3f} [{lo:.3f}, {hi:.3f}]" for m, lo, hi in cols)
-        lines.append(f"| {group}-date | {len(rs)} | {shown} | {np.median([r['correlation'] for r in rs]):.3f} |")
+        name = "every scene" if group == "all" else f"{group}-date"
+        lines.append(f"| {name} | {len(rs)} | {shown} | {np.median([r['correlation'] for r in rs]):.3f} |")
     lines += ["", "| scene | kind | hidden cells | other | te-pt-tnp RMSE | other RMSE | error correlation | "
               "best blend weight | best blend / te-pt-tnp | better per bin / te-pt-tnp |",
               "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]

@@ -110,6 +110,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--split", choices=("validation", "test"), required=True)
     parser.add_argument("--cells", required=True, metavar="DIR", help="the suite's --cells folder")
+    parser.add_argument("--made-by", default=None, metavar="TEXT",
+                        help="the suite runs that wrote the cells (commands and commits), for the header")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     import torch
@@ -118,7 +120,8 @@ def main() -> None:
     out = Path(args.out or REPO / "pipelines" / "results" / f"suite_overlap_{args.split}.md")
     text = header(f"te-pt-tnp's errors beside kriging's and DINEOF's ({args.split} split)", torch.device("cpu"),
                   "none: an analysis of the hidden cells and predictions the suite's rows kept (bundled weights, "
-                  "defaults); the blend weight and the per-bin choice are taken with hindsight, as ceilings")
+                  "defaults); the blend weight and the per-bin choice are taken with hindsight, as ceilings",
+                  {"cells": args.made_by} if args.made_by else None)
     intro = ("Per scene the *other* is the better of kriging and DINEOF by RMSE. Ratios are geometric means over "
              "scenes with 95% intervals from resampling scenes. A best blend or per-bin choice near te-pt-tnp's own "
              "ratio means no rule combining the two fills can do much better there.")

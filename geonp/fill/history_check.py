@@ -30,10 +30,9 @@ import torch
 
 from geonp.fill.calibrate import BATCH
 from geonp.fill.field import Field
-from geonp.fill.nugget import CHOICE_Z, NothingToHide, paired_gain, settled_crps
+from geonp.fill.nugget import CHOICE_Z, NothingToHide, paired_gain, paired_window_crps, settled_crps
 from geonp.fill.options import HISTORY_CHOICES, FillOptions
 from geonp.fill.stack import add_history_folds
-from geonp.metrics import crps_normal
 from geonp.models.base import NeuralProcess
 from geonp.tasks.covariate_maps import is_flat
 from geonp.tasks.history import STEP_COVARIATES, HistoryFold, has_history
@@ -71,27 +70,19 @@ def paired_sources(f: Field, covariates: list[str], spec, seed: int, dim_x: int,
     return (FieldWindows([f], spec, seed, dim_x, elevation), FieldWindows([flat_field], spec, seed, dim_x, elevation))
 
 
-@torch.no_grad()
 def paired_history_crps(model: NeuralProcess, with_history, flat, device: torch.device | str, windows: int,
                         first: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """CRPS (in each window's standardised units) of every hidden cell of ``windows`` windows,
     ``(flat maps [n], the history [n], window of each cell [n])``: ``with_history`` and ``flat``
     are window sources that draw the same windows, the one with the history covariates, the other
     with flat maps; windows numbered from ``first``. :class:`NothingToHide` when none can be drawn."""
-    flat_crps, history_crps, window = [], [], []
-    for i in range(first // BATCH, first // BATCH + max(1, windows // BATCH)):
-        try:
-            a, b = with_history.sample(BATCH).to(device), flat.sample(BATCH).to(device)
-        except ValueError as err:  # FieldWindows: too few observed cells to hide any
-            raise NothingToHide(str(err)) from None
-        keep = a.mask_t.cpu().numpy()  # [B, Nt]
-        window.append(np.broadcast_to(i * BATCH + np.arange(keep.shape[0])[:, None], keep.shape)[keep])
-        truth = a.yt[..., 0].cpu().numpy()[keep]
-        for batch, out in ((b, flat_crps), (a, history_crps)):
-            dist = model(batch.xc, batch.yc, batch.xt, batch.mask_c, batch.mask_t)
-            out.append(crps_normal(truth, dist.loc[..., 0].float().cpu().numpy()[keep],
-                                   dist.scale[..., 0].float().cpu().numpy()[keep]))
-    return np.concatenate(flat_crps), np.concatenate(history_crps), np.concatenate(window)
+    def predict(pair):
+        a, b = pair
+        flat_maps = model(b.xc, b.yc, b.xt, b.mask_c, b.mask_t)
+        return a.yt, a.mask_t, [flat_maps, model(a.xc, a.yc, a.xt, a.mask_c, a.mask_t)]
+
+    return paired_window_crps(lambda: (with_history.sample(BATCH).to(device), flat.sample(BATCH).to(device)),
+                              predict, windows, first)
 
 
 def choose_history(model: NeuralProcess, fields: list[Field], spec, device: torch.device | str,

@@ -21,6 +21,7 @@ standard errors of the threshold, up to :data:`CHOICE_MORE` times the first draw
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,26 +60,41 @@ def takes_nugget(model: NeuralProcess | None) -> bool:
 
 
 @torch.no_grad()
+def paired_window_crps(draw: Callable[[], Any], predict: Callable[[Any], tuple[torch.Tensor, torch.Tensor, list]],
+                       windows: int, first: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CRPS (in each window's standardised units) of every hidden cell of ``windows`` windows, two
+    ways: ``(candidate [n], default [n], window of each cell [n])``, windows numbered from ``first``.
+
+    ``draw()`` draws :data:`geonp.fill.calibrate.BATCH` windows (a ValueError from it, a source
+    with too few observed cells to hide any, becomes :class:`NothingToHide`); ``predict(drawn)``
+    gives their truths ``yt [B, Nt, 1]``, target mask ``[B, Nt]`` and the two predictive
+    distributions ``[candidate, default]``, each ``[B, Nt, 1]``."""
+    candidate, default, window = [], [], []
+    for i in range(first // BATCH, first // BATCH + max(1, windows // BATCH)):
+        try:
+            drawn = draw()
+        except ValueError as err:  # FieldWindows: too few observed cells to hide any
+            raise NothingToHide(str(err)) from None
+        yt, mask_t, dists = predict(drawn)
+        keep = mask_t.cpu().numpy()  # [B, Nt]
+        window.append(np.broadcast_to(i * BATCH + np.arange(keep.shape[0])[:, None], keep.shape)[keep])
+        truth = yt[..., 0].cpu().numpy()[keep]
+        for dist, out in zip(dists, (candidate, default)):
+            out.append(crps_normal(truth, dist.loc[..., 0].float().cpu().numpy()[keep],
+                                   dist.scale[..., 0].float().cpu().numpy()[keep]))
+    return np.concatenate(candidate), np.concatenate(default), np.concatenate(window)
+
+
 def paired_crps(model: NeuralProcess, source, device: torch.device | str, windows: int,
                 first: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """CRPS (in each window's standardised units) of every hidden cell of ``windows`` windows
     (in batches of :data:`geonp.fill.calibrate.BATCH`) drawn by ``source``, ``(scene's nugget [n], network's own [n],
     window of each cell [n])``: the same cells both ways, windows numbered from ``first``.
     :class:`NothingToHide` when ``source`` can draw no window."""
-    scene, own, window = [], [], []
-    for i in range(first // BATCH, first // BATCH + max(1, windows // BATCH)):
-        try:
-            b = source.sample(BATCH).to(device)
-        except ValueError as err:  # FieldWindows: too few observed cells to hide any
-            raise NothingToHide(str(err)) from None
-        keep = b.mask_t.cpu().numpy()  # [B, Nt]
-        window.append(np.broadcast_to(i * BATCH + np.arange(keep.shape[0])[:, None], keep.shape)[keep])
-        # Both options from one pass of the transformer: only the kriging head reads the nugget.
-        dists = model.predict_per_nugget(b.xc, b.yc, b.xt, b.mask_c, b.mask_t, [None, OWN_NUGGET])
-        for dist, out in zip(dists, (scene, own)):
-            out.append(crps_normal(b.yt[..., 0].cpu().numpy()[keep], dist.loc[..., 0].float().cpu().numpy()[keep],
-                                   dist.scale[..., 0].float().cpu().numpy()[keep]))
-    return np.concatenate(scene), np.concatenate(own), np.concatenate(window)
+    def predict(b):  # both options from one pass of the transformer: only the kriging head reads the nugget
+        return b.yt, b.mask_t, model.predict_per_nugget(b.xc, b.yc, b.xt, b.mask_c, b.mask_t, [None, OWN_NUGGET])
+
+    return paired_window_crps(lambda: source.sample(BATCH).to(device), predict, windows, first)
 
 
 def paired_gain(candidate: np.ndarray, default: np.ndarray, window: np.ndarray) -> tuple[float, float]:

@@ -82,3 +82,40 @@ def test_reading_the_surface_in_bands_changes_nothing():
     field[0, 10:60, 20:100] = np.nan
     whole = coarse_trend(field)
     np.testing.assert_array_equal(coarse_trend(field, band_cells=7 * 120), whole)  # 7 rows at a time
+
+
+def test_trend_covariates_are_the_cells_row_and_column_for_one_scene_too():
+    field = plane()[None].copy()
+    field[0, 20:80, 30:90] = np.nan
+    maps, what = history_covariates(field, None, ["dineof", "trend_row", "trend_col"])
+    seen = field[np.isfinite(field)]
+    row, col = maps[1, 0], maps[2, 0]
+    assert np.ptp(maps[0]) == 0.0 and "dineof not used" in what and "linear trend" in what
+    assert np.ptp(row, axis=1).max() == 0.0 and np.ptp(col, axis=0).max() == 0.0  # rows and columns
+    np.testing.assert_allclose(np.diff(row[:, 0]), seen.std() / 99, rtol=1e-4)  # evenly spaced
+    np.testing.assert_allclose(np.ptp(col[0]), seen.std(), rtol=1e-4)  # the field's spread end to end
+    np.testing.assert_allclose([row.mean(), col.mean()], seen.mean(), rtol=1e-5)  # its mean at the centre
+
+
+def test_te_pt_tnp_with_the_trend_in_its_drift_fills_a_plane_across_a_wide_gap(tmp_path):
+    """Ordinary kriging levels off to its neighbours' mean inside a wide gap; with the row and column
+    in the drift te-pt-tnp's kriging head is universal kriging, whose mean follows the plane."""
+    import xarray as xr
+
+    import geonp
+    from geonp.fill.predictor import bundled_checkpoint
+    from pipelines.checkpoint_variants import variant_checkpoint
+
+    truth = plane(48, 56)
+    field = truth.copy()
+    field[12:36, 16:40] = np.nan  # 24 x 24 cells
+    ds = xr.Dataset({"v": (("time", "lat", "lon"), field[None])},
+                    coords={"time": [np.datetime64("2020-01-01")], "lat": np.arange(48.0), "lon": np.arange(56.0)})
+    errors = {}
+    for label, covariates in (("shipped", None), ("trend", ["dineof", "spread", "trend_row", "trend_col", "nugget"])):
+        checkpoint = None if covariates is None else str(variant_checkpoint(
+            bundled_checkpoint("te-pt-tnp"), tmp_path / f"{label}.safetensors", covariates=covariates))
+        out = geonp.infill(ds, "v", model="te-pt-tnp", checkpoint=checkpoint, fit_steps=0, nugget="model")
+        gap = np.isnan(field)
+        errors[label] = float(np.sqrt(np.mean((out["v"].values[0][gap] - truth[gap]) ** 2)))
+    assert errors["trend"] < 0.02 < errors["shipped"], errors  # the plane spans 2.35 + 1.1 across the field

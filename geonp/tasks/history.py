@@ -22,14 +22,19 @@ from geonp.tasks.dineof import MIN_STEPS, dineof
 from geonp.variogram import drift_residuals, step_nugget_shares
 
 #: The covariates :func:`history_covariates` computes, by the names checkpoints record.
-HISTORY_COVARIATES = ("dineof", "nearest_steps", "analogs", "mean", "spread", "coarse", "nugget")
+HISTORY_COVARIATES = ("dineof", "nearest_steps", "analogs", "mean", "spread", "coarse", "trend_row", "trend_col",
+                      "nugget")
 #: Of those, the ones that come from a step itself, not its history: computed for one scene too.
-STEP_COVARIATES = ("coarse", "nugget")
+STEP_COVARIATES = ("coarse", "trend_row", "trend_col", "nugget")
+#: The coordinate covariates: with both in a kriging drift its local mean is a plane in rows and
+#: columns (universal kriging with a linear trend), not a constant.
+TREND_COVARIATES = ("trend_row", "trend_col")
 #: What each covariate is, in the words the output's ``geonp_history`` attribute uses.
 COVARIATE_WORDS = {"dineof": "the DINEOF reconstruction from the other dates", "nearest_steps":
                    "the nearest dates' values", "analogs": "the most similar dates' values", "mean":
                    "the cell's mean over the other dates", "spread": "the cell's spread over the other dates",
-                   "coarse": "the scene's own large scale", "nugget": "the scene's noise level"}
+                   "coarse": "the scene's own large scale", "trend_row": "the row (a linear trend)",
+                   "trend_col": "the column (a linear trend)", "nugget": "the scene's noise level"}
 
 
 def no_history_words(why: str) -> str:
@@ -61,6 +66,11 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
     * ``coarse``: not history but the step's own large scale, its block means interpolated across
       the whole step (:func:`geonp.tasks.coarse.coarse_trend`), which carries a wide cloud's rims
       across it;
+    * ``trend_row``, ``trend_col``: not predictions either but the cell's row and column, so that a
+      kriging drift holding both is a plane (universal kriging with a linear trend, the trend a
+      geostatistician fits where a scene slopes). An affine map of the index, the field's mean at the
+      centre and its standard deviation across the whole extent: the drift's slopes do not depend on
+      the map, and a window standardises it like values without huge numbers;
     * ``nugget``: not a prediction either but the step's own roughness, the nugget share of the
       variogram fitted to what the covariates before it leave of its observed cells
       (:func:`geonp.variogram.drift_residuals`, :func:`geonp.variogram.step_nugget_shares`), one number over the
@@ -102,6 +112,9 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
         if name == "coarse":
             pred = coarse_trend(np.where(observed, values, np.nan), valid)
             said.append(f"{COVARIATE_WORDS[name]} ({name})")
+        elif name in TREND_COVARIATES:
+            pred = _coordinate(values, observed, mean, axis=1 if name == "trend_row" else 2)
+            said.append(f"{COVARIATE_WORDS[name]} ({name})")
         elif name == "nugget":  # last (unscaled_count): the drift covariates before it are in out[:i]
             shares = step_nugget_shares(drift_residuals(values, observed, out[:i]))
             known = np.isfinite(shares)
@@ -126,6 +139,19 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
         fallback = (float(np.nanmedian(pred)) if np.isfinite(pred).any() else 0.0) if name == "spread" else mean
         out[i] = np.where(np.isfinite(pred), pred, fallback)
     return out, "inputs: " + ", ".join(said)
+
+
+def _coordinate(values: np.ndarray, observed: np.ndarray, mean: float, axis: int) -> np.ndarray:
+    """``[T, R, C]``: each cell's index along ``axis`` (1 rows, 2 columns), mapped affinely to the
+    field's mean at the centre and its standard deviation (over observed cells; 1 where it is 0)
+    across the whole extent."""
+    spread = float(values[observed].std()) if observed.any() else 0.0
+    n = values.shape[axis]
+    pos = (np.arange(n) - (n - 1) / 2) / max(n - 1, 1)  # -0.5 .. 0.5
+    line = mean + (spread if spread > 0 else 1.0) * pos
+    shape = [1, 1, 1]
+    shape[axis] = n
+    return np.broadcast_to(line.reshape(shape), values.shape)
 
 
 #: :func:`history_folds`' generator seed by default (donor choice and DINEOF's cross-validation).

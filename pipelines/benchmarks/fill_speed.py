@@ -28,7 +28,8 @@ per setting, so a table can show both. (The ``auto`` rows at commit 916d601 ran 
 gave way to the other job, ``geonp.threads.adapt``; no faster than 2 fixed threads beside it,
 304.8 s against 238.7 s, it was removed.)
 Writes ``pipelines/results/fill_speed_{device}.md`` and ``.json`` (rows of earlier runs kept unless
-rerun).
+rerun; each CPU row names its machine, as sessions may run on different ones: compare rows of one
+machine, and the header's device is the last run's).
 """
 
 from __future__ import annotations
@@ -43,13 +44,16 @@ import time
 import numpy as np
 import torch
 
-from pipelines.provenance import REPO, git_commit, header
+from pipelines.provenance import REPO, device_description, git_commit, header
 
 CASES = ("scene150k", "demo", "stack", "cube1m")
 MODELS = ("linear", "kriging", "dineof", "te-pt-tnp")
 RESULTS = REPO / "pipelines" / "results"
 #: The other job: PyTorch matrix products with its default threads, as a notebook or a training run would be.
 COMPETITOR = "import torch\na = torch.randn(1200, 1200)\nwhile True:\n    a = torch.tanh(a @ a / 1200)\n"
+#: The machine of the rows written before rows named their own (the headers of those runs, in git
+#: history, all say this CPU with 2 threads); a table's rows may come from several machines.
+EARLIER_MACHINE = "CPU Intel(R) Xeon(R) Processor, 2 threads"
 
 
 def load_case(case: str):
@@ -99,6 +103,8 @@ def one(case: str, model: str, threads: int | None = None, device: str = "cpu") 
            "wall_s": round(wall, 1), "cells_per_s": round(gaps / wall), "peak_gb": round(peak_gb, 2)}
     if device == "cuda":
         row["gpu_peak_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    else:
+        row["machine"] = device_description(torch.device("cpu"))
     return row
 
 
@@ -133,7 +139,7 @@ def row_key(row: dict, gpu: bool) -> tuple:
 def cpu_table(rows: list[dict]) -> list[str]:
     """One line per (case, model, threads): quiet and contended wall times side by side."""
     lines = ["| case | model | threads | gap cells | quiet s | contended s | contended / quiet | cells/s (quiet) | "
-             "peak GB | commit |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+             "peak GB | machine | commit |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for setting in dict.fromkeys(row_key(r, False)[:3] for r in rows):
         quiet = next((r for r in rows if row_key(r, False) == (*setting, False)), None)
         busy = next((r for r in rows if row_key(r, False) == (*setting, True)), None)
@@ -141,7 +147,8 @@ def cpu_table(rows: list[dict]) -> list[str]:
         ratio = f"{busy['wall_s'] / quiet['wall_s']:.2f}" if quiet and busy else "–"
         lines.append(f"| {setting[0]} | {setting[1]} | {setting[2]} | {first['gap_cells']} | "
                      f"{quiet['wall_s'] if quiet else '–'} | {busy['wall_s'] if busy else '–'} | {ratio} | "
-                     f"{quiet['cells_per_s'] if quiet else '–'} | {first['peak_gb']} | {first['commit']} |")
+                     f"{quiet['cells_per_s'] if quiet else '–'} | {first['peak_gb']} | "
+                     f"{first.get('machine', EARLIER_MACHINE)} | {first['commit']} |")
     return lines
 
 

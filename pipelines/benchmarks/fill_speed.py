@@ -167,6 +167,8 @@ def main() -> None:
     parser.add_argument("--cases", nargs="*", default=list(CASES), choices=CASES)
     parser.add_argument("--models", nargs="*", default=list(MODELS), choices=MODELS)
     parser.add_argument("--quiet-only", action="store_true", help="skip the contended runs")
+    parser.add_argument("--contended-only", action="store_true",
+                        help="skip the quiet runs (their rows from an earlier run stay in the table)")
     parser.add_argument("--threads", type=int, default=None, help="a fixed thread count (default: geonp's choice)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="fill on the CPU (default) or the GPU (quiet runs only; its own table)")
@@ -192,7 +194,7 @@ def main() -> None:
         for model in args.models:
             if model == "dineof" and case in ("scene150k", "demo"):
                 continue
-            for contended in (False,) if args.quiet_only or gpu else (False, True):
+            for contended in (False,) if args.quiet_only or gpu else (True,) if args.contended_only else (False, True):
                 row = measure(case, model, contended, args.threads, args.device)
                 if row is not None:
                     rows.append({**row, "commit": commit})

@@ -19,19 +19,21 @@ no scene is worse beyond its noise in RMSE or CRPS. ``--record`` appends the ver
 
 A row of ``pipelines/results/suite_<split>.json`` carries ``blocks``: per (block, distance bin)
 the hidden cells ``n`` scored, the sum of squared errors ``sse``, the sum of CRPS ``crps`` and the
-cells inside the central 90% interval ``in90`` (written by ``pipelines.benchmarks.suite``).
+cells inside the central 90% interval ``in90`` (written by ``pipelines.benchmarks.suite``; on disk
+each scene's layout is stored once, ``pipelines.suite_table`` reads the rows back whole).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from pipelines import suite_table
 
 N_BOOT = 2000  # draws per interval: the 2.5% / 97.5% percentiles move by well under 0.1% between seeds
 COVERAGE_RANGE = (0.85, 0.95)
@@ -172,7 +174,7 @@ def load_rows(split: str, path: Path | None = None) -> list[dict]:
     path = path or REPO / "pipelines" / "results" / f"suite_{split}.json"
     if not path.exists():
         raise SystemExit(f"{path}: no suite table yet; run python -m pipelines.benchmarks.suite --split {split}")
-    return json.loads(path.read_text())["rows"]
+    return suite_table.read(path)["rows"]
 
 
 def record(comparison: Comparison, split: str, what: str, out: Path) -> None:

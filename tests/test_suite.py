@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -10,8 +11,9 @@ import xarray as xr
 import yaml
 
 from geonp.evaluate import evaluate
+from pipelines import suite_table
 from pipelines.benchmarks.suite import BINS, block_stats
-from pipelines.suite_rule import compare, coverage_interval, geometric_interval, ratio_interval
+from pipelines.suite_rule import compare, coverage_interval, geometric_interval, load_rows, ratio_interval
 from tests.conftest import data_dir
 
 
@@ -84,6 +86,29 @@ def test_the_rule_adopts_a_clear_gain_and_refuses_one_scene_made_worse():
         err = rng.normal(size=1024)
         mixed += [_row(f"s{s}", "base", err), _row(f"s{s}", "mixed", (0.9 if s % 2 else 1.08) * err)]
     assert not compare(mixed, "mixed", "base").adopt
+
+
+def test_the_table_stores_a_scene_layout_once_and_reads_every_row_back_whole(tmp_path):
+    """Rows sharing their scene's block layout keep only their sums on disk; a row that scored fewer
+    cells keeps its own; the rule reads the same rows that were written, and an older table (rows
+    whole, no layouts) still reads."""
+    rng = np.random.default_rng(2)
+    errors = rng.normal(size=1024)
+    partial = errors.copy()
+    partial[:100] = np.nan  # a model that left 100 cells unscored: a different layout
+    rows = [_row("a#0", "linear", errors), _row("a#0", "kriging", errors / 2), _row("a#0", "odd", partial),
+            _row("b#0", "linear", errors[::-1])]
+    path = tmp_path / "suite_validation.json"
+    suite_table.write(path, "header", "validation", [{"scene": "a#0"}, {"scene": "b#0"}], rows)
+    stored = json.loads(path.read_text())
+    assert set(stored["layouts"]) == {"a#0", "b#0"}
+    assert [set(r["blocks"]) for r in stored["rows"]] == [{"sse", "crps", "in90"}] * 2 + [
+        {"block", "bin", "n", "sse", "crps", "in90"}, {"sse", "crps", "in90"}]
+    assert suite_table.read(path)["rows"] == json.loads(json.dumps(rows))
+    assert load_rows("validation", path) == json.loads(json.dumps(rows))
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"header": "h", "split": "validation", "scenes": [], "rows": rows}))
+    assert suite_table.read(old)["rows"] == json.loads(json.dumps(rows))
 
 
 def test_coverage_interval_counts_cells_inside_the_90_percent_interval():

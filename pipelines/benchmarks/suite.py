@@ -42,6 +42,7 @@ from geonp.device import resolve_device
 from geonp.evaluate import evaluate
 from geonp.fill.options import FillOptions, FitOptions
 from geonp.metrics import WIDE_DISTANCE_BINS, crps_normal, distance_bin
+from pipelines import suite_table
 from pipelines.checkpoint_variants import bundled_variants
 from pipelines.provenance import REPO, git_commit, header
 from pipelines.suite_report import report
@@ -113,14 +114,6 @@ def score_row(scene: Scene, res: dict, r: dict, label: str, commit: str) -> dict
 def _finite(value: float) -> float | None:
     """JSON has no NaN: an empty bin's figure is null."""
     return value if math.isfinite(value) else None
-
-
-def write_json(path: Path, text: str, split: str, scenes: list[dict], rows: list[dict]) -> None:
-    """The table's JSON, one scene or row a line (diffs of a rerun stay readable)."""
-    lines = [json.dumps(x, separators=(",", ":"), allow_nan=False) for x in (*scenes, *rows)]
-    head = json.dumps({"header": text, "split": split})[:-1]
-    path.write_text(head + ',\n"scenes":[\n' + ",\n".join(lines[:len(scenes)]) + '\n],\n"rows":[\n'
-                    + ",\n".join(lines[len(scenes):]) + "\n]}\n")
 
 
 def run(scenes: list[Scene], rows: list[str], trained: dict[str, str], seed: int,
@@ -257,7 +250,7 @@ def main() -> None:
     out = Path(args.out or REPO / "pipelines" / "results" / f"suite_{args.split}.md")
     earlier = {}
     if args.reuse and out.with_suffix(".json").exists():
-        old = json.loads(out.with_suffix(".json").read_text())
+        old = suite_table.read(out.with_suffix(".json"))
         earlier = {"scenes": {s["scene"]: s for s in old["scenes"]}, "rows": old["rows"]}
     scenes = draw(args.split)
     if args.scenes:
@@ -275,7 +268,7 @@ def main() -> None:
     scene_list, rows = merge(args.split, records, rows, earlier)
     body = report(scene_list, rows, args.split) + "".join(f"\n- not scored: {n}" for n in notes)
     out.write_text(text + "\n" + body + "\n")
-    write_json(out.with_suffix(".json"), text, args.split, scene_list, rows)
+    suite_table.write(out.with_suffix(".json"), text, args.split, scene_list, rows)
     print(out.read_text())
 
 

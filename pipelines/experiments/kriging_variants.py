@@ -16,7 +16,6 @@ single-date scenes (issue 53: kriging at most linear's RMSE there). Writes
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import numpy as np
@@ -25,7 +24,8 @@ import torch
 from geonp.evaluate import static_valid_area
 from geonp.models.field_kriging import krige_stack
 from geonp.tasks.hidden import distance_to_context, hide_under_mask
-from pipelines.benchmarks.suite import block_stats, write_json
+from pipelines import suite_table
+from pipelines.benchmarks.suite import block_stats
 from pipelines.provenance import REPO, git_commit, header
 from pipelines.suite_report import DENSE_MEDIAN
 from pipelines.suite_rule import TIE, compare, load_rows, ratio_interval, rows_by_scene
@@ -77,11 +77,11 @@ def main() -> None:
               flush=True)
     out = REPO / "pipelines" / "results" / f"kriging_variants_{args.split}.md"
     if args.reuse and out.with_suffix(".json").exists():
-        rows += [r for r in json.loads(out.with_suffix(".json").read_text())["rows"] if r["model"] not in args.variants]
+        rows += [r for r in suite_table.read(out.with_suffix(".json"))["rows"] if r["model"] not in args.variants]
     labels = [v for v in VARIANTS if v in {r["model"] for r in rows}]
     suite = load_rows(args.split)
-    scenes = {s["scene"]: s for s in json.loads(
-        (REPO / "pipelines" / "results" / f"suite_{args.split}.json").read_text())["scenes"]}
+    scenes = {s["scene"]: s for s in suite_table.read(
+        REPO / "pipelines" / "results" / f"suite_{args.split}.json")["scenes"]}
     dense = [s for s, rec in scenes.items() if rec["kind"] == "single" and rec["median_distance"] <= DENSE_MEDIAN]
     lines = ["| variant | keywords | against the suite's kriging | dense single-date scenes above linear's RMSE "
              "(beyond noise) | wall s / kriging-now |", "|---|---|---|---|---:|"]
@@ -99,7 +99,7 @@ def main() -> None:
     chosen = [f"- {scene} {label}: {w}" for (scene, label), w in what.items() if "auto" in str(VARIANTS[label])]
     out.write_text(text + "\n" + "\n".join(lines) + f"\n\nDense single-date scenes: {', '.join(dense)}.\n\n"
                    "What the variants that choose per scene chose (this run's):\n\n" + "\n".join(chosen) + "\n")
-    write_json(out.with_suffix(".json"), text, args.split, [], rows)
+    suite_table.write(out.with_suffix(".json"), text, args.split, [], rows)
     print(out.read_text())
 
 

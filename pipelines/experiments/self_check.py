@@ -35,7 +35,8 @@ from geonp.fill.options import FitOptions
 from geonp.fill.plan import plan
 from geonp.fill.prepare import prepare
 from geonp.tasks.hidden import distance_to_context, hide_under_mask
-from pipelines.benchmarks.suite import block_stats, write_json
+from pipelines import suite_table
+from pipelines.benchmarks.suite import block_stats
 from pipelines.experiments.blend import apply_blend, check_cells, fit_blend
 from pipelines.provenance import REPO, git_commit, header
 from pipelines.suite_rule import compare, load_rows
@@ -149,7 +150,7 @@ def main() -> None:
                   "fills cached under runs/self_check")
     out.write_text(text + "\n" + "\n".join(lines) + "\n\n" + "\n".join(
         f"- {r['scene']} {r['model']}: {r['blend']}" for r in rows if r["model"].startswith("blend-lin-kr@")) + "\n")
-    write_json(out.with_suffix(".json"), text, args.split, [], rows)
+    suite_table.write(out.with_suffix(".json"), text, args.split, [], rows)
     print(out.read_text())
 
 

@@ -1,0 +1,65 @@
+"""The scene suite's JSON tables on disk: one writer, one reader, block layouts stored once per scene.
+
+Every row of a suite table carries per-block sums for the rule's bootstrap (``pipelines.suite_rule``):
+per (block, distance bin) the block id ``block``, the bin ``bin``, the cells scored ``n`` and the sums
+``sse``, ``crps``, ``in90``. The first three (the *layout*) depend only on the scene's hidden cells, so
+they are the same for every row of a scene that predicted every cell; on disk the table keeps each
+scene's layout once, under ``"layouts"``, and such rows keep only their sums. A row whose layout
+differs (a model that left cells unscored) keeps its own in full. :func:`read` gives the rows back
+with their whole ``blocks``, so no reader sees the difference; a table written before layouts were
+shared (no ``"layouts"`` key) reads as it is.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+LAYOUT = ("block", "bin", "n")  # a block sum's keys that depend only on the scene's hidden cells
+
+
+def _key(blocks: dict) -> tuple:
+    return tuple(tuple(blocks[k]) for k in LAYOUT)
+
+
+def pack(rows: list[dict]) -> tuple[dict[str, dict], list[dict]]:
+    """``(layouts, rows)``: each scene's most common block layout, and the rows with it taken out of
+    their ``blocks`` where it is the scene's (the rows given are not changed)."""
+    counts: dict[str, Counter] = {}
+    for r in rows:
+        if "blocks" in r:
+            counts.setdefault(r["scene"], Counter())[_key(r["blocks"])] += 1
+    layouts = {s: dict(zip(LAYOUT, map(list, c.most_common(1)[0][0]))) for s, c in counts.items()}
+    packed = []
+    for r in rows:
+        b = r.get("blocks")
+        if b is not None and _key(b) == _key(layouts[r["scene"]]):
+            r = {**r, "blocks": {k: v for k, v in b.items() if k not in LAYOUT}}
+        packed.append(r)
+    return layouts, packed
+
+
+def unpack(layouts: dict[str, dict], rows: list[dict]) -> list[dict]:
+    """The rows with every ``blocks`` whole again (a row without ``block`` ids takes its scene's layout)."""
+    return [{**r, "blocks": {**layouts[r["scene"]], **r["blocks"]}}
+            if "blocks" in r and "block" not in r["blocks"] else r for r in rows]
+
+
+def write(path: Path, text: str, split: str, scenes: list[dict], rows: list[dict]) -> None:
+    """The table's JSON: header, split, scene records, layouts and rows, one scene, layout or row a
+    line (diffs of a rerun stay readable)."""
+    layouts, rows = pack(rows)
+    def lines(items):
+        return ",\n".join(json.dumps(x, separators=(",", ":"), allow_nan=False) for x in items)
+    layout_lines = ",\n".join(f"{json.dumps(s)}:{json.dumps(v, separators=(',', ':'))}" for s, v in layouts.items())
+    head = json.dumps({"header": text, "split": split})[:-1]
+    path.write_text(head + ',\n"scenes":[\n' + lines(scenes) + '\n],\n"layouts":{\n' + layout_lines
+                    + '\n},\n"rows":[\n' + lines(rows) + "\n]}\n")
+
+
+def read(path: Path) -> dict:
+    """The table at ``path``: ``{"header", "split", "scenes", "rows"}``, every row's ``blocks`` whole."""
+    table = json.loads(path.read_text())
+    table["rows"] = unpack(table.pop("layouts", {}), table["rows"])
+    return table

@@ -17,6 +17,21 @@ Two levels of noise, both by resampling with replacement (percentile 95% interva
 no scene is worse beyond its noise in RMSE or CRPS. ``--record`` appends the verdict to
 ``pipelines/results/suite_decisions.md`` (every variant measured, adopted or not).
 
+**Fine-tuning's own randomness** is a third noise: te-pt-tnp fine-tunes on windows drawn at random,
+so a rerun with another seed moves each scene's score although nothing changed, and the block
+bootstrap alone calls such moves real (the seed-1 rerun of the shipped row against itself: see
+``suite_decisions.md``). ``--replicate LABEL`` names reruns of the baseline with other seeds (same
+cells, same settings); per scene and metric the spread of their log scores with the baseline's
+(``sqrt(2)`` x its standard deviation: both rows of a comparison carry it) widens that scene's
+interval, drawn as a normal term added to each bootstrap draw of the log ratio. A scene without a
+replicate keeps the block interval.
+
+**Cost cuts** (``--cut``: the same model doing less work, issue 54: accuracy "unchanged or
+better") cannot win, so they pass a test of equivalence instead: adopted when both suite intervals'
+upper ends lie below ``1 + CUT_MARGIN`` (a loss of more than 1% excluded at 95%) and no scene is
+worse beyond its noise, seeds included. The margin is a third of what fine-tuning itself gains in
+CRPS on the suite (``te-pt-tnp@0`` against ``te-pt-tnp``: x1.0331).
+
 A row of ``pipelines/results/suite_<split>.json`` carries ``blocks``: per (block, distance bin)
 the hidden cells ``n`` scored, the sum of squared errors ``sse``, the sum of CRPS ``crps`` and the
 cells inside the central 90% interval ``in90`` (written by ``pipelines.benchmarks.suite``; on disk
@@ -41,6 +56,7 @@ MIN_BIN_CELLS = 30  # a distance bin with fewer hidden cells is reported, never 
 #: Ratios within this of 1 are ties: block sums are stored to 6 significant digits, so two rows with
 #: the same predictions can differ by a few parts in a million.
 TIE = 1e-5
+CUT_MARGIN = 0.01  # --cut: the largest suite-level loss a cost cut may not exclude (module docstring)
 
 
 def block_sums(row: dict, bins: Sequence[int] | None = None) -> dict[str, np.ndarray]:
@@ -88,13 +104,18 @@ def score(sums: dict, metric: str, w: np.ndarray | None = None) -> np.ndarray | 
 
 
 def ratio_interval(cand: dict, base: dict, metric: str, bins: Sequence[int] | None = None,
-                   seed: int = 0) -> tuple[float, float, float]:
-    """``(ratio, low, high)``: candidate over baseline on one scene, its 95% interval over paired blocks."""
+                   seed: int = 0, seed_sd: float = 0.0) -> tuple[float, float, float]:
+    """``(ratio, low, high)``: candidate over baseline on one scene, its 95% interval over paired blocks,
+    widened by fine-tuning's randomness when ``seed_sd`` (the standard deviation of the log ratio it
+    alone gives, :func:`seed_spread`) is above 0."""
     a, b = _paired(block_sums(cand, bins), block_sums(base, bins))
     if a["n"].sum() == 0 or b["n"].sum() == 0:
         return math.nan, math.nan, math.nan
-    w = _weights(a["block"].size, np.random.default_rng(seed))
+    rng = np.random.default_rng(seed)
+    w = _weights(a["block"].size, rng)
     draws = score(a, metric, w) / score(b, metric, w)
+    if seed_sd > 0:
+        draws = draws * np.exp(rng.normal(0.0, seed_sd, draws.size))
     low, high = np.nanpercentile(draws, [2.5, 97.5])
     return float(score(a, metric) / score(b, metric)), float(low), float(high)
 
@@ -108,6 +129,16 @@ def coverage_interval(row: dict, bins: Sequence[int] | None = None, seed: int = 
     draws = score(s, "cov90", _weights(s["block"].size, np.random.default_rng(seed)))
     low, high = np.nanpercentile(draws, [2.5, 97.5])
     return float(score(s, "cov90")), float(low), float(high), n
+
+
+def seed_spread(base: dict, replicates: Sequence[dict], metric: str) -> float:
+    """The standard deviation of a log ratio that fine-tuning's seeds alone give on one scene: ``sqrt(2)``
+    x the standard deviation of the log scores of ``base`` and its reruns with other seeds (0 without
+    a rerun). ``sqrt(2)``: candidate and baseline each carry their own draw."""
+    if not replicates:
+        return 0.0
+    logs = np.log([score(block_sums(r), metric) for r in (base, *replicates)])
+    return float(np.sqrt(2 * logs.var(ddof=1)))
 
 
 def geometric_interval(ratios: Sequence[float], seed: int = 0) -> tuple[float, float, float]:
@@ -135,17 +166,21 @@ class Comparison:
     suite: dict[str, tuple[float, float, float]]
     worse: list[str]
     commits: str = ""  # the commits the candidate's rows were measured at
+    replicates: tuple[str, ...] = ()  # reruns of the baseline whose spread widened the scenes' intervals
+    cut: bool = False  # judged as a cost cut (equivalence within CUT_MARGIN), not as a gain
 
     @property
     def adopt(self) -> bool:
-        return (bool(self.scenes) and all(self.suite[m][2] < 1 - TIE for m in ("rmse", "crps")) and not self.worse)
+        limit = 1 + CUT_MARGIN if self.cut else 1 - TIE
+        return bool(self.scenes) and all(self.suite[m][2] < limit for m in ("rmse", "crps")) and not self.worse
 
     def text(self) -> str:
         """The verdict, the suite intervals and the scenes worse beyond noise, in a few lines."""
         def fmt(t):
             return f"{t[0]:.4f} [{t[1]:.4f}, {t[2]:.4f}]"
-        lines = [f"{self.candidate} against {self.baseline} on {len(self.scenes)} scenes: "
-                 f"{'ADOPT' if self.adopt else 'reject'}",
+        noise = f", seeds from {', '.join(self.replicates)}" if self.replicates else ""
+        lines = [f"{self.candidate} against {self.baseline} on {len(self.scenes)} scenes"
+                 f"{' as a cost cut' if self.cut else ''}{noise}: {'ADOPT' if self.adopt else 'reject'}",
                  f"  geometric-mean RMSE ratio {fmt(self.suite['rmse'])}, CRPS ratio {fmt(self.suite['crps'])}",
                  f"  scenes worse beyond their noise: {', '.join(self.worse) or 'none'}"]
         return "\n".join(lines)
@@ -156,15 +191,19 @@ def rows_by_scene(rows: Iterable[dict], label: str) -> dict[str, dict]:
     return {r["scene"]: r for r in rows if r["model"] == label}
 
 
-def compare(rows: Sequence[dict], candidate: str, baseline: str, scenes: Sequence[str] | None = None) -> Comparison:
-    """Apply the rule (module docstring) to ``candidate`` against ``baseline`` over the scenes both scored."""
+def compare(rows: Sequence[dict], candidate: str, baseline: str, scenes: Sequence[str] | None = None,
+            replicates: Sequence[str] = (), cut: bool = False) -> Comparison:
+    """Apply the rule (module docstring) to ``candidate`` against ``baseline`` over the scenes both scored;
+    ``replicates``: labels of the baseline's reruns with other seeds; ``cut``: judge a cost cut."""
     a, b = rows_by_scene(rows, candidate), rows_by_scene(rows, baseline)
+    reps = [rows_by_scene(rows, label) for label in replicates]
     names = [s for s in (scenes or a) if s in a and s in b]
-    per = {s: {m: ratio_interval(a[s], b[s], m) for m in ("rmse", "crps")} for s in names}
+    per = {s: {m: ratio_interval(a[s], b[s], m, seed_sd=seed_spread(b[s], [r[s] for r in reps if s in r], m))
+               for m in ("rmse", "crps")} for s in names}
     suite = {m: geometric_interval([per[s][m][0] for s in names]) for m in ("rmse", "crps")}
     worse = [s for s in names if any(per[s][m][1] > 1 + TIE for m in ("rmse", "crps"))]
     commits = ", ".join(sorted({str(a[s].get("commit", "unrecorded")) for s in names}))
-    return Comparison(candidate, baseline, per, suite, worse, commits)
+    return Comparison(candidate, baseline, per, suite, worse, commits, tuple(replicates), cut)
 
 
 def load_rows(split: str, path: Path | None = None) -> list[dict]:
@@ -192,7 +231,8 @@ def record(comparison: Comparison, split: str, what: str, out: Path) -> None:
     fmt = lambda t: f"{t[0]:.4f} [{t[1]:.4f}, {t[2]:.4f}]"  # noqa: E731
     line = (f"| {dt.date.today().isoformat()} | {c.commits} | {split} | `{c.candidate}` | `{c.baseline}` | {what} | "
             f"{len(c.scenes)} | {fmt(c.suite['rmse'])} | {fmt(c.suite['crps'])} | {', '.join(c.worse) or '–'} | "
-            f"{'adopt' if c.adopt else 'reject'} |\n")
+            f"{('adopt' if c.adopt else 'reject') + (' (cost cut)' if c.cut else '')}"
+            f"{' (seeds: ' + ', '.join(c.replicates) + ')' if c.replicates else ''} |\n")
     with out.open("a") as f:
         f.write(line)
 
@@ -204,8 +244,14 @@ def main() -> None:
     parser.add_argument("--baseline", default="te-pt-tnp", help="the row it must beat (default: the shipped row)")
     parser.add_argument("--record", metavar="WHAT", help="append the verdict to pipelines/results/suite_decisions.md")
     parser.add_argument("--table", type=Path, default=None, help="another suite JSON than the split's")
+    parser.add_argument("--replicate", action="append", default=[], metavar="LABEL",
+                        help="a rerun of the baseline with another seed: its spread widens each scene's interval")
+    parser.add_argument("--cut", action="store_true",
+                        help=f"judge a cost cut: adopted when a loss above {CUT_MARGIN:.0%} is excluded "
+                             "(module docstring)")
     args = parser.parse_args()
-    comparison = compare(load_rows(args.split, args.table), args.candidate, args.baseline)
+    comparison = compare(load_rows(args.split, args.table), args.candidate, args.baseline,
+                         replicates=args.replicate, cut=args.cut)
     if not comparison.scenes:
         raise SystemExit(f"no scene has both {args.candidate!r} and {args.baseline!r} rows")
     print(comparison.text())

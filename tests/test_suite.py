@@ -88,6 +88,25 @@ def test_the_rule_adopts_a_clear_gain_and_refuses_one_scene_made_worse():
     assert not compare(mixed, "mixed", "base").adopt
 
 
+def test_a_seed_replicate_widens_a_scene_and_a_cut_passes_only_within_its_margin():
+    """A move as large as a rerun with another seed gives is no longer beyond noise once the rerun is
+    named; a cost cut losing 0.5% everywhere passes the equivalence test, one losing 3% does not."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for s in range(8):
+        err = rng.normal(size=1024)
+        rows += [_row(f"s{s}", "base", err), _row(f"s{s}", "rerun", err * (1.02 if s % 2 else 1 / 1.02)),
+                 _row(f"s{s}", "cand", err * (1.02 if s == 2 else 1.0)),
+                 _row(f"s{s}", "cut", err * 1.005), _row(f"s{s}", "costly", err * 1.03)]
+    assert compare(rows, "cand", "base").worse == ["s2"]  # blocks alone: 2% on every block is real
+    widened = compare(rows, "cand", "base", replicates=["rerun"])
+    assert not widened.worse and widened.replicates == ("rerun",)
+    assert not compare(rows, "cut", "base").adopt  # a loss is never adopted as a gain
+    assert compare(rows, "cut", "base", cut=True).adopt is False  # 0.5% on every block: each scene worse
+    assert compare(rows, "cut", "base", replicates=["rerun"], cut=True).adopt  # inside the seeds' noise
+    assert not compare(rows, "costly", "base", replicates=["rerun"], cut=True).adopt  # 3%: beyond the margin
+
+
 def test_the_table_stores_a_scene_layout_once_and_reads_every_row_back_whole(tmp_path):
     """Rows sharing their scene's block layout keep only their sums on disk; a row that scored fewer
     cells keeps its own; the rule reads the same rows that were written, and an older table (rows
@@ -170,6 +189,17 @@ def test_fill_options_rows_are_checked_before_anything_runs():
     for bad in ('{"calibrate": true}', '{"seed": 1}', '{"fit_steps": 0}', '{"fit": {"steps": 3}}', '{"samples": 2}'):
         with pytest.raises(SystemExit):
             fill_rows(parser, [f"bad={bad}"])
+
+
+def test_a_row_label_is_checked_before_anything_runs(monkeypatch, capsys):
+    """A row is LABEL[~sSEED][@FIT]: anything else is the parser's one-line error, before any scene loads."""
+    from pipelines.benchmarks import suite
+
+    for bad in ("te-pt-tnp~x", "te-pt-tnp@0~s1", "te-pt-tnp@two"):
+        monkeypatch.setattr("sys.argv", ["suite", "--split", "validation", "--rows", bad])
+        with pytest.raises(SystemExit) as stop:
+            suite.main()
+        assert stop.value.code == 2 and "LABEL[~sSEED][@FIT_STEPS]" in capsys.readouterr().err
 
 
 def test_the_overlap_ceilings_find_what_hindsight_can_gain():

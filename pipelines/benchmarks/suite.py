@@ -16,8 +16,11 @@ the drawn mask; every row fills the same cells (``geonp.evaluate``), scored by R
 90% coverage, by distance to the nearest observed cell (``WIDE_DISTANCE_BINS``), and per block
 of cells so that ``pipelines.suite_rule`` can say what is noise.
 
-A row is ``MODEL[@FIT_STEPS]``: ``te-pt-tnp`` without ``@`` fills with geonp's defaults, as a
-user's ``geonp infill`` does; ``dineof`` scores the multi-date scenes only. ``LABEL[@FIT]`` with
+A row is ``MODEL[~sSEED][@FIT_STEPS]``: ``te-pt-tnp`` without ``@`` fills with geonp's defaults, as a
+user's ``geonp infill`` does; ``dineof`` scores the multi-date scenes only; ``~sN`` fills with seed
+``N`` instead of ``--seed`` (fine-tuning's random windows; the hidden cells are the scene's), so
+``te-pt-tnp~s1`` is a rerun of the shipped row that ``pipelines.suite_rule --replicate`` takes as
+the noise of fine-tuning itself. ``LABEL[@FIT]`` with
 ``--checkpoint LABEL=PATH`` scores te-pt-tnp with other weights, ``--variant LABEL=JSON`` the
 bundled te-pt-tnp changed at inference (``pipelines.checkpoint_variants.bundled_variants``),
 ``--fit LABEL=JSON`` the bundled te-pt-tnp fine-tuned with other :class:`~geonp.fill.options.FitOptions`
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import tempfile
 from pathlib import Path
 
@@ -132,7 +136,8 @@ def run(scenes: list[Scene], rows: list[str], trained: dict[str, str], seed: int
         ds, variable, under = load(scene)
         record, kept = None, {}
         for row in rows:
-            label, _, fit = row.partition("@")
+            name, _, fit = row.partition("@")
+            label, _, rerun = name.partition("~s")
             if label == "dineof" and scene.kind == "single":
                 continue  # DINEOF needs a history
             model, checkpoints = ("te-pt-tnp", {"te-pt-tnp": trained[label]}) if label in trained else (label, None)
@@ -144,7 +149,8 @@ def run(scenes: list[Scene], rows: list[str], trained: dict[str, str], seed: int
                 options.update(fills[label])
             steps = int(fit) if fit else (options.get("fit", FitOptions()).steps if model == "te-pt-tnp" else 0)
             try:
-                res = evaluate(ds, variable, [model], checkpoints=checkpoints, fit_steps=steps, seed=seed,
+                res = evaluate(ds, variable, [model], checkpoints=checkpoints, fit_steps=steps,
+                               seed=int(rerun) if rerun else seed,
                                options=options, hide_under=under, distance_bins=BINS, keep_cells=True,
                                samples=samples)
             except ValueError as err:
@@ -152,7 +158,7 @@ def run(scenes: list[Scene], rows: list[str], trained: dict[str, str], seed: int
                 print(f"{scene.name} {row}: not scored: {err}", flush=True)
                 continue
             record = record or scene_record(scene, res)
-            out.append(score_row(scene, res, res["rows"][0], row if fit else label, commit))
+            out.append(score_row(scene, res, res["rows"][0], row if fit else name, commit))
             r = out[-1]
             kept[r["model"]] = res
             print(f"{scene.name} {r['model']}: RMSE {r['rmse']:.4g} CRPS {r['crps']:.4g} cov90 {r['cov90']:.3f} "
@@ -247,6 +253,9 @@ def main() -> None:
     parser.add_argument("--cells", default=None, metavar="DIR",
                         help="also keep each scene's hidden cells and the rows' predictions in DIR/SCENE.npz")
     args = parser.parse_args()
+    bad = [row for row in args.rows if not re.fullmatch(r"[^@~]+(~s\d+)?(@\d+)?", row)]
+    if bad:
+        parser.error(f"--rows {bad[0]!r}: a row is LABEL[~sSEED][@FIT_STEPS]")
     out = Path(args.out or REPO / "pipelines" / "results" / f"suite_{args.split}.md")
     earlier = {}
     if args.reuse and out.with_suffix(".json").exists():

@@ -224,7 +224,10 @@ def record(comparison: Comparison, split: str, what: str, out: Path) -> None:
         out.write_text("# Suite decisions: every variant measured against the shipped row\n\n"
                        "The rule (`pipelines/suite_rule.py`): adopt when the paired bootstrap 95% intervals (over "
                        "scenes) of the geometric-mean RMSE and CRPS ratios both lie below 1 and no scene is worse "
-                       "beyond its own noise (block bootstrap). Ratios are candidate / baseline.\n\n"
+                       "beyond its own noise (block bootstrap; with `--replicate`, also the spread of the "
+                       "baseline's reruns with other seeds). A cost cut (`--cut`) is adopted when a loss above 1% is "
+                       "excluded on both suite ratios and no scene is worse beyond its noise. Ratios are candidate / "
+                       "baseline.\n\n"
                        "| date | measured at | split | candidate | baseline | what | scenes | RMSE ratio [95%] | "
                        "CRPS ratio [95%] | scenes worse | verdict |\n|---|---|---|---|---|---|---:|---|---|---|---|\n")
     c = comparison

@@ -120,6 +120,10 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+#: A row label: ``LABEL[~sSEED][@FIT_STEPS]`` (module docstring).
+ROW = re.compile(r"(?P<name>(?P<label>[^@~]+)(?:~s(?P<seed>\d+))?)(?:@(?P<fit>\d+))?")
+
+
 def run(scenes: list[Scene], rows: list[str], trained: dict[str, str], seed: int,
         earlier: dict, fits: dict[str, FitOptions] | None = None,
         samples: int = 0, fills: dict[str, dict] | None = None,
@@ -136,8 +140,7 @@ def run(scenes: list[Scene], rows: list[str], trained: dict[str, str], seed: int
         ds, variable, under = load(scene)
         record, kept = None, {}
         for row in rows:
-            name, _, fit = row.partition("@")
-            label, _, rerun = name.partition("~s")
+            name, label, rerun, fit = ROW.fullmatch(row).group("name", "label", "seed", "fit")
             if label == "dineof" and scene.kind == "single":
                 continue  # DINEOF needs a history
             model, checkpoints = ("te-pt-tnp", {"te-pt-tnp": trained[label]}) if label in trained else (label, None)
@@ -253,7 +256,7 @@ def main() -> None:
     parser.add_argument("--cells", default=None, metavar="DIR",
                         help="also keep each scene's hidden cells and the rows' predictions in DIR/SCENE.npz")
     args = parser.parse_args()
-    bad = [row for row in args.rows if not re.fullmatch(r"[^@~]+(~s\d+)?(@\d+)?", row)]
+    bad = [row for row in args.rows if not ROW.fullmatch(row)]
     if bad:
         parser.error(f"--rows {bad[0]!r}: a row is LABEL[~sSEED][@FIT_STEPS]")
     out = Path(args.out or REPO / "pipelines" / "results" / f"suite_{args.split}.md")

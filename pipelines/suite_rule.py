@@ -250,7 +250,7 @@ def main() -> None:
     parser.add_argument("--replicate", action="append", default=[], metavar="LABEL",
                         help="a rerun of the baseline with another seed: its spread widens each scene's interval")
     parser.add_argument("--cut", action="store_true",
-                        help=f"judge a cost cut: adopted when a loss above {CUT_MARGIN:.0%} is excluded "
+                        help=f"judge a cost cut: adopted when a loss above {100 * CUT_MARGIN:g}%% is excluded "
                              "(module docstring)")
     args = parser.parse_args()
     comparison = compare(load_rows(args.split, args.table), args.candidate, args.baseline,

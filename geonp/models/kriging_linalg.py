@@ -94,7 +94,7 @@ class _SPDSolve(torch.autograd.Function):
     @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float32)  # Cholesky needs float32 or wider
     def forward(ctx, k: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
         chol = robust_cholesky(k)
-        x = torch.cholesky_solve(r, chol)
+        x = cholesky_solve(r, chol)
         ctx.save_for_backward(chol, x)
         return x
 
@@ -103,7 +103,7 @@ class _SPDSolve(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         chol, x = ctx.saved_tensors
-        g_r = torch.cholesky_solve(g, chol)  # K^-1 g (K symmetric)
+        g_r = cholesky_solve(g, chol)  # K^-1 g (K symmetric)
         return -g_r @ x.transpose(-1, -2), g_r
 
 
@@ -127,6 +127,67 @@ def robust_cholesky(k: torch.Tensor, tries: int = 6) -> torch.Tensor:
             return chol
     raise torch.linalg.LinAlgError("kriging covariance not positive definite even with jitter of "
                                    f"{1e-6 * 10.0 ** (tries - 1):g} of its diagonal")
+
+
+#: Rows per diagonal block of :func:`cholesky_solve`'s blocked substitution on the CPU: the
+#: blocks are inverted at once for every system, the rest is one matrix product per block row.
+SOLVE_BLOCK = 8
+
+
+def cholesky_solve(r: torch.Tensor, chol: torch.Tensor) -> torch.Tensor:
+    """``K^-1 r`` from ``K``'s lower Cholesky factor ``chol [..., n, n]``, ``r [..., n, m]`` -> ``[..., n, m]``.
+
+    On a GPU, ``torch.cholesky_solve``. On the CPU that call hands each system to LAPACK in turn,
+    and the library opens its thread team for every one: with geonp's sleeping OpenMP threads
+    (:mod:`geonp.threads`) waking them took 99 us a 64-neighbour system against 20 us for its
+    Cholesky factor, two thirds of the kriging head's time. Here the substitution runs on all
+    systems at once in blocks of :data:`SOLVE_BLOCK` rows: each diagonal block's inverse for
+    every system together (:func:`_block_inverses`), then forward and back substitution one block
+    row at a time, each a batched matrix product (15 us a system on 2 threads; the same accuracy,
+    relative error 3e-7 in float32 against 3e-7 for LAPACK's).
+    """
+    if chol.device.type != "cpu":
+        return torch.cholesky_solve(r, chol)
+    n, size = chol.shape[-1], SOLVE_BLOCK
+    pad = -n % size
+    if pad:  # the factor of [[K, 0], [0, I]]: the padded rows solve to 0
+        chol = torch.nn.functional.pad(chol, (0, pad, 0, pad))
+        chol.diagonal(dim1=-2, dim2=-1)[..., n:] = 1.0
+        r = torch.nn.functional.pad(r, (0, 0, 0, pad))
+    batch = torch.broadcast_shapes(chol.shape[:-2], r.shape[:-2])  # as torch.cholesky_solve broadcasts
+    chol, r = chol.expand(*batch, *chol.shape[-2:]).contiguous(), r.expand(*batch, *r.shape[-2:])
+    inverse = _block_inverses(chol, size)  # [..., blocks, size, size]
+    rows = [slice(i, i + size) for i in range(0, n + pad, size)]
+    y = torch.empty_like(r)
+    for i, row in enumerate(rows):  # L y = r
+        rhs = r[..., row, :] if i == 0 else r[..., row, :] - chol[..., row, :row.start] @ y[..., :row.start, :]
+        y[..., row, :] = inverse[..., i, :, :] @ rhs
+    x = torch.empty_like(r)
+    for i, row in reversed(list(enumerate(rows))):  # L^T x = y
+        rhs = y[..., row, :]
+        if row.stop < n + pad:
+            rhs = rhs - chol[..., row.stop:, row].mT @ x[..., row.stop:, :]
+        x[..., row, :] = inverse[..., i, :, :].mT @ rhs
+    return x[..., :n, :] if pad else x
+
+
+def _block_inverses(chol: torch.Tensor, size: int) -> torch.Tensor:
+    """The inverses of lower-triangular ``chol [..., n, n]``'s diagonal blocks of ``size`` rows
+    (``n`` a multiple of ``size``, a power of two) -> ``[..., n / size, size, size]``: from the
+    diagonal's reciprocals, pairs of inverted halves joined, ``[[A, 0], [B, C]]^-1 = [[A^-1, 0],
+    [-C^-1 B A^-1, C^-1]]``, every block of every system in one product per doubling."""
+    def diagonal_blocks(t: torch.Tensor, width: int) -> torch.Tensor:  # [..., n, n] -> [..., n / width, width, width]
+        count = t.shape[-1] // width
+        return t.view(*t.shape[:-2], count, width, count, width).diagonal(dim1=-4, dim2=-2).movedim(-1, -3)
+
+    lower = diagonal_blocks(chol, size).contiguous()  # [..., blocks, size, size]
+    inverse = torch.diag_embed(lower.diagonal(dim1=-2, dim2=-1).reciprocal())
+    half = 1
+    while half < size:
+        low, inv = diagonal_blocks(lower, 2 * half), diagonal_blocks(inverse, 2 * half)  # views
+        inv[..., half:, :half] = -(inv[..., half:, half:] @ low[..., half:, :half] @ inv[..., :half, :half])
+        half *= 2
+    return inverse
 
 
 def spd_solve(k: torch.Tensor, r: torch.Tensor) -> torch.Tensor:

@@ -60,8 +60,12 @@ from geonp.models.local_attention import gather_rows
 #: (16 cells) gave RMSE within 2-8% of per-window fitted kriging on the validation crops (untrained).
 INIT_LENGTHSCALES = {"gaussian": 0.25, "matern32": 1.0, "exponential": 2.0}
 INIT_SILL, INIT_NUGGET = 1.0, 0.05
-#: K x K entries processed at once (1 MiB of float32): one slice of targets (``LocalKriging.cache_elems``).
-CACHE_ELEMS = 2**18
+#: K x K entries processed at once (4 MiB of float32): one slice of targets (``LocalKriging.cache_elems``).
+#: 1 MiB slices (64 targets of 64 neighbours) kept each step in cache, but since the solve is a
+#: few dozen batched products a call (:func:`geonp.models.kriging_linalg.cholesky_solve`) their
+#: fixed cost won: 4 MiB took the head from 113 to 77 us a target in prediction and 199 to 124
+#: with its backward pass (4 windows of 1,024 targets, external drift, 2 threads); 16 MiB lost.
+CACHE_ELEMS = 2**20
 #: The same on a GPU (64 MiB): 1 MiB slices made 5,344 kriging-head calls of a 40 s fill of the
 #: 150k-cell scene on an H200 (pipelines/results/fill_profile_cuda_scene150k.md).
 GPU_CACHE_ELEMS = 2**24

@@ -30,7 +30,13 @@ replicate keeps the block interval.
 better") cannot win, so they pass a test of equivalence instead: adopted when both suite intervals'
 upper ends lie below ``1 + CUT_MARGIN`` (a loss of more than 1% excluded at 95%) and no scene is
 worse beyond its noise, seeds included. The margin is a third of what fine-tuning itself gains in
-CRPS on the suite (``te-pt-tnp@0`` against ``te-pt-tnp``: x1.0331).
+CRPS on the suite (``te-pt-tnp@0`` against ``te-pt-tnp``: x1.0331). A cut must also keep the
+intervals calibrated: the mean over scenes of ``|cov90 - 0.90|`` (each scene's 90% coverage) may not
+rise beyond its noise (the lower end of its 95% interval over scenes, seeds included, above 0);
+CRPS can stay level while sigma narrows. Cuts are judged against the last row adopted at full cost
+(``--baseline``), not the previous cut, so small losses cannot compound: fine-tuning on 2 windows a
+step against 4 (``b2``) stays within 1% of the shipped row, but its calibration error against the
+batch-8 row it cuts from is +0.020 [0.008, 0.033].
 
 A row of ``pipelines/results/suite_<split>.json`` carries ``blocks``: per (block, distance bin)
 the hidden cells ``n`` scored, the sum of squared errors ``sse``, the sum of CRPS ``crps`` and the
@@ -168,11 +174,19 @@ class Comparison:
     commits: str = ""  # the commits the candidate's rows were measured at
     replicates: tuple[str, ...] = ()  # reruns of the baseline whose spread widened the scenes' intervals
     cut: bool = False  # judged as a cost cut (equivalence within CUT_MARGIN), not as a gain
+    # The candidate's mean |cov90 - 0.90| over scenes less the baseline's (difference, low, high).
+    calibration: tuple[float, float, float] = (math.nan, math.nan, math.nan)
+
+    @property
+    def calibration_worse(self) -> bool:
+        """Whether the candidate's 90% intervals are further from 0.90 coverage beyond noise."""
+        return bool(self.calibration[1] > 0)
 
     @property
     def adopt(self) -> bool:
         limit = 1 + CUT_MARGIN if self.cut else 1 - TIE
-        return bool(self.scenes) and all(self.suite[m][2] < limit for m in ("rmse", "crps")) and not self.worse
+        accurate = all(self.suite[m][2] < limit for m in ("rmse", "crps")) and not self.worse
+        return bool(self.scenes) and accurate and not (self.cut and self.calibration_worse)
 
     def text(self) -> str:
         """The verdict, the suite intervals and the scenes worse beyond noise, in a few lines."""
@@ -182,7 +196,9 @@ class Comparison:
         lines = [f"{self.candidate} against {self.baseline} on {len(self.scenes)} scenes"
                  f"{' as a cost cut' if self.cut else ''}{noise}: {'ADOPT' if self.adopt else 'reject'}",
                  f"  geometric-mean RMSE ratio {fmt(self.suite['rmse'])}, CRPS ratio {fmt(self.suite['crps'])}",
-                 f"  scenes worse beyond their noise: {', '.join(self.worse) or 'none'}"]
+                 f"  scenes worse beyond their noise: {', '.join(self.worse) or 'none'}",
+                 f"  mean |cov90 - 0.90| change {self.calibration[0]:+.4f} [{self.calibration[1]:+.4f}, "
+                 f"{self.calibration[2]:+.4f}]{' (worse beyond noise)' if self.calibration_worse else ''}"]
         return "\n".join(lines)
 
 
@@ -203,7 +219,30 @@ def compare(rows: Sequence[dict], candidate: str, baseline: str, scenes: Sequenc
     suite = {m: geometric_interval([per[s][m][0] for s in names]) for m in ("rmse", "crps")}
     worse = [s for s in names if any(per[s][m][1] > 1 + TIE for m in ("rmse", "crps"))]
     commits = ", ".join(sorted({str(a[s].get("commit", "unrecorded")) for s in names}))
-    return Comparison(candidate, baseline, per, suite, worse, commits, tuple(replicates), cut)
+    calibration = calibration_interval([a[s] for s in names], [b[s] for s in names],
+                                       [[r[s] for r in reps if s in r] for s in names])
+    return Comparison(candidate, baseline, per, suite, worse, commits, tuple(replicates), cut, calibration)
+
+
+def calibration_interval(cand: Sequence[dict], base: Sequence[dict], replicates: Sequence[Sequence[dict]],
+                         seed: int = 0) -> tuple[float, float, float]:
+    """``(difference, low, high)``: the mean over scenes of ``|cov90 - 0.90|``, candidate less baseline
+    (one row of each per scene, in the same order), its 95% interval from resampling scenes; each
+    scene's baseline reruns (``replicates``, a list per scene) add ``sqrt(2)`` x the spread of their
+    calibration errors as a normal term, as :func:`seed_spread` does for the scores."""
+    def error(row: dict) -> float:
+        return abs(score(block_sums(row), "cov90") - 0.90)
+
+    if not cand:
+        return math.nan, math.nan, math.nan
+    diff = np.array([error(c) - error(b) for c, b in zip(cand, base)])
+    spread = np.array([math.sqrt(2) * np.std([error(r) for r in (b, *reps)], ddof=1) if reps else 0.0
+                       for b, reps in zip(base, replicates)])
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(0, diff.size, (N_BOOT, diff.size))
+    draws = (diff[pick] + rng.normal(0.0, 1.0, pick.shape) * spread[pick]).mean(1)
+    low, high = np.percentile(draws, [2.5, 97.5])
+    return float(diff.mean()), float(low), float(high)
 
 
 def load_rows(split: str, path: Path | None = None) -> list[dict]:
@@ -226,15 +265,18 @@ def record(comparison: Comparison, split: str, what: str, out: Path) -> None:
                        "scenes) of the geometric-mean RMSE and CRPS ratios both lie below 1 and no scene is worse "
                        "beyond its own noise (block bootstrap; with `--replicate`, also the spread of the "
                        "baseline's reruns with other seeds). A cost cut (`--cut`) is adopted when a loss above 1% is "
-                       "excluded on both suite ratios and no scene is worse beyond its noise. Ratios are candidate / "
+                       "excluded on both suite ratios, no scene is worse beyond its noise and the scenes' mean "
+                       "distance of 90% coverage from 0.90 does not rise beyond noise. Ratios are candidate / "
                        "baseline.\n\n"
                        "| date | measured at | split | candidate | baseline | what | scenes | RMSE ratio [95%] | "
                        "CRPS ratio [95%] | scenes worse | verdict |\n|---|---|---|---|---|---|---:|---|---|---|---|\n")
     c = comparison
     fmt = lambda t: f"{t[0]:.4f} [{t[1]:.4f}, {t[2]:.4f}]"  # noqa: E731
+    calibration = " (calibration worse: mean abs(cov90 - 0.90) {:+.3f} [{:+.3f}, {:+.3f}])".format(*c.calibration)
     line = (f"| {dt.date.today().isoformat()} | {c.commits} | {split} | `{c.candidate}` | `{c.baseline}` | {what} | "
             f"{len(c.scenes)} | {fmt(c.suite['rmse'])} | {fmt(c.suite['crps'])} | {', '.join(c.worse) or '–'} | "
             f"{('adopt' if c.adopt else 'reject') + (' (cost cut)' if c.cut else '')}"
+            f"{calibration if c.cut and c.calibration_worse else ''}"
             f"{' (seeds: ' + ', '.join(c.replicates) + ')' if c.replicates else ''} |\n")
     with out.open("a") as f:
         f.write(line)
@@ -251,7 +293,7 @@ def main() -> None:
                         help="a rerun of the baseline with another seed: its spread widens each scene's interval")
     parser.add_argument("--cut", action="store_true",
                         help=f"judge a cost cut: adopted when a loss above {100 * CUT_MARGIN:g}%% is excluded "
-                             "(module docstring)")
+                             "and calibration is no worse (module docstring)")
     args = parser.parse_args()
     comparison = compare(load_rows(args.split, args.table), args.candidate, args.baseline,
                          replicates=args.replicate, cut=args.cut)

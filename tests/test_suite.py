@@ -107,6 +107,21 @@ def test_a_seed_replicate_widens_a_scene_and_a_cut_passes_only_within_its_margin
     assert not compare(rows, "costly", "base", replicates=["rerun"], cut=True).adopt  # 3%: beyond the margin
 
 
+def test_a_cut_whose_intervals_narrow_is_rejected_though_its_scores_hold():
+    """Sigma 5% narrower on every scene leaves RMSE and CRPS within the cut's margin but moves 90%
+    coverage away from 0.90 on every scene: the cut is rejected for its calibration alone."""
+    rng = np.random.default_rng(5)
+    rows = []
+    for s in range(12):
+        err = rng.normal(size=1024)
+        rows += [_row(f"s{s}", "base", err), _row(f"s{s}", "rerun", err * (1.01 if s % 2 else 1 / 1.01)),
+                 _row(f"s{s}", "narrow", err, std=0.95)]
+    narrow = compare(rows, "narrow", "base", replicates=["rerun"], cut=True)
+    assert all(narrow.suite[m][2] < 1.01 for m in ("rmse", "crps")) and not narrow.worse
+    assert narrow.calibration_worse and not narrow.adopt
+    assert not compare(rows, "rerun", "base", cut=True).calibration_worse
+
+
 def test_the_table_stores_a_scene_layout_once_and_reads_every_row_back_whole(tmp_path):
     """Rows sharing their scene's block layout keep only their sums on disk; a row that scored fewer
     cells keeps its own; the rule reads the same rows that were written, and an older table (rows

@@ -50,10 +50,20 @@ def test_configure_sizes_torch_and_refuses_nonsense():
 
 
 def test_importing_geonp_keeps_idle_openmp_threads_asleep_unless_told_otherwise():
-    code = "import os, geonp; print(os.environ.get('OMP_WAIT_POLICY'))"
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    code = "import os, geonp; print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))"
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert out.stdout.strip() == "PASSIVE"
+    assert out.stdout.split() == ["PASSIVE", "10000"]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**env, "OMP_WAIT_POLICY": "ACTIVE"})
-    assert out.stdout.strip() == "ACTIVE"
+                         env={**env, "OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "5"})
+    assert out.stdout.split() == ["ACTIVE", "5"]
+
+
+def test_pipelines_set_the_same_openmp_policy_before_torch_loads():
+    """A benchmark that imports torch before geonp would otherwise measure another threading regime
+    than the command line's (the suite ran with OpenMP's default spinning until 2026-11-29)."""
+    code = ("import pipelines, os, sys; print('torch' in sys.modules, os.environ.get('OMP_WAIT_POLICY'), "
+            "os.environ.get('GOMP_SPINCOUNT'))")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.stdout.split() == ["False", "PASSIVE", "10000"]

@@ -13,10 +13,13 @@ geonp is imported before torch, as the command line does).
 Sleeping at once has its own cost: a library call that opens a thread team for a few
 microseconds of work (LAPACK on one small matrix, a small product) then waits for its threads to
 wake. Torch's CPU wheels use GNU OpenMP, whose threads spin ``GOMP_SPINCOUNT`` times before they
-sleep (300,000 by default, none under ``PASSIVE``); geonp sets 10,000 (unless the environment
-says otherwise): on the demo, 2 quiet cores, te-pt-tnp took 35.8 s sleeping at once, 29.3 s
-with 10,000 spins (30.0 with 1,000, 29.9 with 100,000; 31.2 spinning without limit), and one
-LAPACK solve of a 64 x 64 system 102 us against 6 us.
+sleep (300,000 by default, none under ``PASSIVE``); geonp sets 1,000 (unless the environment
+says otherwise), a few microseconds. One LAPACK solve of a 64 x 64 system took 102 us sleeping
+at once, 8 us after 1,000 spins. te-pt-tnp's fill of the demo (``python -m
+pipelines.benchmarks.fill_speed --one demo te-pt-tnp``, the whole process, 2 cores, medians of
+``farm-bench``): quiet 41.2 s sleeping at once, 36.1 s with 1,000 spins; beside a PyTorch job
+with its default threads 57.8 s and 61.1 s. 10,000 spins gained no more when quiet and took
+99.6 s beside that job (``fill_speed`` rows), so more is worse on a shared machine.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from pathlib import Path
 #: What OpenMP threads do while they wait, unless the environment says otherwise (set on import).
 WAIT_POLICY = "PASSIVE"
 #: How many times a GNU OpenMP thread checks for work before it sleeps (module docstring).
-SPIN_COUNT = "10000"
+SPIN_COUNT = "1000"
 
 
 def quiet_openmp() -> None:

@@ -53,7 +53,7 @@ def test_importing_geonp_keeps_idle_openmp_threads_asleep_unless_told_otherwise(
     code = "import os, geonp; print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))"
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert out.stdout.split() == ["PASSIVE", "10000"]
+    assert out.stdout.split() == ["PASSIVE", "1000"]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**env, "OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "5"})
     assert out.stdout.split() == ["ACTIVE", "5"]
@@ -66,4 +66,4 @@ def test_pipelines_set_the_same_openmp_policy_before_torch_loads():
             "os.environ.get('GOMP_SPINCOUNT'))")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert out.stdout.split() == ["False", "PASSIVE", "10000"]
+    assert out.stdout.split() == ["False", "PASSIVE", "1000"]

@@ -143,6 +143,12 @@ def test_the_table_stores_a_scene_layout_once_and_reads_every_row_back_whole(tmp
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"header": "h", "split": "validation", "scenes": [], "rows": rows}))
     assert suite_table.read(old)["rows"] == json.loads(json.dumps(rows))
+    # A row's own figures are kept to 6 significant digits; the block sums the rule reads are not touched.
+    figures = {**rows[0], "rmse": 0.123456789, "rmse_by_distance": {"1": 2.0 / 3.0, ">25": None}, "commit": "abc"}
+    suite_table.write(path, "header", "validation", [{"scene": "a#0"}], [figures])
+    back = suite_table.read(path)["rows"][0]
+    assert (back["rmse"], back["rmse_by_distance"], back["commit"]) == (0.123457, {"1": 0.666667, ">25": None}, "abc")
+    assert back["blocks"] == json.loads(json.dumps(rows[0]["blocks"]))
 
 
 def test_coverage_interval_counts_cells_inside_the_90_percent_interval():

@@ -138,13 +138,16 @@ def cholesky_solve(r: torch.Tensor, chol: torch.Tensor) -> torch.Tensor:
     """``K^-1 r`` from ``K``'s lower Cholesky factor ``chol [..., n, n]``, ``r [..., n, m]`` -> ``[..., n, m]``.
 
     On a GPU, ``torch.cholesky_solve``. On the CPU that call hands each system to LAPACK in turn,
-    and the library opens its thread team for every one: with geonp's sleeping OpenMP threads
-    (:mod:`geonp.threads`) waking them took 99 us a 64-neighbour system against 20 us for its
-    Cholesky factor, two thirds of the kriging head's time. Here the substitution runs on all
-    systems at once in blocks of :data:`SOLVE_BLOCK` rows: each diagonal block's inverse for
-    every system together (:func:`_block_inverses`), then forward and back substitution one block
-    row at a time, each a batched matrix product (15 us a system on 2 threads; the same accuracy,
-    relative error 3e-7 in float32 against 3e-7 for LAPACK's).
+    and the library opens its thread team for every one, so its cost is how fast sleeping threads
+    wake: with OpenMP threads that sleep at once (``OMP_WAIT_POLICY=PASSIVE``, geonp's policy
+    until the short spin of :mod:`geonp.threads`) 99 us a 64-neighbour system against 20 us for
+    its Cholesky factor, two thirds of the kriging head's time; 6-8 us after a short spin. Here
+    the substitution runs on all systems at once in blocks of :data:`SOLVE_BLOCK` rows: each
+    diagonal block's inverse for every system together (:func:`_block_inverses`), then forward
+    and back substitution one block row at a time, each a batched matrix product: 15 us a system
+    on 2 threads whatever the waiting policy, the same accuracy (relative error 3e-7 in float32
+    against 3e-7 for LAPACK's), and a few dozen thread teams per slice of targets instead of two
+    per system.
     """
     if chol.device.type != "cpu":
         return torch.cholesky_solve(r, chol)

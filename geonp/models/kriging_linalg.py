@@ -147,7 +147,8 @@ def cholesky_solve(r: torch.Tensor, chol: torch.Tensor) -> torch.Tensor:
     and back substitution one block row at a time, each a batched matrix product: 15 us a system
     on 2 threads whatever the waiting policy, the same accuracy (relative error 3e-7 in float32
     against 3e-7 for LAPACK's), and a few dozen thread teams per slice of targets instead of two
-    per system.
+    per system, which pays beside another job: the demo's te-pt-tnp fill beside a PyTorch job
+    took 58.6 s against 69.3 s with LAPACK's solve (whole process, medians of two, 2 cores).
     """
     if chol.device.type != "cpu":
         return torch.cholesky_solve(r, chol)

@@ -9,7 +9,7 @@ differs (a model that left cells unscored) keeps its own in full. :func:`read` g
 with their whole ``blocks``, so no reader sees the difference; a table written before layouts were
 shared (no ``"layouts"`` key) reads as it is. A row's own figures (RMSE, CRPS, coverage, their
 values by distance, wall seconds) are stored to :data:`FIGURES` significant digits, as the block
-sums are: 17 digits of float noise were a tenth of the validation table.
+sums are (:func:`rounded`, for both): 17 digits of float noise were a tenth of the validation table.
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from collections import Counter
 from pathlib import Path
 
 LAYOUT = ("block", "bin", "n")  # a block sum's keys that depend only on the scene's hidden cells
-FIGURES = 6  # significant digits of a row's own figures on disk (the rule reads only the block sums)
+FIGURES = 6  # significant digits of the block sums and of a row's own figures on disk
 
 
-def _rounded(value):
+def rounded(value):
     """``value`` with its floats (and the floats of a dict of them) to :data:`FIGURES` significant digits."""
-    if isinstance(value, float):
+    if isinstance(value, float):  # numpy's float64 sums are floats too
         return float(f"{value:.{FIGURES}g}")
     if isinstance(value, dict):
-        return {k: _rounded(v) for k, v in value.items()}
+        return {k: rounded(v) for k, v in value.items()}
     return value
 
 
@@ -61,7 +61,7 @@ def unpack(layouts: dict[str, dict], rows: list[dict]) -> list[dict]:
 def write(path: Path, text: str, split: str, scenes: list[dict], rows: list[dict]) -> None:
     """The table's JSON: header, split, scene records, layouts and rows, one scene, layout or row a
     line (diffs of a rerun stay readable)."""
-    layouts, rows = pack([{k: v if k == "blocks" else _rounded(v) for k, v in r.items()} for r in rows])
+    layouts, rows = pack([{k: v if k == "blocks" else rounded(v) for k, v in r.items()} for r in rows])
     def lines(items):
         return ",\n".join(json.dumps(x, separators=(",", ":"), allow_nan=False) for x in items)
     layout_lines = ",\n".join(f"{json.dumps(s)}:{json.dumps(v, separators=(',', ':'))}" for s, v in layouts.items())

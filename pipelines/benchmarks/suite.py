@@ -97,7 +97,7 @@ def block_stats(cells: dict, mean: np.ndarray, std: np.ndarray, block: int | Non
             "crps": np.bincount(where, crps_normal(truth[ok], mean[ok], std[ok]), ids.size),
             "in90": np.bincount(where, np.abs(err) <= 1.6448536269514722 * std[ok], ids.size)}
     out = {"block": (ids // len(BINS)).tolist(), "bin": (ids % len(BINS)).tolist(), "n": sums["n"].tolist()}
-    out.update({k: [float(f"{v:.6g}") for v in sums[k]] for k in ("sse", "crps")})
+    out.update({k: [suite_table.rounded(v) for v in sums[k]] for k in ("sse", "crps")})
     out["in90"] = [int(v) for v in sums["in90"]]
     return out
 

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,14 +137,15 @@ def coverage_interval(row: dict, bins: Sequence[int] | None = None, seed: int = 
     return float(score(s, "cov90")), float(low), float(high), n
 
 
-def seed_spread(base: dict, replicates: Sequence[dict], metric: str) -> float:
-    """The standard deviation of a log ratio that fine-tuning's seeds alone give on one scene: ``sqrt(2)``
-    x the standard deviation of the log scores of ``base`` and its reruns with other seeds (0 without
-    a rerun). ``sqrt(2)``: candidate and baseline each carry their own draw."""
+def seed_spread(base: dict, replicates: Sequence[dict], value: str | Callable[[dict], float]) -> float:
+    """The standard deviation of a difference that fine-tuning's seeds alone give on one scene: ``sqrt(2)``
+    x the standard deviation of ``value`` over ``base`` and its reruns with other seeds (0 without a
+    rerun). ``value``: a metric name (its log score: the difference is a log ratio) or a function of
+    a row. ``sqrt(2)``: candidate and baseline each carry their own draw."""
     if not replicates:
         return 0.0
-    logs = np.log([score(block_sums(r), metric) for r in (base, *replicates)])
-    return float(np.sqrt(2 * logs.var(ddof=1)))
+    of = value if callable(value) else (lambda row: math.log(score(block_sums(row), value)))
+    return float(np.sqrt(2 * np.var([of(r) for r in (base, *replicates)], ddof=1)))
 
 
 def geometric_interval(ratios: Sequence[float], seed: int = 0) -> tuple[float, float, float]:
@@ -229,15 +230,14 @@ def calibration_interval(cand: Sequence[dict], base: Sequence[dict], replicates:
     """``(difference, low, high)``: the mean over scenes of ``|cov90 - 0.90|``, candidate less baseline
     (one row of each per scene, in the same order), its 95% interval from resampling scenes; each
     scene's baseline reruns (``replicates``, a list per scene) add ``sqrt(2)`` x the spread of their
-    calibration errors as a normal term, as :func:`seed_spread` does for the scores."""
+    calibration errors as a normal term (:func:`seed_spread`), as for the scores."""
     def error(row: dict) -> float:
         return abs(score(block_sums(row), "cov90") - 0.90)
 
     if not cand:
         return math.nan, math.nan, math.nan
     diff = np.array([error(c) - error(b) for c, b in zip(cand, base)])
-    spread = np.array([math.sqrt(2) * np.std([error(r) for r in (b, *reps)], ddof=1) if reps else 0.0
-                       for b, reps in zip(base, replicates)])
+    spread = np.array([seed_spread(b, reps, error) for b, reps in zip(base, replicates)])
     rng = np.random.default_rng(seed)
     pick = rng.integers(0, diff.size, (N_BOOT, diff.size))
     draws = (diff[pick] + rng.normal(0.0, 1.0, pick.shape) * spread[pick]).mean(1)

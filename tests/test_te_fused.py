@@ -166,3 +166,28 @@ def test_fused_gradients_are_the_same_bit_for_bit_on_several_threads():
         torch.set_num_threads(threads)
     for later in grads[1:]:
         assert all(torch.equal(a, b) for a, b in zip(grads[0], later))
+
+
+@needs_kernel
+@pytest.mark.skipif("-mavx2" not in te_fused._cpu_flags(), reason="this CPU builds the portable kernel already")
+@pytest.mark.parametrize("head_dim, hidden", [(16, 32), (4, 12)])
+def test_the_avx2_kernel_computes_what_the_portable_one_does(head_dim, hidden, monkeypatch):
+    """The AVX2 build writes its inner loops in intrinsics; a build without -mavx2 keeps the plain
+    loops that every other CPU runs. Both must give the same outputs and gradients (to rounding:
+    the intrinsics sum in another order). Builds the portable kernel once (about a minute)."""
+    portable = te_fused.load_kernel([f for f in te_fused._cpu_flags() if f not in ("-mavx2", "-mfma")])
+    assert portable is not None
+    torch.manual_seed(4)
+    layer = TEAttention(16, 4, head_dim, 3, hidden)
+    with torch.no_grad():
+        torch.nn.init.normal_(layer.loc_mlp[-1].weight, std=0.3)
+    results = []
+    for kernel in (te_fused.cpu_kernel(), portable):
+        monkeypatch.setattr(te_fused, "cpu_kernel", lambda kernel=kernel: kernel)
+        zq, xq, zk, xk, mask = (t.clone().requires_grad_(t.is_floating_point()) for t in layer_inputs(21, 70, 3))
+        layer.zero_grad()
+        out, x = layer(zq, xq, zk, xk, mask)
+        (out.square().sum() + x.square().sum()).backward()
+        results.append([out, x, zq.grad, zk.grad, xq.grad, xk.grad] + [p.grad for p in layer.parameters()])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

@@ -80,8 +80,14 @@ def kernel_name(flags: list[str], source: Path = _SOURCE) -> str:
 
 @functools.cache
 def cpu_kernel() -> ModuleType | None:
-    """The compiled kernel module, or None (no compiler, no ninja, a failed build)."""
-    flags = _cpu_flags()
+    """The compiled kernel module for this CPU, or None (no compiler, no ninja, a failed build)."""
+    return load_kernel(_cpu_flags())
+
+
+def load_kernel(flags: list[str]) -> ModuleType | None:
+    """The kernel built with compiler ``flags`` (cached by :func:`kernel_name`), or None where it
+    cannot be built. :func:`cpu_kernel` asks for this CPU's flags; a build without ``-mavx2`` runs
+    the kernel's portable loops instead of its AVX2 intrinsics (tests compare the two)."""
     name = kernel_name(flags)
     try:
         from torch.utils.cpp_extension import load

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from geonp.models import cpu_build, kriging_linalg
 from geonp.models.kriging_linalg import robust_cholesky, spd_solve
 
 
@@ -17,3 +18,54 @@ def test_spd_solve_jitters_a_matrix_rounding_left_not_positive_definite():
     assert torch.isfinite(x).all()
     with pytest.raises(torch.linalg.LinAlgError, match="not positive definite"):
         robust_cholesky(torch.tensor([[1.0, 0.0], [0.0, -1.0]]))
+
+
+needs_spd_kernel = pytest.mark.skipif(cpu_build.kernel("spd") is None, reason="the spd kernel could not be built here")
+
+
+def spd_batch(s: int, n: int, seed: int = 0) -> torch.Tensor:
+    """``[s, n, n]`` kriging-like covariances: exponential correlation of random points plus a nugget."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(s, n, 2, generator=g) * 10
+    return torch.exp(-torch.cdist(x, x) / 3) + 0.01 * torch.eye(n)
+
+
+@needs_spd_kernel
+@pytest.mark.parametrize("s, n, m", [(1, 1, 1), (7, 5, 2), (17, 13, 5), (9, 64, 5)])
+def test_the_spd_kernel_solves_as_float64_cholesky_does(s, n, m):
+    """Eight systems to a vector, so batches that leave a group part-filled are included."""
+    k = spd_batch(s, n)
+    r = torch.randn(s, n, m, generator=torch.Generator().manual_seed(1))
+    x, info, packed = cpu_build.kernel("spd").factor_solve(k, r, True)
+    truth = torch.cholesky_solve(r.double(), torch.linalg.cholesky(k.double()))
+    assert not info.any()
+    assert float((x.double() - truth).norm() / truth.norm()) < 1e-5
+    again = cpu_build.kernel("spd").factor_substitute(packed, r)  # the backward pass's solve
+    torch.testing.assert_close(again, x, rtol=0, atol=0)
+
+
+@needs_spd_kernel
+def test_the_spd_kernel_names_the_system_that_is_not_positive_definite():
+    k = spd_batch(10, 6)
+    k[3, 2, 2] = -1.0
+    info = cpu_build.kernel("spd").factor_solve(k, torch.ones(10, 6, 1), False)[1]
+    assert info.tolist() == [0, 0, 0, 3, 0, 0, 0, 0, 0, 0]  # LAPACK's convention: the 1-based row
+
+
+@needs_spd_kernel
+def test_spd_solve_runs_on_the_kernel_in_float32_with_autograd_s_gradients(monkeypatch):
+    """The kernel's forward and backward against autograd through float64 Cholesky; torch's
+    factor is never called (the kernel is in use)."""
+    def refuse(*args):
+        raise AssertionError("the torch path ran")
+
+    monkeypatch.setattr(kriging_linalg, "robust_cholesky", refuse)
+    k = spd_batch(12, 20).view(3, 4, 20, 20).requires_grad_()
+    r = torch.randn(3, 4, 20, 3, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    g = torch.randn(3, 4, 20, 3, generator=torch.Generator().manual_seed(3))
+    sym = lambda m: 0.5 * (m + m.transpose(-1, -2))  # noqa: E731 - gradients of a symmetric K compared
+    ours = torch.autograd.grad(spd_solve(sym(k), r), (k, r), g)
+    k64, r64 = k.detach().double().requires_grad_(), r.detach().double().requires_grad_()
+    theirs = torch.autograd.grad(torch.cholesky_solve(r64, torch.linalg.cholesky(sym(k64))), (k64, r64), g.double())
+    for x, y in zip(ours, theirs):
+        assert float((x.double() - y).norm() / y.norm()) < 1e-4

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import random_tasks
 
-from geonp.models import build, te_fused
+from geonp.models import build, cpu_build, te_fused
 from geonp.models.te_attention import TEAttention, attention_backend
 
 BUILDABLE = shutil.which("c++") is not None and importlib.util.find_spec("ninja") is not None
@@ -26,38 +26,39 @@ def test_a_first_build_is_announced_on_stderr_a_cached_one_is_not(cached, monkey
     import torch.utils.cpp_extension as cpp
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    name = te_fused.kernel_name(te_fused._cpu_flags())
+    name = cpu_build.kernel_name("te_attention", cpu_build.cpu_flags())
     if cached:
         (tmp_path / name).mkdir()
         (tmp_path / name / f"{name}.so").write_bytes(b"")
     built = object()
     monkeypatch.setattr(cpp, "load", lambda *a, **k: built)  # no compiler run in this test
-    assert te_fused.cpu_kernel.__wrapped__() is built
+    assert cpu_build.kernel.__wrapped__("te_attention") is built
     assert ("building the fused TE attention kernel" in capsys.readouterr().err) is not cached
 
 
 def test_each_environment_and_torch_builds_its_own_kernel(monkeypatch):
     """torch's cache is shared by an account's virtual environments: the name keys the build by the
     environment and torch, so another venv neither reuses an incompatible build nor rebuilds this one."""
-    flags = te_fused._cpu_flags()
-    here = te_fused.kernel_name(flags)
-    assert here == te_fused.kernel_name(flags)  # stable in one environment
-    monkeypatch.setattr(te_fused.sys, "prefix", "/elsewhere/venv")
-    assert te_fused.kernel_name(flags) != here
+    flags = cpu_build.cpu_flags()
+    here = cpu_build.kernel_name("te_attention", flags)
+    assert here == cpu_build.kernel_name("te_attention", flags)  # stable in one environment
+    assert cpu_build.kernel_name("spd", flags) != here  # and one build per kernel
+    monkeypatch.setattr(cpu_build.sys, "prefix", "/elsewhere/venv")
+    assert cpu_build.kernel_name("te_attention", flags) != here
     monkeypatch.undo()
-    monkeypatch.setattr(te_fused.torch, "__version__", "0.0.1")
-    assert te_fused.kernel_name(flags) != here
+    monkeypatch.setattr(cpu_build.torch, "__version__", "0.0.1")
+    assert cpu_build.kernel_name("te_attention", flags) != here
     monkeypatch.undo()
 
 
 def test_each_checkout_builds_its_own_kernel(tmp_path):
     """Two checkouts sharing one environment: torch's build file names the source by path, so one
     name for both had each rebuild the other's kernel, silently, on every switch."""
-    flags = te_fused._cpu_flags()
-    here = te_fused.kernel_name(flags)
+    flags = cpu_build.cpu_flags()
+    here = cpu_build.kernel_name("te_attention", flags)
     other = tmp_path / "te_attention_cpu.cpp"
-    other.write_text(te_fused._SOURCE.read_text())  # the same source, in another checkout
-    assert te_fused.kernel_name(flags, other) != here
+    other.write_text(cpu_build.source("te_attention").read_text())  # the same source, in another checkout
+    assert cpu_build.kernel_name("te_attention", flags, other) != here
 
 
 def layer_inputs(nq: int, nk: int, dx: int, seed: int = 0):
@@ -169,13 +170,13 @@ def test_fused_gradients_are_the_same_bit_for_bit_on_several_threads():
 
 
 @needs_kernel
-@pytest.mark.skipif("-mavx2" not in te_fused._cpu_flags(), reason="this CPU builds the portable kernel already")
+@pytest.mark.skipif("-mavx2" not in cpu_build.cpu_flags(), reason="this CPU builds the portable kernel already")
 @pytest.mark.parametrize("head_dim, hidden", [(16, 32), (4, 12)])
 def test_the_avx2_kernel_computes_what_the_portable_one_does(head_dim, hidden, monkeypatch):
     """The AVX2 build writes its inner loops in intrinsics; a build without -mavx2 keeps the plain
     loops that every other CPU runs. Both must give the same outputs and gradients (to rounding:
     the intrinsics sum in another order). Builds the portable kernel once (about a minute)."""
-    portable = te_fused.load_kernel([f for f in te_fused._cpu_flags() if f not in ("-mavx2", "-mfma")])
+    portable = cpu_build.load_kernel("te_attention", [f for f in cpu_build.cpu_flags() if f not in ("-mavx2", "-mfma")])
     assert portable is not None
     torch.manual_seed(4)
     layer = TEAttention(16, 4, head_dim, 3, hidden)

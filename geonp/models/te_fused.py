@@ -7,11 +7,10 @@ distance prior, softmax, value sum and the location MLP phi of Eq. 10) for one q
 time, in tiles of 16 keys held in registers, so no pair tensor ever exists and memory is
 ``O(threads * H * Nk)`` whatever the sizes.
 
-It is compiled on first use with ``torch.utils.cpp_extension`` (needs a C++ compiler and
-``ninja``; cached under ``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``). That
-first build takes about 45 s here and is announced on stderr; later processes load it in a second.
-Where it cannot be built :func:`cpu_kernel` returns None and TEAttention keeps its Python path:
-same function, slower. Whether a TEAttention layer asks for it at all is the layer's ``backend``
+It is compiled on first use (:mod:`geonp.models.cpu_build`: needs a C++ compiler and ``ninja``;
+the first build takes about 45 s here and is announced on stderr, later processes load it in a
+second). Where it cannot be built :func:`cpu_kernel` returns None and TEAttention keeps its
+Python path: same function, slower. Whether a TEAttention layer asks for it at all is the layer's ``backend``
 attribute (:func:`geonp.models.te_attention.attention_backend` switches a whole model). The backward pass
 is fused too: it recomputes each query row's pair activations tile by tile rather than storing
 them, so training memory is that of the forward pass (the Python path checkpoints row blocks
@@ -20,87 +19,22 @@ for the same reason).
 
 from __future__ import annotations
 
-import functools
-import os
-import sys
-import warnings
-from pathlib import Path
 from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from geonp.models import cpu_build
+
 #: Keys per tile in the kernel: the key axis is padded to a multiple of it.
 KEY_TILE = 16
-_SOURCE = Path(__file__).with_name("kernels") / "te_attention_cpu.cpp"
 
 
-def _cpu_flags() -> list[str]:
-    """Optimisation flags: AVX2 + FMA code where this CPU has them (a cache per flag set, so a
-    shared home directory on mixed nodes never hands one CPU another's build)."""
-    # No trapping math: lets the compiler vectorise the kernel's exp (floor must not raise).
-    flags = ["-O3", "-fopenmp", "-fno-trapping-math", "-fno-math-errno"]
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return flags
-    if " avx2" in info and " fma" in info:
-        flags += ["-mavx2", "-mfma"]
-    return flags
-
-
-def _built_before(name: str) -> bool:
-    """Whether a build of extension ``name`` is cached, so loading it takes a second, not a minute.
-
-    Looks where ``torch.utils.cpp_extension`` keeps builds: ``TORCH_EXTENSIONS_DIR/name``, else a
-    folder per Python and accelerator under the default root. A cached build of older source is
-    rebuilt all the same; this only decides whether to say that a build is coming."""
-    from torch.utils.cpp_extension import get_default_build_root
-
-    root = os.environ.get("TORCH_EXTENSIONS_DIR")
-    pattern = f"{name}/{name}.so" if root else f"*/{name}/{name}.so"
-    return any(Path(root or get_default_build_root()).glob(pattern))
-
-
-def kernel_name(flags: list[str], source: Path = _SOURCE) -> str:
-    """The extension's name, which is its cache folder: one build per CPU flag set, source (its
-    text and where it lies), torch and Python environment. torch's cache is shared by every
-    virtual environment of an account; a name without the environment in it had another venv's
-    torch rebuild the kernel silently (the announcement below goes by the name), and two venvs
-    take turns rebuilding it. The same holds for two checkouts sharing one environment: torch's
-    build file names the source by path, so a name without the path had each checkout rebuild
-    the other's kernel, silently, 30-40 s on the first call of every run."""
-    import hashlib
-
-    key = "|".join([source.read_text(), str(source.resolve()), torch.__version__, sys.prefix, *flags])
-    return "geonp_te_attention_cpu" + ("_avx2" if "-mavx2" in flags else "") + "_" + \
-        hashlib.sha256(key.encode()).hexdigest()[:10]
-
-
-@functools.cache
 def cpu_kernel() -> ModuleType | None:
-    """The compiled kernel module for this CPU, or None (no compiler, no ninja, a failed build)."""
-    return load_kernel(_cpu_flags())
-
-
-def load_kernel(flags: list[str]) -> ModuleType | None:
-    """The kernel built with compiler ``flags`` (cached by :func:`kernel_name`), or None where it
-    cannot be built. :func:`cpu_kernel` asks for this CPU's flags; a build without ``-mavx2`` runs
-    the kernel's portable loops instead of its AVX2 intrinsics (tests compare the two)."""
-    name = kernel_name(flags)
-    try:
-        from torch.utils.cpp_extension import load
-
-        if not _built_before(name):  # the first fill on a machine would otherwise sit silent for ~40 s
-            print("geonp: note: building the fused TE attention kernel for this CPU, once (about a "
-                  "minute; then cached)", file=sys.stderr, flush=True)
-        return load(name, [str(_SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
-    except Exception as err:  # no compiler, no ninja, a failed build: the Python path still works
-        warnings.warn(f"geonp: fused TE attention kernel unavailable ({type(err).__name__}: "
-                      f"{str(err).splitlines()[0] if str(err) else ''}); using the slower Python path",
-                      stacklevel=2)
-        return None
+    """The compiled kernel module for this CPU, or None (no compiler, no ninja, a failed build):
+    :func:`geonp.models.cpu_build.kernel`'s ``te_attention``."""
+    return cpu_build.kernel("te_attention")
 
 
 def usable(*tensors: torch.Tensor) -> bool:

@@ -88,10 +88,10 @@ def load_case(case: str):
 def one(case: str, model: str, threads: int | None = None, device: str = "cpu") -> dict:
     """Fill one case with one model in this process on ``device``; what the parent records."""
     import geonp
-    from geonp.models import te_fused
+    from geonp.models import cpu_build
 
     if model == "te-pt-tnp" and device == "cpu":
-        te_fused.cpu_kernel()  # a one-time build is not the fill's time
+        cpu_build.build_all()  # a one-time build is not the fill's time
     ds, variable, valid = load_case(case)
     gaps = int((~np.isfinite(ds[variable].values) & np.broadcast_to(ds["valid"].values, ds[variable].shape)).sum()
                if "valid" in ds else (~np.isfinite(ds[variable].values)).sum())

@@ -31,9 +31,9 @@ def main() -> None:
     parser.add_argument("--fit-steps", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from geonp.models import te_fused
+    from geonp.models import cpu_build
 
-    te_fused.cpu_kernel()  # built (or loaded from the cache) before the clock starts
+    cpu_build.build_all()  # built (or loaded from the cache) before the clock starts
     ds, variable, under, what = scene("validation")
     part = evaluate(ds, variable, ["te-pt-tnp"], fit_steps=args.fit_steps, seed=0, options={"device": "cpu"},
                     hide_under=under, distance_bins=WIDE_DISTANCE_BINS)

@@ -32,13 +32,13 @@ from pipelines.provenance import REPO, header
 def profile(case: str, device: str, top: int) -> tuple[float, str]:
     """``(profiled wall seconds, pstats text)`` of one default te-pt-tnp fill of ``case``."""
     import geonp
-    from geonp.models import te_fused
+    from geonp.models import cpu_build
 
     ds, variable, _ = load_case(case)
     if device == "cuda":
         torch.zeros(1, device="cuda")
     else:
-        te_fused.cpu_kernel()
+        cpu_build.build_all()
     prof = cProfile.Profile()
     start = time.perf_counter()
     prof.enable()

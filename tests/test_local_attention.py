@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import random_tasks
 
-from geonp.models import build, save
+from geonp.models import build, cpu_build, local_attention, save
 from geonp.models.local_attention import nearest_neighbours
 from geonp.train_state import initialise_from
 
@@ -117,6 +117,29 @@ def test_quadrant_search_takes_the_nearest_keys_of_each_quadrant():
     assert len(set(quadrant[plain[0, 0].numpy()])) < 4  # the plain search misses a side here
     with pytest.raises(ValueError, match="k >= 4"):
         nearest_neighbours(xq, xk, mask, 3, quadrant_dims=(1, 2))
+
+
+@pytest.mark.skipif(cpu_build.kernel("neighbours") is None, reason="the search kernel could not be built here")
+@pytest.mark.parametrize("quadrants", [None, (0, 1)])
+@pytest.mark.parametrize("grid", [False, True])
+def test_the_search_kernel_keeps_the_keys_pytorch_keeps(quadrants, grid, monkeypatch):
+    """The CPU kernel against the PyTorch search, which GPUs and float64 inputs run: the same
+    keys in the same order, the same missing slots, on random locations and on a grid (ties)."""
+    g = torch.Generator().manual_seed(5)
+    if grid:
+        rows, cols = torch.meshgrid(torch.arange(12.0), torch.arange(12.0), indexing="ij")
+        xk = torch.stack([rows.flatten(), cols.flatten(), torch.zeros(144)], -1).expand(3, 144, 3).contiguous()
+        xq = torch.randint(0, 24, (3, 40, 3), generator=g).float() / 2
+    else:
+        xk, xq = torch.randn(3, 144, 3, generator=g), torch.randn(3, 40, 3, generator=g)
+    mask = torch.rand(3, 144, generator=g) > 0.3
+    mask[2, 10:] = False  # fewer keys than asked for: slots left empty
+    weights = torch.tensor([1.0, 0.5, 2.0])
+    kernel = nearest_neighbours(xq, xk, mask, 16, weights, quadrant_dims=quadrants)
+    monkeypatch.setattr(local_attention, "_kernel_takes", lambda *a: False)
+    torch_search = nearest_neighbours(xq, xk, mask, 16, weights, quadrant_dims=quadrants)
+    assert torch.equal(kernel[1], torch_search[1]) and not kernel[1][2].all()
+    assert torch.equal(kernel[0][kernel[1]], torch_search[0][torch_search[1]])
 
 
 def test_quadrant_kriging_keeps_translation_equivariance_and_padding():

@@ -1,13 +1,14 @@
 """geonp's compiled CPU kernels: C++ sources under ``kernels/``, built on first use.
 
-Two kernels: ``te_attention`` (the fused TE attention of :mod:`geonp.models.te_fused`) and
+Three kernels: ``te_attention`` (the fused TE attention of :mod:`geonp.models.te_fused`),
 ``spd`` (the local kriging head's many small positive definite solves,
-:mod:`geonp.models.kriging_linalg`). Each is compiled with ``torch.utils.cpp_extension`` the
-first time a process asks for it (needs a C++ compiler and ``ninja``), cached under
-``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``), and announced on stderr when a
-build is coming: the first takes up to a minute, later processes load it in a second. Where a
-kernel cannot be built :func:`kernel` returns None and its caller keeps its PyTorch path: same
-function, slower.
+:mod:`geonp.models.kriging_linalg`) and ``neighbours`` (each query's nearest keys, overall or by
+quadrant, :func:`geonp.models.local_attention.nearest_neighbours`). Each is compiled with
+``torch.utils.cpp_extension`` the first time a process asks for it (needs a C++ compiler and
+``ninja``), cached under ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``), and
+announced on stderr when a build is coming: the first takes up to a minute, later processes load
+it in a second. Where a kernel cannot be built :func:`kernel` returns None and its caller keeps
+its PyTorch path: same function, slower.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 KERNELS = {
     "te_attention": ("te_attention_cpu.cpp", "the fused TE attention kernel"),
     "spd": ("spd_cpu.cpp", "the kriging head's solver kernel"),
+    "neighbours": ("neighbours_cpu.cpp", "the neighbour search kernel"),
 }
 _FOLDER = Path(__file__).with_name("kernels")
 

@@ -24,6 +24,7 @@ import math
 import torch
 from torch import nn
 
+from geonp.models import cpu_build
 from geonp.models.layers import mlp
 from geonp.models.te_attention import DEFAULT_BLOCK_ELEMS, TEAttention
 
@@ -61,6 +62,26 @@ def nearest_neighbours(xq: torch.Tensor, xk: torch.Tensor, mask_k: torch.Tensor,
     kk = min(k // 4 if quadrant_dims is not None else k, nk)
     if weights is not None:
         xq, xk = xq * weights, xk * weights
+    kernel = cpu_build.kernel("neighbours") if _kernel_takes(xq, xk) else None
+    if kernel is not None:  # one pass over the keys per query, no distance matrix (kernels/neighbours_cpu.cpp)
+        du, dv = quadrant_dims or (-1, -1)
+        index, dist = kernel.nearest(xq.contiguous(), xk.contiguous(), mask_k.contiguous(), kk, du, dv)
+        return index, torch.isfinite(dist)
+    return _nearest_torch(xq, xk, mask_k, kk, quadrant_dims)
+
+
+def _kernel_takes(xq: torch.Tensor, xk: torch.Tensor) -> bool:
+    """Whether the search kernel can run on these locations: float32 on the CPU (elsewhere the
+    PyTorch search, which a GPU runs on the whole distance matrix at once)."""
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (xq, xk))
+
+
+def _nearest_torch(xq: torch.Tensor, xk: torch.Tensor, mask_k: torch.Tensor, kk: int,
+                   quadrant_dims: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`nearest_neighbours` in PyTorch on weighted locations, ``kk`` per query (or per
+    quadrant): the distance matrix a chunk of queries at a time, then :func:`smallest`."""
+    b, nq, _ = xq.shape
+    nk = xk.shape[1]
     rows = max(1, _SEARCH_ELEMS // max(1, b * nk))
     index, dist = [], []
     for s in range(0, nq, rows):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from conftest import smooth_cube
 
@@ -110,8 +112,6 @@ def test_with_history_folds_fine_tuning_hides_the_cells_the_covariates_were_comp
 def test_fine_tuning_is_trainings_step_without_the_run_machinery(tiny_checkpoint, one_thread):
     """Fine-tuning takes training's optimizer step (geonp.train_step) without the resumable run's
     loop: the same steps through geonp.train.train give the same weights, bit for bit."""
-    import copy
-
     from geonp.fill.finetune import FieldWindows
     from geonp.train import TrainConfig, train
 
@@ -142,3 +142,27 @@ def test_head_scope_changes_the_head_alone(tiny_checkpoint, one_thread):
     assert all(q.requires_grad for q in tuned.parameters())
     with pytest.raises(ValueError, match="fit scope must be one of all, head"):
         FitOptions(scope="encoder")
+
+
+def test_plain_adamw_updates_as_torch_adamw_bit_for_bit():
+    """Fine-tuning's optimizer skips torch.optim's import of torch._dynamo; its arithmetic is
+    torch.optim.AdamW's (single-tensor path), weight decay and a frozen parameter included."""
+    from geonp.train_step import PlainAdamW
+
+    torch.manual_seed(0)
+    ours = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 2))
+    theirs = copy.deepcopy(ours)
+    for model in (ours, theirs):
+        model[2].bias.requires_grad_(False)
+    opts = [PlainAdamW(ours.parameters(), 3e-2, weight_decay=0.1),
+            torch.optim.AdamW(theirs.parameters(), lr=3e-2, weight_decay=0.1, foreach=False)]
+    for step in range(5):
+        x = torch.randn(16, 5)
+        for model, opt in zip((ours, theirs), opts):
+            opt.zero_grad(set_to_none=True)
+            model(x).square().mean().backward()
+            for group in opt.param_groups:
+                group["lr"] = 3e-2 / (step + 1)  # as optimizer_step sets it every step
+            opt.step()
+    for a, b in zip(ours.state_dict().values(), theirs.state_dict().values()):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)

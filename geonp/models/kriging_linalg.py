@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from geonp.models import cpu_build
@@ -137,7 +138,7 @@ def _kernel_solve(k: torch.Tensor, r: torch.Tensor, keep_factor: bool) -> tuple[
     if kernel is None:
         return None
     n, m = k.shape[-1], r.shape[-1]
-    batch = torch.broadcast_shapes(k.shape[:-2], r.shape[:-2])
+    batch = batch_shape(k, r)
     flat_k = k.expand(*batch, n, n).reshape(-1, n, n).contiguous()
     flat_r = r.expand(*batch, n, m).reshape(-1, n, m).contiguous()
     x, info, packed = kernel.factor_solve(flat_k, flat_r, keep_factor)
@@ -197,7 +198,7 @@ def cholesky_solve(r: torch.Tensor, chol: torch.Tensor) -> torch.Tensor:
         chol = torch.nn.functional.pad(chol, (0, pad, 0, pad))
         chol.diagonal(dim1=-2, dim2=-1)[..., n:] = 1.0
         r = torch.nn.functional.pad(r, (0, 0, 0, pad))
-    batch = torch.broadcast_shapes(chol.shape[:-2], r.shape[:-2])  # as torch.cholesky_solve broadcasts
+    batch = batch_shape(chol, r)  # as torch.cholesky_solve broadcasts
     chol, r = chol.expand(*batch, *chol.shape[-2:]).contiguous(), r.expand(*batch, *r.shape[-2:])
     inverse = _block_inverses(chol, size)  # [..., blocks, size, size]
     rows = [slice(i, i + size) for i in range(0, n + pad, size)]
@@ -231,6 +232,14 @@ def _block_inverses(chol: torch.Tensor, size: int) -> torch.Tensor:
         inv[..., half:, :half] = -(inv[..., half:, half:] @ low[..., half:, :half] @ inv[..., :half, :half])
         half *= 2
     return inverse
+
+
+def batch_shape(*matrices: torch.Tensor) -> tuple[int, ...]:
+    """The broadcast batch shape of ``[..., n, k]`` tensors (all but their last two dimensions).
+
+    NumPy's rule, which is torch's: ``torch.broadcast_shapes`` gives the same, but its first call
+    imports ``torch.fx.experimental.symbolic_shapes`` and SymPy, 0.4 s of every fill's time."""
+    return np.broadcast_shapes(*(tuple(m.shape[:-2]) for m in matrices))
 
 
 def spd_solve(k: torch.Tensor, r: torch.Tensor) -> torch.Tensor:

@@ -86,6 +86,24 @@ def test_own_gaps_copy_the_cubes_gaps_deterministically(tiny_checkpoint, one_thr
     assert own.mask_t.sum() < plain.mask_t.sum()
 
 
+def test_windows_cut_from_a_field_in_memory_are_those_read_slab_by_slab(tiny_checkpoint, one_thread, monkeypatch):
+    """Small fields are read into memory once (IN_MEMORY_CELLS); larger ones a slab a window: the
+    same windows, bit for bit, own gaps included."""
+    from geonp.fill import finetune as ft
+
+    p = _plan(tiny_checkpoint)
+    memory = ft.FieldWindows(p.fields, p.spec, seed=5, dim_x=3, own_gaps=0.5)
+    batches = [memory.sample(8) for _ in range(3)]
+    assert memory._in_memory  # the small cube was held in memory
+    monkeypatch.setattr(ft, "IN_MEMORY_CELLS", 0)
+    slabs = ft.FieldWindows(p.fields, p.spec, seed=5, dim_x=3, own_gaps=0.5)
+    for batch in batches:
+        again = slabs.sample(8)
+        for name in ("xc", "yc", "xt", "yt", "mask_c", "mask_t"):
+            torch.testing.assert_close(getattr(again, name), getattr(batch, name), atol=0, rtol=0)
+    assert not slabs._in_memory
+
+
 def test_with_history_folds_fine_tuning_hides_the_cells_the_covariates_were_computed_without(tiny_checkpoint,
                                                                                              one_thread):
     """A field with folds (a model with history covariates, ``FitOptions.history_folds``): every

@@ -87,7 +87,7 @@ def load_kernel(name: str, flags: list[str]) -> ModuleType | None:
         from torch.utils.cpp_extension import load
 
         if not built_before(extension):  # the first fill on a machine would otherwise sit silent for ~40 s
-            print(f"geonp: note: building {KERNELS[name][1]} for this CPU, once (about a minute; then cached)",
+            print(f"geonp: note: building {KERNELS[name][1]} for this CPU, once (up to a minute; then cached)",
                   file=sys.stderr, flush=True)
         return load(extension, [str(source(name))], extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as err:  # no compiler, no ninja, a failed build: the PyTorch path still works

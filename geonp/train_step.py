@@ -84,7 +84,7 @@ def optimizer_step(model: NeuralProcess, opt: torch.optim.Optimizer | PlainAdamW
 
     Args:
         model: the model whose parameters ``opt`` updates (in training mode).
-        opt: its optimizer (:func:`optimizer`).
+        opt: its optimizer (:func:`optimizer`; fine-tuning's :class:`PlainAdamW`).
         batch: the tasks of this step.
         device: where ``model`` is.
         lr: the learning rate of this step (set every step: a resumed state holds the rate it was

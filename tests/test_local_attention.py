@@ -119,7 +119,10 @@ def test_quadrant_search_takes_the_nearest_keys_of_each_quadrant():
         nearest_neighbours(xq, xk, mask, 3, quadrant_dims=(1, 2))
 
 
-@pytest.mark.skipif(cpu_build.kernel("neighbours") is None, reason="the search kernel could not be built here")
+needs_kernels = pytest.mark.skipif(not cpu_build.can_build(), reason="no C++ compiler or ninja to build the kernels")
+
+
+@needs_kernels
 @pytest.mark.parametrize("quadrants", [None, (0, 1)])
 @pytest.mark.parametrize("grid", [False, True])
 def test_the_search_kernel_keeps_the_keys_pytorch_keeps(quadrants, grid, monkeypatch):
@@ -140,6 +143,35 @@ def test_the_search_kernel_keeps_the_keys_pytorch_keeps(quadrants, grid, monkeyp
     torch_search = nearest_neighbours(xq, xk, mask, 16, weights, quadrant_dims=quadrants)
     assert torch.equal(kernel[1], torch_search[1]) and not kernel[1][2].all()
     assert torch.equal(kernel[0][kernel[1]], torch_search[0][torch_search[1]])
+
+
+@needs_kernels
+def test_the_search_kernel_takes_what_pytorch_s_search_takes(monkeypatch):
+    """Edge cases against the PyTorch search: no keys, k = 0, a key at a NaN location (never
+    kept), negative quadrant dimensions, and a batch of one key set for several query sets."""
+    g = torch.Generator().manual_seed(6)
+    xq, xk = torch.randn(2, 9, 3, generator=g), torch.randn(2, 30, 3, generator=g)
+    xk[1, 4, 0] = float("nan")
+    mask = torch.ones(2, 30, dtype=torch.bool)
+    cases = [(xq, xk[:, :0], mask[:, :0], 8, None), (xq, xk, mask, 0, None), (xq, xk, mask, 8, None),
+             (xq, xk, mask, 8, (-3, -2)), (xq, xk[:1], mask[:1], 8, (0, 1))]
+    assert all(local_attention._kernel_takes(c[0], c[1], c[2]) for c in cases[:4])
+    kernel = [nearest_neighbours(*c[:4], quadrant_dims=c[4]) for c in cases]
+    monkeypatch.setattr(local_attention, "_kernel_takes", lambda *a: False)
+    torch_search = [nearest_neighbours(*c[:4], quadrant_dims=c[4]) for c in cases]
+    for (i1, v1), (i2, v2) in zip(kernel, torch_search):
+        assert torch.equal(v1, v2) and torch.equal(i1[v1], i2[v2])
+    index, valid = kernel[2]
+    assert not (index[1][valid[1]] == 4).any()  # the key at a NaN location is never kept
+    assert kernel[4][0].shape == (2, 9, 8)  # one key set for two query sets: broadcast, by PyTorch
+
+
+def test_gather_rows_broadcasts_one_index_over_the_batch():
+    from geonp.models.local_attention import gather_rows
+
+    t = torch.arange(24.0).view(2, 4, 3)
+    index = torch.tensor([[[3, 0]]])  # [1, 1, 2]
+    assert torch.equal(gather_rows(t, index), torch.stack([t[0, [3, 0]], t[1, [3, 0]]])[:, None])
 
 
 def test_quadrant_kriging_keeps_translation_equivariance_and_padding():

@@ -20,7 +20,7 @@ def test_spd_solve_jitters_a_matrix_rounding_left_not_positive_definite():
         robust_cholesky(torch.tensor([[1.0, 0.0], [0.0, -1.0]]))
 
 
-needs_spd_kernel = pytest.mark.skipif(cpu_build.kernel("spd") is None, reason="the spd kernel could not be built here")
+needs_spd_kernel = pytest.mark.skipif(not cpu_build.can_build(), reason="no C++ compiler or ninja to build the kernel")
 
 
 def spd_batch(s: int, n: int, seed: int = 0) -> torch.Tensor:
@@ -60,11 +60,12 @@ def test_spd_solve_runs_on_the_kernel_in_float32_with_autograd_s_gradients(monke
         raise AssertionError("the torch path ran")
 
     monkeypatch.setattr(kriging_linalg, "robust_cholesky", refuse)
-    k = spd_batch(12, 20).view(3, 4, 20, 20).requires_grad_()
+    k = spd_batch(4, 20)[None].requires_grad_()  # [1, 4, 20, 20]: each matrix for three right-hand sides
     r = torch.randn(3, 4, 20, 3, generator=torch.Generator().manual_seed(2), requires_grad=True)
     g = torch.randn(3, 4, 20, 3, generator=torch.Generator().manual_seed(3))
     sym = lambda m: 0.5 * (m + m.transpose(-1, -2))  # noqa: E731 - gradients of a symmetric K compared
     ours = torch.autograd.grad(spd_solve(sym(k), r), (k, r), g)
+    assert ours[0].shape == k.shape  # summed over the broadcast
     k64, r64 = k.detach().double().requires_grad_(), r.detach().double().requires_grad_()
     theirs = torch.autograd.grad(torch.cholesky_solve(r64, torch.linalg.cholesky(sym(k64))), (k64, r64), g.double())
     for x, y in zip(ours, theirs):

@@ -44,9 +44,9 @@ def head_parameters(model: NeuralProcess) -> list[torch.nn.Parameter]:
     return params
 
 
-#: A field of at most this many cells is read into memory whole, once, by :class:`FieldWindows`
-#: (128 MB as float64); a larger one a window's slab at a time. Each read of a lazy array costs
-#: about 2 ms of dask's bookkeeping: the demo's 311 slab reads were 0.6 s of its 16 s fill.
+#: :class:`FieldWindows` reads fields into memory whole, once, while their cells add up to at
+#: most this many (128 MB as float64); the others a window's slab at a time. Each read of a lazy
+#: array costs about 2 ms of dask's bookkeeping: the demo's 311 slab reads were 0.6 s of its 16 s fill.
 IN_MEMORY_CELLS = 2**24
 
 
@@ -75,10 +75,10 @@ class FieldWindows:
 
     def _values(self, f: Field) -> np.ndarray | None:
         """Field ``f``'s values in memory, ``[T, R, C]`` float64 (read on first use), or None
-        for a field of more than :data:`IN_MEMORY_CELLS` cells."""
-        if f.data.size > IN_MEMORY_CELLS:
-            return None
+        once the fields held would exceed :data:`IN_MEMORY_CELLS` cells in all."""
         if id(f) not in self._in_memory:
+            if f.data.size + sum(v.size for v in self._in_memory.values()) > IN_MEMORY_CELLS:
+                return None
             with dask.config.set(scheduler="synchronous"):
                 self._in_memory[id(f)] = np.asarray(f.data.values, np.float64)
         return self._in_memory[id(f)]
@@ -107,12 +107,13 @@ def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, device
              on_step: Callable[[int, NeuralProcess, float], None] | None = None) -> NeuralProcess:
     """A fine-tuned copy of ``model`` after ``options.steps`` optimizer steps on windows of ``fields``.
 
-    Adam (AdamW without weight decay) at ``options.lr``, gradients clipped at norm 1, as
+    Adam (:class:`~geonp.train_step.PlainAdamW` without weight decay) at ``options.lr``, gradients clipped at norm 1, as
     training steps are (:func:`geonp.train_step.optimizer_step`). ``options.wide_clouds``: share of
     windows whose clouds span the whole view (see :func:`~geonp.tasks.training.training_window`);
     ``options.own_gaps``: share of windows hidden under the input's own gaps from elsewhere (see
     :class:`FieldWindows`); ``options.scope``: every weight, or the head's alone
-    (:data:`HEAD_MODULES`). Each window reads only its own slab of the cube, so memory does not
+    (:data:`HEAD_MODULES`). Windows come from fields held in memory up to
+    :data:`IN_MEMORY_CELLS` cells in all, from a larger cube a slab at a time, so memory does not
     grow with the cube. Deterministic for a given seed: the first ``n`` steps of a longer run are
     an ``n``-step run, so ``on_step(step, model, loss)`` (called after every step, ``model`` in
     training mode) can take snapshots for a fine-tuning curve in one run. ``model`` is unchanged.

@@ -23,11 +23,12 @@ from types import ModuleType
 
 import torch
 
-#: The kernels, by name: their source under ``kernels/`` and what the build note calls them.
+#: The kernels, by name: their source under ``kernels/``, what the build note calls them and
+#: flags of their own (the neighbour search rounds each squared offset as PyTorch does).
 KERNELS = {
-    "te_attention": ("te_attention_cpu.cpp", "the fused TE attention kernel"),
-    "spd": ("spd_cpu.cpp", "the kriging head's solver kernel"),
-    "neighbours": ("neighbours_cpu.cpp", "the neighbour search kernel"),
+    "te_attention": ("te_attention_cpu.cpp", "the fused TE attention kernel", []),
+    "spd": ("spd_cpu.cpp", "the kriging head's solver kernel", []),
+    "neighbours": ("neighbours_cpu.cpp", "the neighbour search kernel", ["-ffp-contract=off"]),
 }
 _FOLDER = Path(__file__).with_name("kernels")
 
@@ -101,7 +102,15 @@ def load_kernel(name: str, flags: list[str]) -> ModuleType | None:
 def kernel(name: str) -> ModuleType | None:
     """Kernel ``name`` (a key of :data:`KERNELS`) for this CPU, built or loaded once per process,
     or None (no compiler, no ninja, a failed build)."""
-    return load_kernel(name, cpu_flags())
+    return load_kernel(name, cpu_flags() + KERNELS[name][2])
+
+
+def can_build() -> bool:
+    """Whether a C++ compiler and ``ninja`` are here (a kernel may still fail to build)."""
+    import importlib.util
+    import shutil
+
+    return shutil.which("c++") is not None and importlib.util.find_spec("ninja") is not None
 
 
 def build_all() -> None:

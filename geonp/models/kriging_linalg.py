@@ -118,7 +118,7 @@ class _SPDSolve(torch.autograd.Function):
     def backward(ctx, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         factor, x = ctx.saved_tensors
         if ctx.packed:  # K^-1 g from the kernel's own packed factors
-            flat = g.expand_as(x).reshape(-1, *x.shape[-2:]).float().contiguous()
+            flat = g.reshape(-1, *x.shape[-2:]).contiguous()  # g has x's shape: [S, n, m]
             g_r = cpu_build.kernel("spd").factor_substitute(factor, flat).view(x.shape)
         else:
             g_r = cholesky_solve(g, factor)  # K^-1 g (K symmetric)
@@ -132,7 +132,7 @@ def _kernel_solve(k: torch.Tensor, r: torch.Tensor, keep_factor: bool) -> tuple[
     built, or a matrix not positive definite (the caller's :func:`robust_cholesky` then adds
     jitter). The packed factors (empty unless ``keep_factor``) are the kernel's layout, for its
     ``factor_substitute`` in the backward pass."""
-    if k.device.type != "cpu" or k.dtype != torch.float32 or r.dtype != torch.float32:
+    if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in (k, r)):
         return None
     kernel = cpu_build.kernel("spd")
     if kernel is None:

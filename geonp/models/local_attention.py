@@ -53,7 +53,8 @@ def nearest_neighbours(xq: torch.Tensor, xk: torch.Tensor, mask_k: torch.Tensor,
     Returns:
         ``(index [B, Nq, K], valid [B, Nq, K])`` with ``K = min(k, Nk)`` (``4 * min(k // 4, Nk)``
         by quadrant), nearest first (within each quadrant, quadrant by quadrant); ``valid`` is
-        False where a task (or quadrant) has fewer present keys.
+        False where a task (or quadrant) has fewer present keys, and the index there is any key's
+        (0 from the CPU kernel, an absent key's from PyTorch's search): callers mask with ``valid``.
     """
     b, nq, _ = xq.shape
     nk = xk.shape[1]
@@ -62,18 +63,20 @@ def nearest_neighbours(xq: torch.Tensor, xk: torch.Tensor, mask_k: torch.Tensor,
     kk = min(k // 4 if quadrant_dims is not None else k, nk)
     if weights is not None:
         xq, xk = xq * weights, xk * weights
-    kernel = cpu_build.kernel("neighbours") if _kernel_takes(xq, xk) else None
+    kernel = cpu_build.kernel("neighbours") if _kernel_takes(xq, xk, mask_k) else None
     if kernel is not None:  # one pass over the keys per query, no distance matrix (kernels/neighbours_cpu.cpp)
-        du, dv = quadrant_dims or (-1, -1)
+        du, dv = (-1, -1) if quadrant_dims is None else (d % xq.shape[-1] for d in quadrant_dims)
         index, dist = kernel.nearest(xq.contiguous(), xk.contiguous(), mask_k.contiguous(), kk, du, dv)
         return index, torch.isfinite(dist)
     return _nearest_torch(xq, xk, mask_k, kk, quadrant_dims)
 
 
-def _kernel_takes(xq: torch.Tensor, xk: torch.Tensor) -> bool:
-    """Whether the search kernel can run on these locations: float32 on the CPU (elsewhere the
-    PyTorch search, which a GPU runs on the whole distance matrix at once)."""
-    return all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (xq, xk))
+def _kernel_takes(xq: torch.Tensor, xk: torch.Tensor, mask_k: torch.Tensor) -> bool:
+    """Whether the search kernel can run on these inputs: float32 locations on the CPU, one batch
+    size for all three (elsewhere the PyTorch search, which broadcasts, and which a GPU runs on
+    the whole distance matrix at once)."""
+    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (xq, xk))
+            and xq.shape[0] == xk.shape[0] == mask_k.shape[0] and xk.shape[1] == mask_k.shape[1])
 
 
 def _nearest_torch(xq: torch.Tensor, xk: torch.Tensor, mask_k: torch.Tensor, kk: int,
@@ -141,14 +144,20 @@ def _quadrants(du: torch.Tensor, dv: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def gather_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``t [B, N, ...]`` at ``index [B, Q, K]`` -> ``[B, Q, K, ...]``.
+    """``t [B, N, ...]`` at non-negative ``index [B, Q, K]`` (or ``[1, Q, K]``, broadcast) ->
+    ``[B, Q, K, ...]``.
 
-    One ``index_select`` on the flattened rows: advanced indexing ``t[batch, index]`` gives the
-    same values, but took four times as long for the few-column tensors of the kriging head
-    (locations, values, drift; 1.9 against 0.4 ms for 4 x 1024 x 64 rows of 3 on 2 threads)."""
-    offsets = torch.arange(t.shape[0], device=t.device)[:, None, None] * t.shape[1]
-    rows = t.reshape(t.shape[0] * t.shape[1], *t.shape[2:]).index_select(0, (index + offsets).reshape(-1))
-    return rows.view(*index.shape, *t.shape[2:])
+    On the CPU one ``index_select`` on the flattened rows: advanced indexing ``t[batch, index]``
+    gives the same values, but took four times as long for the few-column tensors of the kriging
+    head (locations, values, drift; 1.9 against 0.4 ms for 4 x 1024 x 64 rows of 3 on 2 threads).
+    On a GPU advanced indexing stays: its backward sums without atomics, so training there stays
+    reproducible."""
+    batch = torch.arange(t.shape[0], device=t.device)[:, None, None]
+    if t.device.type != "cpu":
+        return t[batch, index]
+    flat = index + batch * t.shape[1]  # [B, Q, K]: rows of t's B x N rows
+    rows = t.reshape(t.shape[0] * t.shape[1], *t.shape[2:]).index_select(0, flat.reshape(-1))
+    return rows.view(*flat.shape, *t.shape[2:])
 
 
 class TELocalAttentionBlock(nn.Module):

@@ -6,7 +6,10 @@
 //
 // Order: by squared weighted distance, equal distances by key index (keys are scanned in index
 // order, so a later key at an equal distance never displaces an earlier one), as the PyTorch
-// version's. Shapes: B tasks, Nq queries, Nk keys, Dx location size, K kept per query.
+// version's. Built without FMA contraction (cpu_build's flags for this kernel), so each squared
+// offset is rounded before it is summed, as PyTorch's square-then-sum does: two keys at mirrored
+// offsets then tie exactly, as they do there, and the tie goes to the lower index. Shapes: B
+// tasks, Nq queries, Nk keys, Dx location size, K kept per query.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -56,7 +59,12 @@ std::vector<torch::Tensor> nearest(torch::Tensor xq, torch::Tensor xk, torch::Te
   TORCH_CHECK(xq.is_contiguous() && xk.is_contiguous() && mask.is_contiguous() &&
               xq.scalar_type() == torch::kFloat32 && xk.scalar_type() == torch::kFloat32 &&
               mask.scalar_type() == torch::kBool, "neighbours_cpu: contiguous float32 locations and a bool mask");
+  TORCH_CHECK(xq.dim() == 3 && xk.dim() == 3 && mask.dim() == 2, "neighbours_cpu: xq, xk [B, N, Dx], mask [B, Nk]");
   const int64_t b = xq.size(0), nq = xq.size(1), dx = xq.size(2), nk = xk.size(1);
+  TORCH_CHECK(xk.size(0) == b && xk.size(2) == dx && mask.size(0) == b && mask.size(1) == nk && keep >= 0,
+              "neighbours_cpu: xq [B, Nq, Dx], xk [B, Nk, Dx] and mask [B, Nk] disagree");
+  TORCH_CHECK(du_dim < 0 || (du_dim < dx && dv_dim >= 0 && dv_dim < dx),
+              "neighbours_cpu: quadrant dimensions must be locations' dimensions");
   const int64_t parts = du_dim >= 0 ? 4 : 1, width = parts * keep;
   auto index = torch::zeros({b, nq, width}, xq.options().dtype(torch::kInt64));
   auto dist = torch::full({b, nq, width}, INF, xq.options());
@@ -75,10 +83,11 @@ std::vector<torch::Tensor> nearest(torch::Tensor xq, torch::Tensor xk, torch::Te
         if (!M[t * nk + m]) continue;
         const float* x = XK + (t * nk + m) * dx;
         float d2 = 0.f;
-        for (int64_t d = 0; d < dx; ++d) {
+        for (int64_t d = 0; d < dx; ++d) {  // each square rounded, then summed: built with -ffp-contract=off
           diff[d] = x[d] - q[d];
           d2 += diff[d] * diff[d];
         }
+        if (!(d2 <= INF)) continue;  // a NaN location: in no quadrant and never kept, as PyTorch's search
         best[parts == 4 ? quadrant(diff[du_dim], diff[dv_dim]) : 0].offer(d2, m);
       }
     }

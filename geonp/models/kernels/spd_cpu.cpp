@@ -148,6 +148,8 @@ torch::Tensor factor_substitute(torch::Tensor packed, torch::Tensor r) {
   const int64_t groups = (s + LANES - 1) / LANES;
   TORCH_CHECK(packed.size(0) == groups && packed.size(1) == size && packed.size(2) == LANES,
               "spd_cpu: the packed factors do not match r [S, n, m]");
+  TORCH_CHECK(reinterpret_cast<std::uintptr_t>(packed.data_ptr<float>()) % alignof(vec) == 0,
+              "spd_cpu: the packed factors must be factor_solve's own tensor (aligned to its vectors)");
   auto x = torch::empty_like(r);
   const vec* P = reinterpret_cast<const vec*>(packed.data_ptr<float>());
   const float* R = r.data_ptr<float>();

@@ -8,7 +8,7 @@
 // Within a query row, keys are taken in tiles of KT (the key axis is padded to a multiple in
 // Python) so that the innermost loops run over the keys of a tile, contiguous in memory, and
 // vectorise; key-major copies of k, the key location projections and the key locations are
-// made once per call in Python. Where the compiler targets AVX2 and FMA (te_fused.py asks for
+// made once per call in Python. Where the compiler targets AVX2 and FMA (cpu_build.py asks for
 // them on CPUs that have them) the four hottest loops (tile_layer, outer_rows, tile_dots,
 // weighted_sum) are written in intrinsics: GCC's own vectorisation of the plain loops kept half
 // their sums on the stack and ran the demo's fine-tuning and fill kernels 2.1x slower (12.2 s

@@ -67,14 +67,15 @@ def built_before(extension: str) -> bool:
 
 def kernel_name(name: str, flags: list[str], path: Path | None = None) -> str:
     """The extension's name, which is its cache folder: one build per kernel, CPU flag set, source
-    (its text and where it lies), torch and Python environment. torch's cache is shared by every
+    (its text, the headers beside it, and where it lies), torch and Python environment. torch's cache is shared by every
     virtual environment of an account; a name without the environment in it had another venv's
     torch rebuild the kernel silently (the announcement goes by the name), and two venvs take
     turns rebuilding it. The same holds for two checkouts sharing one environment: torch's build
     file names the source by path, so a name without the path had each checkout rebuild the
     other's kernel, silently, 30-40 s on the first call of every run."""
     path = path or source(name)
-    key = "|".join([path.read_text(), str(path.resolve()), torch.__version__, sys.prefix, *flags])
+    headers = [h.read_text() for h in sorted(path.parent.glob("*.h"))]  # what the source may include
+    key = "|".join([path.read_text(), *headers, str(path.resolve()), torch.__version__, sys.prefix, *flags])
     return f"geonp_{name}_cpu" + ("_avx2" if "-mavx2" in flags else "") + "_" + \
         hashlib.sha256(key.encode()).hexdigest()[:10]
 

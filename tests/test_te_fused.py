@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import shutil
-
 import pytest
 import torch
 from conftest import random_tasks
@@ -12,8 +9,7 @@ from conftest import random_tasks
 from geonp.models import build, cpu_build, te_fused
 from geonp.models.te_attention import TEAttention, attention_backend
 
-BUILDABLE = shutil.which("c++") is not None and importlib.util.find_spec("ninja") is not None
-needs_kernel = pytest.mark.skipif(not BUILDABLE, reason="no C++ compiler or ninja to build the fused kernel")
+needs_kernel = pytest.mark.skipif(not cpu_build.can_build(), reason="no C++ compiler or ninja to build the kernel")
 
 
 @needs_kernel

@@ -65,6 +65,8 @@ INIT_SILL, INIT_NUGGET = 1.0, 0.05
 #: few dozen batched products a call (:func:`geonp.models.kriging_linalg.cholesky_solve`) their
 #: fixed cost won: 4 MiB took the head from 113 to 77 us a target in prediction and 199 to 124
 #: with its backward pass (4 windows of 1,024 targets, external drift, 2 threads); 16 MiB lost.
+#: Measured before the ``spd`` kernel, which now solves where it is built (the blocked solve is
+#: its fallback); not measured again since.
 CACHE_ELEMS = 2**20
 #: The same on a GPU (64 MiB): 1 MiB slices made 5,344 kriging-head calls of a 40 s fill of the
 #: 150k-cell scene on an H200 (pipelines/results/fill_profile_cuda_scene150k.md).

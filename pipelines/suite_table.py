@@ -10,16 +10,24 @@ with their whole ``blocks``, so no reader sees the difference; a table written b
 shared (no ``"layouts"`` key) reads as it is. A row's own figures (RMSE, CRPS, coverage, their
 values by distance, wall seconds) are stored to :data:`FIGURES` significant digits, as the block
 sums are (:func:`rounded`, for both): 17 digits of float noise were a tenth of the validation table.
+A row's figures by distance (``rmse_by_distance``, ``n_by_distance``, ``cov90_by_distance``) follow
+from its block sums; each is left off the disk where :func:`by_distance` of the stored sums gives it
+back to the digit (always for the counts and coverage, for RMSE on most rows: the sums' rounding can
+move its sixth digit), and :func:`read` puts it back.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from pathlib import Path
 
+from geonp.metrics import WIDE_DISTANCE_BINS
+
 LAYOUT = ("block", "bin", "n")  # a block sum's keys that depend only on the scene's hidden cells
 FIGURES = 6  # significant digits of the block sums and of a row's own figures on disk
+BY_DISTANCE = ("rmse_by_distance", "n_by_distance", "cov90_by_distance")  # derivable from a row's blocks
 
 
 def rounded(value):
@@ -29,6 +37,38 @@ def rounded(value):
     if isinstance(value, dict):
         return {k: rounded(v) for k, v in value.items()}
     return value
+
+
+def by_distance(blocks: dict) -> dict[str, dict]:
+    """A row's RMSE, cells scored and 90% coverage per distance bin (``WIDE_DISTANCE_BINS``' labels; an
+    empty bin's figures are ``None``), from its whole ``blocks`` (the suite's ``block_stats``)."""
+    labels = [label for label, _ in WIDE_DISTANCE_BINS]
+    n, sse, in90 = ([0] * len(labels) for _ in range(3))
+    for b, count, err, inside in zip(blocks["bin"], blocks["n"], blocks["sse"], blocks["in90"]):
+        n[b] += count
+        sse[b] += err
+        in90[b] += inside
+    return {"rmse_by_distance": {k: rounded(math.sqrt(sse[i] / n[i])) if n[i] else None for i, k in enumerate(labels)},
+            "n_by_distance": dict(zip(labels, n)),
+            "cov90_by_distance": {k: rounded(in90[i] / n[i]) if n[i] else None for i, k in enumerate(labels)}}
+
+
+def _drop_derivable(row: dict) -> dict:
+    """``row`` without the figures by distance that :func:`by_distance` of its blocks gives back exactly;
+    a scored row that has none of its own says so with ``null`` (read back as absent, not derived)."""
+    if "blocks" not in row or "rmse" not in row:
+        return row
+    derived = by_distance(row["blocks"])
+    return {**{k: None for k in BY_DISTANCE if k not in row},
+            **{k: v for k, v in row.items() if k not in BY_DISTANCE or v != derived[k]}}
+
+
+def _restore_derivable(row: dict) -> dict:
+    """A scored ``row`` (its blocks whole) with the figures by distance that :func:`_drop_derivable` left
+    off, and without those it marked absent."""
+    if "blocks" not in row or "rmse" not in row:  # only a scored row had them
+        return row
+    return {k: v for k, v in {**by_distance(row["blocks"]), **row}.items() if not (k in BY_DISTANCE and v is None)}
 
 
 def _key(blocks: dict) -> tuple:
@@ -61,7 +101,8 @@ def unpack(layouts: dict[str, dict], rows: list[dict]) -> list[dict]:
 def write(path: Path, text: str, split: str, scenes: list[dict], rows: list[dict]) -> None:
     """The table's JSON: header, split, scene records, layouts and rows, one scene, layout or row a
     line (diffs of a rerun stay readable)."""
-    layouts, rows = pack([{k: v if k == "blocks" else rounded(v) for k, v in r.items()} for r in rows])
+    layouts, rows = pack([_drop_derivable({k: v if k == "blocks" else rounded(v) for k, v in r.items()})
+                          for r in rows])
     def lines(items):
         return ",\n".join(json.dumps(x, separators=(",", ":"), allow_nan=False) for x in items)
     layout_lines = ",\n".join(f"{json.dumps(s)}:{json.dumps(v, separators=(',', ':'))}" for s, v in layouts.items())
@@ -73,5 +114,5 @@ def write(path: Path, text: str, split: str, scenes: list[dict], rows: list[dict
 def read(path: Path) -> dict:
     """The table at ``path``: ``{"header", "split", "scenes", "rows"}``, every row's ``blocks`` whole."""
     table = json.loads(path.read_text())
-    table["rows"] = unpack(table.pop("layouts", {}), table["rows"])
+    table["rows"] = [_restore_derivable(r) for r in unpack(table.pop("layouts", {}), table["rows"])]
     return table

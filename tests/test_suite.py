@@ -151,6 +151,26 @@ def test_the_table_stores_a_scene_layout_once_and_reads_every_row_back_whole(tmp
     assert back["blocks"] == json.loads(json.dumps(rows[0]["blocks"]))
 
 
+def test_figures_by_distance_are_left_off_the_disk_where_the_block_sums_give_them_back(tmp_path):
+    """A row's RMSE, counts and coverage by distance are stored only where the block sums do not give
+    them back to the digit; a scored row that had none reads back without them."""
+    rng = np.random.default_rng(3)
+    base = _row("a#0", "linear", rng.normal(size=1024))
+    figures = suite_table.by_distance(json.loads(json.dumps(base["blocks"])))
+    assert figures["n_by_distance"]["1"] == 1024 and figures["n_by_distance"][">25"] == 0
+    assert figures["cov90_by_distance"][">25"] is None
+    derivable = {**base, "rmse": 1.0, **figures}
+    odd = {**derivable, "model": "odd", "rmse_by_distance": {**figures["rmse_by_distance"], "1": 9.0}}
+    bare = {**base, "model": "bare", "rmse": 1.0}
+    path = tmp_path / "suite_validation.json"
+    suite_table.write(path, "header", "validation", [{"scene": "a#0"}], [derivable, odd, bare])
+    stored = json.loads(path.read_text())["rows"]
+    assert [set(suite_table.BY_DISTANCE) & set(r) for r in stored] == [set(), {"rmse_by_distance"},
+                                                                       set(suite_table.BY_DISTANCE)]
+    assert all(stored[2][k] is None for k in suite_table.BY_DISTANCE)
+    assert suite_table.read(path)["rows"] == json.loads(json.dumps([derivable, odd, bare]))
+
+
 def test_coverage_interval_counts_cells_inside_the_90_percent_interval():
     err = np.concatenate([np.zeros(900), np.full(124, 5.0)])  # 900 of 1024 inside +-1.645 sigma
     cover, low, high, n = coverage_interval(_row("s", "m", err))

@@ -14,10 +14,13 @@ Cases (each filled whole with ``geonp.infill``, the defaults a user gets, in a p
 - ``cube1m``: ERA5 2 m temperature over the UK, the whole hourly month (744 x 33 x 49), every step
   under smooth random clouds of 85% cover: about a million gap cells.
 
-Each (case, model) runs once quiet, then once *contended*: beside another CPU-bound PyTorch job
-with its default threads (matrix products in a loop, started first and stopped after), with no
-setting changed. Reported: wall time of the fill, peak resident memory of the process, gap cells
-filled per second, and the contended time over the quiet one (issue 54's goal: at most 2.5).
+Each (case, model) runs quiet, then *contended*: beside another CPU-bound PyTorch job with its
+default threads (matrix products in a loop, started first and stopped after), with no setting
+changed. ``--repeats N`` runs each N times, the models of a case taking turns (so a drift of the
+machine falls on all of them), and reports the median: single runs of the demo moved by about a
+second, as much as separates te-pt-tnp from twice kriging's time there. Reported: wall time of the
+fill (the median, and every run's), peak resident memory of the process, gap cells filled per
+second, and the contended time over the quiet one (issue 54's goal: at most 2.5).
 ``--device cuda`` fills on the GPU instead (quiet only: the contended case is about shared CPU
 cores) and writes ``fill_speed_cuda``, with the GPU's peak memory; the CPU rows stay in
 ``fill_speed_cpu``, so the two tables sit side by side (issue 54, item 5: at least 10^7 gap cells
@@ -129,6 +132,18 @@ def measure(case: str, model: str, contended: bool, threads: int | None = None, 
     return {**json.loads(lines[-1]), "contended": contended}
 
 
+def median_row(runs: list[dict]) -> dict:
+    """One row for repeated runs of a (case, model, setting): the median wall time (and its cells a
+    second), every run's time in ``walls_s``, the largest peak memory."""
+    walls = [r["wall_s"] for r in runs]
+    wall = round(float(np.median(walls)), 1)
+    row = {**runs[0], "wall_s": wall, "cells_per_s": round(runs[0]["gap_cells"] / wall),
+           "peak_gb": max(r["peak_gb"] for r in runs)}
+    if len(runs) > 1:
+        row["walls_s"] = walls
+    return row
+
+
 def row_key(row: dict, gpu: bool) -> tuple:
     """What a rerun replaces: the same case, model, threads and contention; on a GPU also the same
     commit, so each GPU session's rows stay beside the last one's (GPU time is rare)."""
@@ -139,7 +154,7 @@ def row_key(row: dict, gpu: bool) -> tuple:
 def cpu_table(rows: list[dict]) -> list[str]:
     """One line per (case, model, threads): quiet and contended wall times side by side."""
     lines = ["| case | model | threads | gap cells | quiet s | contended s | contended / quiet | cells/s (quiet) | "
-             "peak GB | machine | commit |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
+             "peak GB | machine | commit | quiet runs s |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|---|---|"]
     for setting in dict.fromkeys(row_key(r, False)[:3] for r in rows):
         quiet = next((r for r in rows if row_key(r, False) == (*setting, False)), None)
         busy = next((r for r in rows if row_key(r, False) == (*setting, True)), None)
@@ -148,7 +163,8 @@ def cpu_table(rows: list[dict]) -> list[str]:
         lines.append(f"| {setting[0]} | {setting[1]} | {setting[2]} | {first['gap_cells']} | "
                      f"{quiet['wall_s'] if quiet else '–'} | {busy['wall_s'] if busy else '–'} | {ratio} | "
                      f"{quiet['cells_per_s'] if quiet else '–'} | {first['peak_gb']} | "
-                     f"{first.get('machine', EARLIER_MACHINE)} | {first['commit']} |")
+                     f"{first.get('machine', EARLIER_MACHINE)} | {first['commit']} | "
+                     f"{' '.join(map(str, quiet.get('walls_s', []))) if quiet else ''} |")
     return lines
 
 
@@ -172,6 +188,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="a fixed thread count (default: geonp's choice)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="fill on the CPU (default) or the GPU (quiet runs only; its own table)")
+    parser.add_argument("--repeats", type=int, default=1, metavar="N",
+                        help="runs of each fill, the models taking turns; the table gives the median (default 1)")
     parser.add_argument("--one", nargs=2, metavar=("CASE", "MODEL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -189,16 +207,21 @@ def main() -> None:
                      "(166,667 a second)" if gpu else
                      "contended: beside a PyTorch job with its default threads; dineof on the multi-date cases only"))
     commit = git_commit()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
     rows = []
+    settings = (False,) if args.quiet_only or gpu else (True,) if args.contended_only else (False, True)
     for case in args.cases:
-        for model in args.models:
-            if model == "dineof" and case in ("scene150k", "demo"):
-                continue
-            for contended in (False,) if args.quiet_only or gpu else (True,) if args.contended_only else (False, True):
-                row = measure(case, model, contended, args.threads, args.device)
-                if row is not None:
-                    rows.append({**row, "commit": commit})
-                    print(json.dumps(rows[-1]), flush=True)
+        models = [m for m in args.models if not (m == "dineof" and case in ("scene150k", "demo"))]
+        for contended in settings:
+            runs: dict[str, list[dict]] = {m: [] for m in models}
+            for _ in range(args.repeats):
+                for model in models:
+                    run = measure(case, model, contended, args.threads, args.device)
+                    if run is not None:
+                        runs[model].append({**run, "commit": commit})
+                        print(json.dumps(runs[model][-1]), flush=True)
+            rows += [median_row(r) for r in runs.values() if r]
     path = out.with_suffix(".json")
     if path.exists():
         ran = {row_key(r, gpu) for r in rows}

@@ -12,8 +12,8 @@ scene's nugget where it lowers the mean CRPS of those cells by more than :data:`
 standard errors; otherwise the network's own, which the weights were trained with. Chosen once
 per field, before fine-tuning, which then trains with it.
 
-The check is sequential: ``windows`` windows first (``FillOptions.check_windows``, 64), then as
-many again as have been scored (64, 128, 256) while the gain lies within :data:`CHOICE_MARGIN`
+The check is sequential: ``windows`` windows first (``FillOptions.check_windows``, 32), then as
+many again as have been scored (32, 64: 128 in all) while the gain lies within :data:`CHOICE_MARGIN`
 standard errors of the threshold, up to :data:`CHOICE_MORE` times the first draw. A clear case
 (most large scenes) costs the first draw only; a close one gets the windows that settle it.
 """

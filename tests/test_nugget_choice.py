@@ -208,3 +208,16 @@ def test_windows_of_a_later_draw_are_numbered_after_the_earlier_ones(monkeypatch
     _, _, first = nugget_module.paired_crps(model, Source(), "cpu", windows=16)
     _, _, later = nugget_module.paired_crps(model, Source(), "cpu", windows=16, first=16)
     assert np.array_equal(np.unique(first), np.arange(16)) and np.array_equal(np.unique(later), np.arange(16, 32))
+
+
+def test_a_field_without_a_nugget_at_any_step_keeps_the_scenes_unchecked(nugget_weights, monkeypatch):
+    """Where the variogram finds no nugget (the noise-free cube: shares under SMOOTH_SHARE at every
+    step), auto takes the scene's without predicting a window; a noisy cube is still checked."""
+    def no_check(*args, **kwargs):
+        raise AssertionError("the check ran on a field without a nugget")
+
+    monkeypatch.setattr(nugget_module, "paired_crps", no_check)
+    out = infill(cube(noise=0.0), "v", "te-pt-tnp", checkpoint=nugget_weights, fit_steps=0, check_windows=8)
+    assert out.attrs["geonp_nugget"].startswith("v: the scene's (its variogram's nugget under 0.1% of the variance")
+    with pytest.raises(AssertionError, match="the check ran"):
+        infill(cube(noise=0.6), "v", "te-pt-tnp", checkpoint=nugget_weights, fit_steps=0, check_windows=8)

@@ -37,7 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"geonp {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    demo = sub.add_parser("demo", help="fill synthetic clouds over HadISST SST (offline, ~3 minutes on 2 CPU cores)")
+    demo = sub.add_parser("demo", help="fill synthetic clouds over HadISST SST (offline, about half a minute on "
+                                       "2 CPU cores)")
     demo.add_argument("-o", "--out", default="geonp-demo", help="output folder (default: %(default)s)")
     demo.add_argument("--fit-steps", type=int, default=FitOptions().steps,
                       help="fine-tuning steps on the scene's visible cells (default: %(default)s)")

@@ -1,4 +1,4 @@
-"""``geonp demo``: fill synthetic clouds over a real SST map, offline, in about three minutes on 2 CPU cores.
+"""``geonp demo``: fill synthetic clouds over a real SST map, offline, in about half a minute on 2 CPU cores.
 
 The field is HadISST sea-surface temperature (August 2012, 1 degree, global) as shipped inside the
 cartopy wheel (``cartopy/data/netcdf/HadISST1_SST_update.nc``), so nothing is downloaded. The demo

@@ -208,15 +208,19 @@ def _check_paths(args: argparse.Namespace) -> None:
             raise FileNotFoundError(f"--checkpoint {item}: no such file or directory")
 
 
-def _imports_done() -> None:
-    """Put what the command imported out of the garbage collector's way (``gc.freeze``).
+def _imports_done(args: argparse.Namespace) -> None:
+    """Put what the command imported out of the garbage collector's way (``gc.freeze``), when the
+    command is the process (the console script, ``python -m geonp``).
 
     torch, xarray, dask, pandas and scipy leave about 270,000 long-lived objects (classes, functions,
     modules) that live until the process ends; every full collection walked them again, and so
     did the interpreter's last one at exit: 0.6 s of ``geonp demo``'s 32 s went to that alone.
-    Frozen objects are never collected, which is what module-level objects are anyway.
+    Frozen objects are never collected, which is what module-level objects are anyway. Not when
+    ``main`` is called with arguments from another program (the tests call it hundreds of times in
+    one process): there the freeze would also pin the garbage of every earlier call.
     """
-    gc.freeze()
+    if args.process:
+        gc.freeze()
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -224,12 +228,12 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from geonp.demo import run_demo
 
-        _imports_done()
+        _imports_done(args)
         run_demo(out=args.out, fit_steps=args.fit_steps, device=args.device, overwrite=args.overwrite)
     elif args.command == "train":
         from geonp.train import TrainConfig, train_file
 
-        _imports_done()
+        _imports_done(args)
         if args.ddp is not None:
             TrainConfig.from_yaml(args.config)  # checked here, before starting N processes
             return _train_ddp(args)
@@ -240,7 +244,7 @@ def _run(args: argparse.Namespace) -> int:
     elif args.command == "infill":
         from geonp.fill.engine import infill_file
 
-        _imports_done()
+        _imports_done(args)
         options = FillOptions(fit=FitOptions(steps=args.fit_steps), calibrate_sigma=args.calibrate_sigma,
                               nugget=args.nugget, history=args.history, check_windows=args.check_windows,
                               samples=args.samples,
@@ -256,7 +260,7 @@ def _run(args: argparse.Namespace) -> int:
     elif args.command == "evaluate":
         from geonp.evaluate import run_evaluate
 
-        _imports_done()
+        _imports_done(args)
         checkpoints = dict(_pair(c, "--checkpoint") for c in args.checkpoint)
         results = run_evaluate(args.input, args.var, args.model, args.out, valid_mask=args.valid_mask,
                                checkpoints=checkpoints, fit_steps=args.fit_steps, seed=args.seed,
@@ -266,7 +270,7 @@ def _run(args: argparse.Namespace) -> int:
     elif args.command == "plot":
         from geonp.maps import plot_file
 
-        _imports_done()
+        _imports_done(args)
         png = plot_file(args.output, args.out, variable=args.var, time=args.time, region=args.region,
                         projection_name=args.projection, truth=args.truth, point=args.point, dpi=args.dpi,
                         select=args.select, samples=args.samples)
@@ -355,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     args.command_line = shlex.join(["geonp", *(sys.argv[1:] if argv is None else argv)])
+    args.process = argv is None  # the command is this process: see _imports_done
     if args.command is None:
         parser.print_help()
         return EXIT_BAD_INPUT

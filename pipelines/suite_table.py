@@ -65,10 +65,22 @@ def _drop_derivable(row: dict) -> dict:
 
 def _restore_derivable(row: dict) -> dict:
     """A scored ``row`` (its blocks whole) with the figures by distance that :func:`_drop_derivable` left
-    off, and without those it marked absent."""
+    off, where a row holds them (after ``nll``, as the suite writes them: a rewrite keeps each line), and
+    without those it marked absent."""
     if "blocks" not in row or "rmse" not in row:  # only a scored row had them
         return row
-    return {k: v for k, v in {**by_distance(row["blocks"]), **row}.items() if not (k in BY_DISTANCE and v is None)}
+    derived = by_distance(row["blocks"])
+    figures = {k: row.get(k, derived[k]) for k in BY_DISTANCE}
+    out: dict = {}
+    for key, value in row.items():
+        if key in BY_DISTANCE:
+            continue
+        out[key] = value
+        if key == "nll":
+            out.update(figures)
+    if "nll" not in row:
+        out.update(figures)
+    return {k: v for k, v in out.items() if not (k in BY_DISTANCE and v is None)}
 
 
 def _key(blocks: dict) -> tuple:

@@ -168,7 +168,13 @@ def test_figures_by_distance_are_left_off_the_disk_where_the_block_sums_give_the
     assert [set(suite_table.BY_DISTANCE) & set(r) for r in stored] == [set(), {"rmse_by_distance"},
                                                                        set(suite_table.BY_DISTANCE)]
     assert all(stored[2][k] is None for k in suite_table.BY_DISTANCE)
-    assert suite_table.read(path)["rows"] == json.loads(json.dumps([derivable, odd, bare]))
+    back = suite_table.read(path)["rows"]
+    assert back == json.loads(json.dumps([derivable, odd, bare]))
+    assert [list(r) for r in back] == [list(r) for r in (derivable, odd, bare)]  # a rewrite keeps each line
+    nll_first = {"scene": "a#0", "model": "linear", "rmse": 1.0, "nll": 0.5, **figures, "wall_s": 1.0,
+                 "blocks": base["blocks"]}
+    suite_table.write(path, "header", "validation", [{"scene": "a#0"}], [nll_first])
+    assert list(suite_table.read(path)["rows"][0]) == list(nll_first)
 
 
 def test_coverage_interval_counts_cells_inside_the_90_percent_interval():

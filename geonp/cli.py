@@ -94,8 +94,9 @@ def _parser() -> argparse.ArgumentParser:
                              "observed, filled cells drawn with errors correlated as the scene's variogram "
                              "says; default: none)")
     infill.add_argument("--check-windows", type=int, default=FillOptions.check_windows, metavar="N",
-                        help="windows of INPUT's own cells the nugget check and --calibrate-sigma score "
-                             "(each hides 100-400 cells; default: %(default)s)")
+                        help="windows of INPUT's own cells the nugget check, --history auto and "
+                             "--calibrate-sigma score (each hides 100-400 cells; default: 32 for the nugget "
+                             "check, 64 for the others)")
     infill.add_argument("--device", default="auto", help="auto, cpu or cuda (default: %(default)s)")
     infill.add_argument("--batch-size", type=int, default=16, help="windows per model call (default: %(default)s)")
     infill.add_argument("--window", default=None, metavar="T,R,C",

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch.distributions import Normal
 
-from geonp.fill.options import FillOptions
+from geonp.fill.options import CHECK_WINDOWS
 from geonp.metrics import DISTANCE_BINS
 from geonp.models.base import NeuralProcess
 
@@ -107,7 +107,7 @@ def own_cell_windows(fields: list, spec, fold_seed: int, window_seed: int, dim_x
 
 @torch.no_grad()
 def measure(model: NeuralProcess, source, device: torch.device | str, cells_per_unit: float,
-            windows: int = FillOptions.check_windows) -> tuple[np.ndarray, np.ndarray]:
+            windows: int = CHECK_WINDOWS) -> tuple[np.ndarray, np.ndarray]:
     """Standardised errors ``z`` and distance bins of the hidden cells of ``windows`` windows
     drawn by ``source`` (``sample(batch_size) -> Batch`` with truths ``yt``)."""
     zs, bins = [], []
@@ -123,15 +123,16 @@ def measure(model: NeuralProcess, source, device: torch.device | str, cells_per_
 
 def calibrate(model: NeuralProcess, fields: list, spec, device: torch.device | str, seed: int = 0,
               elevation: np.ndarray | None = None, covariates: list[str] | None = None,
-              windows: int = FillOptions.check_windows) -> tuple[SigmaCalibrated, np.ndarray]:
+              windows: int | None = None) -> tuple[SigmaCalibrated, np.ndarray]:
     """``model`` with sigma calibrated on self-supervised windows of ``fields`` (the input's
     :class:`~geonp.fill.field.Field` list, ``spec`` their :class:`~geonp.tasks.windows.WindowSpec`),
-    and the scales per distance bin, from ``windows`` windows (``FillOptions.check_windows``).
+    and the scales per distance bin, from ``windows`` windows (``FillOptions.check_windows``; None:
+    :data:`~geonp.fill.options.CHECK_WINDOWS`).
     Windows come from their own random stream (not fine-tuning's); a model with history
     ``covariates`` gets each field's history folds for the duration."""
     with own_cell_windows(fields, spec, seed, seed + 104729, model.dim_x, elevation, covariates) as source:
         try:
-            z, bins = measure(model, source, device, spec.cells_per_unit, windows)
+            z, bins = measure(model, source, device, spec.cells_per_unit, windows or CHECK_WINDOWS)
         except ValueError:  # FieldWindows found too few observed cells to hide any
             raise ValueError("--calibrate-sigma: the input has too few observed cells to draw calibration "
                              "windows; fill without it") from None

@@ -31,7 +31,7 @@ import torch
 from geonp.fill.calibrate import BATCH
 from geonp.fill.field import Field
 from geonp.fill.nugget import CHOICE_Z, NothingToHide, paired_gain, paired_window_crps, settled_crps
-from geonp.fill.options import HISTORY_CHOICES, FillOptions
+from geonp.fill.options import CHECK_WINDOWS, HISTORY_CHOICES
 from geonp.fill.stack import add_history_folds
 from geonp.models.base import NeuralProcess
 from geonp.tasks.covariate_maps import is_flat
@@ -88,7 +88,7 @@ def paired_history_crps(model: NeuralProcess, with_history, flat, device: torch.
 def choose_history(model: NeuralProcess, fields: list[Field], spec, device: torch.device | str,
                    covariates: list[str], choice: str = "auto", seed: int = 0, elevation: np.ndarray | None = None,
                    say: Callable[[str], None] | None = None,
-                   windows: int = FillOptions.check_windows) -> tuple[str, list[str]]:
+                   windows: int | None = None) -> tuple[str, list[str]]:
     """Keep or drop each field's history covariates as ``choice`` says (:data:`HISTORY_CHOICES`;
     ``auto``: dropped where flat maps lower CRPS on the field's own hidden cells by more than
     :data:`CHOICE_Z` standard errors). Returns a few words per field on what was chosen and why
@@ -96,7 +96,8 @@ def choose_history(model: NeuralProcess, fields: list[Field], spec, device: torc
     (:func:`drop_history` repeats the choice on a resumed run).
 
     A field without a history (one scene, flat maps) is left as it is and not named. ``windows``:
-    the first draw of the check (:func:`geonp.fill.nugget.settled_crps`).
+    the first draw of the check (:func:`geonp.fill.nugget.settled_crps`; None:
+    :data:`~geonp.fill.options.CHECK_WINDOWS`).
     """
     if choice not in HISTORY_CHOICES:
         raise ValueError(f"--history must be one of {', '.join(HISTORY_CHOICES)}, got {choice!r}")
@@ -115,7 +116,7 @@ def choose_history(model: NeuralProcess, fields: list[Field], spec, device: torc
         with_history, flat = paired_sources(f, covariates, spec, seed + 32452843, model.dim_x, elevation)
         try:
             flat_crps, history_crps, window = settled_crps(
-                partial(paired_history_crps, model, with_history, flat, device), windows)
+                partial(paired_history_crps, model, with_history, flat, device), windows or CHECK_WINDOWS)
         except NothingToHide:
             flat_crps = history_crps = window = np.zeros(0)
         f.folds = []

@@ -16,7 +16,7 @@ A field whose variogram finds no nugget at any step (under :data:`SMOOTH_SHARE` 
 reanalysis temperature, smooth SST) keeps the scene's without the check: there the two choices
 differ by a few tenths of a percent of CRPS at most, and the check cost a sixth of the fill.
 
-The check is sequential: ``windows`` windows first (``FillOptions.check_windows``, 32), then as
+The check is sequential: ``windows`` windows first (:data:`NUGGET_CHECK_WINDOWS`, 32), then as
 many again as have been scored (32, 64: 128 in all) while the gain lies within :data:`CHOICE_MARGIN`
 standard errors of the threshold, up to :data:`CHOICE_MORE` times the first draw. A clear case
 (most large scenes) costs the first draw only; a close one gets the windows that settle it.
@@ -32,7 +32,7 @@ import torch
 
 from geonp.fill.calibrate import BATCH, own_cell_windows
 from geonp.fill.field import Field
-from geonp.fill.options import NUGGET_CHOICES, FillOptions
+from geonp.fill.options import NUGGET_CHECK_WINDOWS, NUGGET_CHOICES
 from geonp.metrics import crps_normal
 from geonp.models.base import NeuralProcess
 from geonp.tasks.covariate_maps import OWN_NUGGET, flat_covariates, is_flat
@@ -42,8 +42,8 @@ from geonp.tasks.covariate_maps import OWN_NUGGET, flat_covariates, is_flat
 #: products were (0.06 / 1.2 / 1.4 / 1.2 standard errors); with the windows this draws
 #: (128 / 128 / 256 / 256 / 64) all five end 1.4 or more from zero, on the side the fills say.
 CHOICE_MARGIN = 1.0
-#: At most this many times the first draw's windows are drawn (256 of 64; about 0.2 s a window on
-#: one thread for a 150k-cell scene, so a close call costs at most about 40 s more there).
+#: At most this many times the first draw's windows are drawn (128 of 32; about 0.2 s a window on
+#: one thread for a 150k-cell scene, so a close call costs at most about 20 s more there).
 CHOICE_MORE = 4
 #: The scene's nugget replaces the network's own (the one the weights were trained with) only when it
 #: lowers mean CRPS on the hidden cells by more than this many standard errors (clustered by window).
@@ -150,7 +150,7 @@ def settled_crps(score: Callable[[int, int], tuple[np.ndarray, np.ndarray, np.nd
 def choose_nugget(model: NeuralProcess, fields: list[Field], spec, device: torch.device | str, choice: str = "auto",
                   seed: int = 0, elevation: np.ndarray | None = None, covariates: list[str] | None = None,
                   say: Callable[[str], None] | None = None,
-                  windows: int = FillOptions.check_windows) -> tuple[str, list[str]]:
+                  windows: int | None = None) -> tuple[str, list[str]]:
     """Set each field's nugget map (the last of ``field.history``) to the nugget ``choice`` gives
     (:data:`NUGGET_CHOICES`; ``auto``: the scene's where its variogram finds no nugget at any step
     (:data:`SMOOTH_SHARE`) or where it lowers CRPS on the field's own hidden cells by more than
@@ -160,11 +160,12 @@ def choose_nugget(model: NeuralProcess, fields: list[Field], spec, device: torch
 
     ``model`` must take the nugget (:func:`takes_nugget`); ``covariates`` are the names of its
     history covariates (the folds' windows need them); ``windows``: the first draw of the check
-    (:func:`settled_crps`; ``FillOptions.check_windows``). A field whose nugget map is flat (no
-    step could be fitted) keeps the network's own.
+    (:func:`settled_crps`; ``FillOptions.check_windows``, None: :data:`NUGGET_CHECK_WINDOWS`). A
+    field whose nugget map is flat (no step could be fitted) keeps the network's own.
     """
     if choice not in NUGGET_CHOICES:
         raise ValueError(f"--nugget must be one of {', '.join(NUGGET_CHOICES)}, got {choice!r}")
+    windows = windows or NUGGET_CHECK_WINDOWS
     said = []
     for f in fields:
         if f.history is None:

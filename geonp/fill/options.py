@@ -26,6 +26,11 @@ HISTORY_CHOICES = ("auto", "use", "none")
 FIT_SCOPES = ("all", "head")
 
 
+#: The nugget check's first draw of windows (``FillOptions.check_windows`` None).
+NUGGET_CHECK_WINDOWS = 32
+#: The windows ``--calibrate-sigma`` scales sigma on and ``--history auto`` scores first.
+CHECK_WINDOWS = 64
+
 @dataclass(frozen=True)
 class FitOptions:
     """Self-supervised fine-tuning on the input's own observed cells before filling
@@ -112,12 +117,13 @@ class FillOptions:
             (``auto``, :mod:`geonp.fill.history_check`).
         check_windows: ``--check-windows``: windows of the input's own observed cells (each hides
             100-400 of them under gap shapes the input has) that the nugget check scores first (up
-            to four times as many on a close call, :mod:`geonp.fill.nugget`) and that
-            ``--calibrate-sigma`` scales sigma on. 32: on history_cv's five validation products
-            64 windows, doubled while the call was close, took every nugget choice the way the
-            fills went; on the scene suite a first draw of 32 chose the same nugget on 29 of 31
-            validation scenes, no scene worse, 8% less time (``suite_decisions.md``, ``cw32``).
-            ``--calibrate-sigma`` and ``--history auto`` were judged with 64 (pass 64 to get those).
+            to four times as many on a close call, :mod:`geonp.fill.nugget`), that ``--history
+            auto`` scores first and that ``--calibrate-sigma`` scales sigma on. None: each check's
+            own, as the suite judged it: :data:`NUGGET_CHECK_WINDOWS` (32) for the nugget check
+            (on history_cv's five validation products 64 windows, doubled while the call was
+            close, took every nugget choice the way the fills went; on the scene suite a first
+            draw of 32 chose the same nugget on 29 of 31 validation scenes, no scene worse, 8%
+            less time: ``suite_decisions.md``, ``cw32``), :data:`CHECK_WINDOWS` (64) for the others.
         batch_size: windows per model call.
         max_history_cells: the largest field (time x rows x cols cells) whose history covariates
             and DINEOF fill are computed, in memory (float64); a larger field gets flat covariates,
@@ -135,7 +141,7 @@ class FillOptions:
     calibrate_sigma: bool = False
     nugget: str = "auto"
     history: str = "use"
-    check_windows: int = 32
+    check_windows: int | None = None
     samples: int = 0
     # The tasks layer's MAX_HISTORY_CELLS (geonp.tasks.covariate_maps), written out: importing the
     # tasks package loads torch, and the command line reads these defaults before any heavy import.
@@ -157,7 +163,7 @@ class FillOptions:
             raise ValueError(f"max_history_cells must be >= 1, got {self.max_history_cells}")
         if int(self.samples) < 0:
             raise ValueError(f"--samples must be >= 0, got {self.samples}")
-        if int(self.check_windows) < 1:
+        if self.check_windows is not None and int(self.check_windows) < 1:
             raise ValueError(f"--check-windows must be >= 1, got {self.check_windows}")
         if self.threads is not None and int(self.threads) < 1:
             raise ValueError(f"--threads must be >= 1, got {self.threads}")

@@ -41,11 +41,17 @@ def one_run(folder: Path) -> dict:
         start = time.perf_counter()
         child = subprocess.Popen([sys.executable, "-m", "geonp", "demo", "-o", str(folder), "--overwrite"],
                                  stdout=subprocess.DEVNULL, stderr=err)
-        _, status, usage = os.wait4(child.pid, 0)  # the child's own rusage, not every child's so far
+        try:
+            _, status, usage = os.wait4(child.pid, 0)  # the child's own rusage, not every child's so far
+        except BaseException:  # Ctrl-C: the demo does not go on alone
+            child.kill()
+            child.wait()
+            raise
         wall = time.perf_counter() - start
-    code = os.waitstatus_to_exitcode(status)
+    child.returncode = code = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
     if code != 0:
-        raise SystemExit(f"demo_time: geonp demo exited {code}: {log.read_text().strip().splitlines()[-1:]}")
+        last = (log.read_text().strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"demo_time: geonp demo exited {code}: {last}")
     summary = json.loads((folder / "summary.json").read_text())
     return {"wall_s": round(wall, 2), "peak_gb": round(usage.ru_maxrss / 2**20, 2), "summary": summary}
 

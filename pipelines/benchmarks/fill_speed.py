@@ -139,6 +139,8 @@ def median_row(runs: list[dict]) -> dict:
     wall = round(float(np.median(walls)), 1)
     row = {**runs[0], "wall_s": wall, "cells_per_s": round(runs[0]["gap_cells"] / wall),
            "peak_gb": max(r["peak_gb"] for r in runs)}
+    if "gpu_peak_gb" in row:
+        row["gpu_peak_gb"] = max(r["gpu_peak_gb"] for r in runs)
     if len(runs) > 1:
         row["walls_s"] = walls
     return row

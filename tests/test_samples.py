@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from geonp.fill.samples import correlation, draw_samples, scene_correlation, unconditional
+from geonp.fill.samples import correlation, draw_samples, plane_distance, scene_correlation, unconditional
 from geonp.models.field_kriging import krige_scene
 from geonp.sample_scores import block_mean_coverage, independent_draws, patches_and_blocks, sample_scores
 
@@ -204,3 +204,11 @@ def test_the_samples_check_scores_every_sampler_from_one_fill(monkeypatch):
     seen = np.isfinite(holes.v.values)
     assert np.array_equal(drawn[:, seen], np.broadcast_to(holes.v.values[seen], (3, seen.sum())))
     assert np.isfinite(drawn).all() and not np.allclose(drawn[0], drawn[1])
+
+
+def test_plane_distance_is_numpys_norm_to_the_bit():
+    rng = np.random.default_rng(4)
+    a, b = rng.normal(size=(50, 8, 1, 2)) * 100, rng.normal(size=(50, 1, 8, 2)) * 100
+    np.testing.assert_array_equal(plane_distance(a, b), np.linalg.norm(a - b, axis=-1))
+    cells = rng.integers(0, 500, size=(50, 1, 2))  # integer cells against float points, as the weights use
+    np.testing.assert_array_equal(plane_distance(a[:, :, 0], cells), np.linalg.norm(a[:, :, 0] - cells, axis=-1))

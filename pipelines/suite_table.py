@@ -13,7 +13,8 @@ sums are (:func:`rounded`, for both): 17 digits of float noise were a tenth of t
 A row's figures by distance (``rmse_by_distance``, ``n_by_distance``, ``cov90_by_distance``) follow
 from its block sums; each is left off the disk where :func:`by_distance` of the stored sums gives it
 back to the digit (always for the counts and coverage, for RMSE on most rows: the sums' rounding can
-move its sixth digit), and :func:`read` puts it back.
+move its sixth digit), and :func:`read` puts it back from the bin labels the table records
+(``"bins"``), so reading a table needs no torch.
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ import json
 import math
 from collections import Counter
 from pathlib import Path
-
-from geonp.metrics import WIDE_DISTANCE_BINS
 
 LAYOUT = ("block", "bin", "n")  # a block sum's keys that depend only on the scene's hidden cells
 FIGURES = 6  # significant digits of the block sums and of a row's own figures on disk
@@ -39,10 +38,18 @@ def rounded(value):
     return value
 
 
-def by_distance(blocks: dict) -> dict[str, dict]:
-    """A row's RMSE, cells scored and 90% coverage per distance bin (``WIDE_DISTANCE_BINS``' labels; an
-    empty bin's figures are ``None``), from its whole ``blocks`` (the suite's ``block_stats``)."""
-    labels = [label for label, _ in WIDE_DISTANCE_BINS]
+def bin_labels() -> list[str]:
+    """The suite's distance bins (``geonp.metrics.WIDE_DISTANCE_BINS``' labels), which :func:`write`
+    records in the table, so reading one (``pipelines.suite_rule``) needs no torch."""
+    from geonp.metrics import WIDE_DISTANCE_BINS  # imports torch: only where a table is written
+
+    return [label for label, _ in WIDE_DISTANCE_BINS]
+
+
+def by_distance(blocks: dict, labels: list[str]) -> dict[str, dict]:
+    """A row's RMSE, cells scored and 90% coverage per distance bin (a block's ``bin`` indexes
+    ``labels``; an empty bin's figures are ``None``), from its whole ``blocks`` (the suite's
+    ``block_stats``)."""
     n, sse, in90 = ([0] * len(labels) for _ in range(3))
     for b, count, err, inside in zip(blocks["bin"], blocks["n"], blocks["sse"], blocks["in90"]):
         n[b] += count
@@ -53,23 +60,23 @@ def by_distance(blocks: dict) -> dict[str, dict]:
             "cov90_by_distance": {k: rounded(in90[i] / n[i]) if n[i] else None for i, k in enumerate(labels)}}
 
 
-def _drop_derivable(row: dict) -> dict:
+def _drop_derivable(row: dict, labels: list[str]) -> dict:
     """``row`` without the figures by distance that :func:`by_distance` of its blocks gives back exactly;
     a scored row that has none of its own says so with ``null`` (read back as absent, not derived)."""
     if "blocks" not in row or "rmse" not in row:
         return row
-    derived = by_distance(row["blocks"])
+    derived = by_distance(row["blocks"], labels)
     return {**{k: None for k in BY_DISTANCE if k not in row},
             **{k: v for k, v in row.items() if k not in BY_DISTANCE or v != derived[k]}}
 
 
-def _restore_derivable(row: dict) -> dict:
+def _restore_derivable(row: dict, labels: list[str]) -> dict:
     """A scored ``row`` (its blocks whole) with the figures by distance that :func:`_drop_derivable` left
     off, where a row holds them (after ``nll``, as the suite writes them: a rewrite keeps each line), and
     without those it marked absent."""
     if "blocks" not in row or "rmse" not in row:  # only a scored row had them
         return row
-    derived = by_distance(row["blocks"])
+    derived = by_distance(row["blocks"], labels)
     figures = {k: row.get(k, derived[k]) for k in BY_DISTANCE}
     out: dict = {}
     for key, value in row.items():
@@ -113,18 +120,23 @@ def unpack(layouts: dict[str, dict], rows: list[dict]) -> list[dict]:
 def write(path: Path, text: str, split: str, scenes: list[dict], rows: list[dict]) -> None:
     """The table's JSON: header, split, scene records, layouts and rows, one scene, layout or row a
     line (diffs of a rerun stay readable)."""
-    layouts, rows = pack([_drop_derivable({k: v if k == "blocks" else rounded(v) for k, v in r.items()})
+    labels = bin_labels()
+    layouts, rows = pack([_drop_derivable({k: v if k == "blocks" else rounded(v) for k, v in r.items()}, labels)
                           for r in rows])
     def lines(items):
         return ",\n".join(json.dumps(x, separators=(",", ":"), allow_nan=False) for x in items)
     layout_lines = ",\n".join(f"{json.dumps(s)}:{json.dumps(v, separators=(',', ':'))}" for s, v in layouts.items())
-    head = json.dumps({"header": text, "split": split})[:-1]
+    head = json.dumps({"header": text, "split": split, "bins": labels})[:-1]
     path.write_text(head + ',\n"scenes":[\n' + lines(scenes) + '\n],\n"layouts":{\n' + layout_lines
                     + '\n},\n"rows":[\n' + lines(rows) + "\n]}\n")
 
 
 def read(path: Path) -> dict:
-    """The table at ``path``: ``{"header", "split", "scenes", "rows"}``, every row's ``blocks`` whole."""
+    """The table at ``path``: ``{"header", "split", "scenes", "rows"}``, every row's ``blocks`` whole and
+    its figures by distance back (a table written before they were left off has no ``bins`` and
+    keeps every row as stored)."""
     table = json.loads(path.read_text())
-    table["rows"] = [_restore_derivable(r) for r in unpack(table.pop("layouts", {}), table["rows"])]
+    rows = unpack(table.pop("layouts", {}), table["rows"])
+    labels = table.pop("bins", None)
+    table["rows"] = rows if labels is None else [_restore_derivable(r, labels) for r in rows]
     return table

@@ -156,7 +156,7 @@ def test_figures_by_distance_are_left_off_the_disk_where_the_block_sums_give_the
     them back to the digit; a scored row that had none reads back without them."""
     rng = np.random.default_rng(3)
     base = _row("a#0", "linear", rng.normal(size=1024))
-    figures = suite_table.by_distance(json.loads(json.dumps(base["blocks"])))
+    figures = suite_table.by_distance(json.loads(json.dumps(base["blocks"])), suite_table.bin_labels())
     assert figures["n_by_distance"]["1"] == 1024 and figures["n_by_distance"][">25"] == 0
     assert figures["cov90_by_distance"][">25"] is None
     derivable = {**base, "rmse": 1.0, **figures}

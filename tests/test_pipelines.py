@@ -481,3 +481,19 @@ def test_dineof_speed_compares_both_paths_and_names_a_missing_file(monkeypatch, 
     assert calls  # Lanczos ran
     dense_modes, lanczos_modes = row["modes"].split(" / ")
     assert row["steps"] == len(t) and row["max_diff"] < 1e-9 and dense_modes == lanczos_modes
+
+
+def test_fill_speed_reports_the_median_of_repeated_runs_and_every_run():
+    """``fill_speed --repeats``: one row per setting, the median wall time and its cells a second,
+    every run's time beside it, the largest peak memory; a single run keeps its row as it was."""
+    from pipelines.benchmarks.fill_speed import cpu_table, median_row
+
+    runs = [{"case": "demo", "model": "kriging", "threads_asked": "auto", "gap_cells": 1000, "wall_s": w,
+             "cells_per_s": round(1000 / w), "peak_gb": p, "contended": False, "commit": "abc"}
+            for w, p in ((8.0, 0.9), (7.0, 1.1), (10.0, 1.0))]
+    row = median_row(runs)
+    assert (row["wall_s"], row["cells_per_s"], row["peak_gb"], row["walls_s"]) == (8.0, 125, 1.1, [8.0, 7.0, 10.0])
+    assert median_row(runs[:1]) == runs[0]
+    busy = median_row([{**r, "contended": True, "wall_s": 2 * r["wall_s"]} for r in runs])
+    line = cpu_table([row, busy])[-1]
+    assert "| 8.0 | 16.0 | 2.00 |" in line and line.endswith("| 8.0 7.0 10.0 |")

@@ -27,14 +27,31 @@ print('torch', torch.__version__, 'xarray', xarray.__version__, 'zarr', zarr.__v
 left() { echo $(( limit - ($(date +%s) - t0) )); }
 keep() { cp pipelines/results/"$1".md pipelines/results/"$1".json "$out"/ 2>/dev/null; }
 
-for case in demo scene150k stack cube1m; do
-  [ "$(left)" -lt 60 ] && break
-  echo "== fill_speed $case ($(left) s left)"
+# The three cases that fit in a call first; then where the time goes on the 150k-cell scene (a
+# cProfile), the CPU/CUDA agreement of the same fill (the CPU side uses geonp's C++ kernels, which
+# the GPU never does), then the million-gap cube with what is left. Logs go to one file ($OUT
+# brings back eight files at most).
+run_case() {
+  [ "$(left)" -lt 60 ] && return
+  echo "== fill_speed $1 ($(left) s left)"
   timeout "$(( $(left) - 30 ))" python3 -m pipelines.benchmarks.fill_speed --device cuda --models te-pt-tnp \
-    --cases "$case" > "$out/fill_speed_$case.log" 2>&1
-  echo "exit $?"; grep '^{' "$out/fill_speed_$case.log"
+    --cases "$1" >> "$log" 2>&1
+  echo "exit $?"; grep '^{' "$log" | tail -1
   keep fill_speed_cuda
-done
+}
+log=$out/on_gpu.log
+for case in demo scene150k stack; do run_case "$case"; done
+if [ "$(left)" -gt 150 ]; then
+  echo "== profile_fill scene150k ($(left) s left)"
+  timeout 120 python3 -m pipelines.experiments.profile_fill --case scene150k --device cuda >> "$log" 2>&1
+  echo "exit $?"; cp pipelines/results/fill_profile_cuda_scene150k.md "$out"/ 2>/dev/null
+fi
+if [ "$(left)" -gt 150 ]; then
+  echo "== device_agreement ($(left) s left)"
+  timeout 120 python3 -m pipelines.benchmarks.device_agreement >> "$log" 2>&1
+  echo "exit $?"; keep device_agreement
+fi
+run_case cube1m
 
 # The 10 GB cube: about 120 s to write on one core, then the fill; 2 GB when that will not fit.
 size=10; [ "$(left)" -lt 330 ] && size=2
@@ -42,8 +59,8 @@ if [ "$(left)" -gt 120 ]; then
   echo "== infill_benchmark --size-gb $size ($(left) s left)"
   timeout "$(( $(left) - 10 ))" python3 -m pipelines.benchmarks.infill_benchmark --size-gb "$size" --device cuda \
     --threads "$(nproc)" --models te-pt-tnp --out "pipelines/results/infill_${size}gb_cuda.md" \
-    > "$out/infill_benchmark.log" 2>&1
-  echo "exit $?"; tail -5 "$out/infill_benchmark.log"
+    >> "$log" 2>&1
+  echo "exit $?"; tail -5 "$log"
   keep "infill_${size}gb_cuda"
 fi
 echo "wall $(( $(date +%s) - t0 )) s"

@@ -182,3 +182,39 @@ def test_a_backward_pass_outside_the_backend_block_recomputes_with_the_forward_b
         grads.append([q.grad.clone()] + [p.grad.clone() for p in layer.parameters() if p.grad is not None])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_checkpointed_row_blocks_give_torch_checkpoints_gradients_without_importing_dynamo():
+    """Row blocks recomputed in backward through the reentrant CheckpointFunction directly give the
+    gradients of ``torch.utils.checkpoint.checkpoint(use_reentrant=True)`` to the bit, and a
+    forward and backward pass never imports ``torch._dynamo`` (the public wrapper does at its first
+    call: seconds of a GPU fill's cold start). In a fresh process, since other tests may import it."""
+    import subprocess
+    import sys
+
+    code = """
+import sys, torch
+from torch.utils.checkpoint import checkpoint
+import geonp.models.te_attention as te
+torch.manual_seed(0)
+layer = te.TEAttention(16, 4, 4, 2, 12, max_block_elems=2000)  # several row blocks: recomputed
+g = torch.Generator().manual_seed(1)
+zq, xq = torch.randn(2, 9, 16, generator=g), torch.randn(2, 9, 2, generator=g)
+zk, xk = torch.randn(2, 13, 16, generator=g), torch.randn(2, 13, 2, generator=g)
+mask = torch.ones(2, 13, dtype=torch.bool)
+def grads():
+    layer.zero_grad()
+    q = zq.clone().requires_grad_()
+    with te.attention_backend(layer, "fast"):  # the Python form, a GPU's (the CPU's kernel has its own)
+        out, x = layer(q, xq, zk, xk, mask)
+        (out.square().sum() + x.square().sum()).backward()
+    return [q.grad.clone()] + [p.grad.clone() for p in layer.parameters() if p.grad is not None]
+ours = grads()
+assert "torch._dynamo" not in sys.modules, "torch._dynamo imported"
+te.recomputed_in_backward = lambda f, *a: checkpoint(f, *a, use_reentrant=True)
+for a, b in zip(ours, grads(), strict=True):
+    assert torch.equal(a, b)
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -44,15 +44,32 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils import checkpoint as torch_checkpoint
 
 from geonp.models import te_fused
 from geonp.models.layers import mlp
+
+
+def recomputed_in_backward(function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)`` with its activations recomputed in backward instead of kept.
+
+    PyTorch's reentrant checkpoint itself (``torch.utils.checkpoint.checkpoint(...,
+    use_reentrant=True)`` runs exactly this ``CheckpointFunction``), called directly: the public
+    wrapper imports ``torch._dynamo`` (and sympy) at its first call, 1.4 s on 2 CPU cores and
+    several seconds of a cold start on an H200 (the GPU fill's profile, 2026-11-29). Where a
+    PyTorch release no longer has the class, the public wrapper is used.
+    """
+    reentrant = getattr(torch_checkpoint, "CheckpointFunction", None)
+    if reentrant is None:
+        return torch_checkpoint.checkpoint(function, *args, use_reentrant=True)
+    return reentrant.apply(function, True, *args)  # True: restore the RNG state, as checkpoint does
+
 
 #: The implementations of TE attention: ``fused`` runs the fast form through the C++ kernel of
 #: :mod:`geonp.models.te_fused` where it applies (CPU float32 tensors, kernel built) and the Python
@@ -174,7 +191,7 @@ class TEAttention(nn.Module):
             # reentrant form: the non-reentrant one kept ~0.2 MB per block alive (measured
             # 11.6 GiB for te-tnp forward + backward at Nc=5000 against 0.23 GiB at Nc=2000).
             if grad and q.requires_grad and bq < nq:
-                out, dx = checkpoint(self._attend_rows, *rows, use_reentrant=True)
+                out, dx = recomputed_in_backward(self._attend_rows, *rows)
             else:
                 out, dx = self._attend_rows(*rows)
             outs.append(out)

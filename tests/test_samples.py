@@ -212,3 +212,21 @@ def test_plane_distance_is_numpys_norm_to_the_bit():
     np.testing.assert_array_equal(plane_distance(a, b), np.linalg.norm(a - b, axis=-1))
     cells = rng.integers(0, 500, size=(50, 1, 2))  # integer cells against float points, as the weights use
     np.testing.assert_array_equal(plane_distance(a[:, :, 0], cells), np.linalg.norm(a[:, :, 0] - cells, axis=-1))
+
+
+def test_the_samples_check_names_scenes_a_variant_makes_worse_beyond_the_seeds_spread():
+    """A variant is worse on a scene only where it loses to geonp's rule by more than geonp's rule
+    drawn from other seeds moves; a replicate's own line shows the seeds' spread over the suite."""
+    from pipelines.experiments.samples_check import variant_lines
+
+    def row(scene, variant, energy, variogram=10.0, block=0.9):
+        return {"scene": scene, "model": "m", "variant": variant, "energy": energy, "variogram": variogram,
+                "patch_cov90": block, "block_cov90": block}
+
+    rows = [row("a", "scene", 1.00), row("a", "scene~s1", 1.02), row("a", "range2", 1.01, block=0.88),
+            row("b", "scene", 2.00), row("b", "scene~s1", 1.99), row("b", "range2", 2.10, block=0.7)]
+    lines = variant_lines(rows)
+    assert len(lines) == 2 and lines[0].startswith("- m (range2) against m (2 scenes)")
+    assert lines[1].startswith("- m (scene~s1) against m (2 scenes)") and "worse beyond" not in lines[1]
+    assert "worse beyond the seeds' spread on 1: b" in lines[0]
+    assert "block_cov90 mean |cov - 0.90| +0.110" in lines[0]

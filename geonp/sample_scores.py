@@ -8,8 +8,12 @@ draws of the same mean and sigma. These can (issue #55):
 * the **variogram score** of order 0.5 (Scheuerer & Hamill 2015), which scores the differences
   between pairs of cells, i.e. the spatial structure itself; lower is better;
 * the **coverage of 90% intervals of block means**: the mean over each contiguous hidden patch and
-  over each block of 8 x 8 cells, against the truth's; the interval is the samples' block mean
-  +- 1.645 of their standard deviation. Independent per-cell draws give a block mean the s.d.
+  over each block of 8 x 8 cells, against the truth's; the interval is the prediction interval
+  of one more draw from ``n`` samples, the samples' block mean +- ``t(0.95, n - 1) sqrt(1 + 1/n)``
+  of their standard deviation (Student's t: the mean and s.d. are themselves estimated from the
+  ``n`` samples), so that samples drawn from the distribution the truth comes from cover 0.90 in
+  expectation. The plain +- 1.645 s.d. covers 0.87 at ``n = 16`` (0.79 for the 5-95% percentiles
+  of 16 samples). Independent per-cell draws give a block mean the s.d.
   ``sqrt(sum sigma^2) / n``, far too narrow where errors are correlated.
 
 Each is given beside the same figure for independent per-cell draws from the fill's mean and sigma
@@ -20,9 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 from scipy import ndimage
+from scipy.special import stdtrit
 
-#: Half-width of a central 90% interval, in standard deviations.
-Z90 = 1.6448536269514722
 #: Cells a side of the square blocks whose means are scored.
 BLOCK = 8
 #: Hidden cells the variogram score looks at, at most (it scores every pair: quadratic).
@@ -44,9 +47,17 @@ def patches_and_blocks(hidden: np.ndarray, block: int = BLOCK) -> dict[str, np.n
     return {"patch": labels[hidden], "block": (rows // block) * per_row + cols // block}
 
 
+def interval_halfwidth(n: int, level: float = 0.90) -> float:
+    """Half-width, in the samples' standard deviations (``ddof=1``), of the central ``level``
+    prediction interval of one more draw from ``n >= 2`` Gaussian samples:
+    ``t((1 + level) / 2, n - 1) * sqrt(1 + 1/n)`` (1.807 at ``n = 16``; 1.645 as ``n`` grows)."""
+    return float(stdtrit(n - 1, (1.0 + level) / 2.0) * np.sqrt(1.0 + 1.0 / n))
+
+
 def block_mean_coverage(truth: np.ndarray, samples: np.ndarray, groups: np.ndarray,
                         min_cells: int = 2) -> tuple[float, int]:
-    """Share of groups whose true mean lies in the samples' 90% interval of that mean.
+    """Share of groups whose true mean lies in the samples' 90% prediction interval of that mean
+    (:func:`interval_halfwidth`).
 
     Args:
         truth: ``[M]`` the true values of the hidden cells.
@@ -64,8 +75,9 @@ def block_mean_coverage(truth: np.ndarray, samples: np.ndarray, groups: np.ndarr
     keep = counts >= min_cells
     if not keep.any():
         return float("nan"), 0
+    n = len(samples)
     centre, spread = means.mean(0), means.std(0, ddof=1)
-    inside = np.abs(true - centre) <= Z90 * spread
+    inside = np.abs(true - centre) <= interval_halfwidth(n) * spread
     return float(inside[keep].mean()), int(keep.sum())
 
 

@@ -58,6 +58,22 @@ def test_block_means_of_coherent_samples_are_covered_and_of_independent_draws_ar
     assert 0.75 <= np.mean(coherent) <= 1.0 and np.mean(independent) < np.mean(coherent) - 0.2
 
 
+def test_block_mean_intervals_from_few_samples_cover_as_they_say():
+    """Truths drawn from the distribution the samples come from fall in the 90% prediction interval
+    of 16 samples 0.90 of the time (the plain +-1.645 s.d. of 16 samples covers about 0.87)."""
+    from geonp.sample_scores import interval_halfwidth
+
+    rng = np.random.default_rng(5)
+    groups = np.repeat(np.arange(20000), 2)  # 20,000 groups of two cells
+    truth, samples = rng.standard_normal(groups.size), rng.standard_normal((16, groups.size))
+    coverage, scored = block_mean_coverage(truth, samples, groups)
+    assert scored == 20000 and abs(coverage - 0.90) < 0.006
+    assert abs(interval_halfwidth(16) - 1.8070) < 1e-4 and abs(interval_halfwidth(10**6) - 1.6449) < 1e-3
+    means = samples.reshape(16, -1, 2).mean(-1)
+    plain = np.mean(np.abs(truth.reshape(-1, 2).mean(-1) - means.mean(0)) <= 1.6449 * means.std(0, ddof=1))
+    assert abs(plain - 0.869) < 0.006
+
+
 def test_sample_scores_name_every_figure():
     truth, values, gaps = scene()
     mean, std, _ = krige_scene(values, np.ones(values.shape, bool))

@@ -126,6 +126,8 @@ def evaluate(
         raise ValueError(f"{name}: unknown variable {variable!r}; it has {', '.join(map(str, ds.data_vars))}")
     if not models:
         raise ValueError("no model to evaluate")
+    if samples == 1:  # an interval of block means, and the energy score's spread term, need two
+        raise ValueError("--samples 1: scoring samples needs at least 2 of them (or 0 for none)")
     if infill_fn is None:
         infill_fn = _engine(models)
 

@@ -66,8 +66,12 @@ def block_mean_coverage(truth: np.ndarray, samples: np.ndarray, groups: np.ndarr
         min_cells: groups with fewer cells are left out (one cell is the per-cell coverage).
 
     Returns:
-        ``(coverage, groups scored)``; NaN coverage when no group has ``min_cells`` cells.
+        ``(coverage, groups scored)``; NaN coverage when no group has ``min_cells`` cells or
+        there are fewer than two samples.
     """
+    n = len(samples)
+    if n < 2:  # one sample has no spread: no interval
+        return float("nan"), 0
     ids, where, counts = np.unique(groups, return_inverse=True, return_counts=True)
     sums = np.stack([np.bincount(where, s, ids.size) for s in samples])  # [n, G]
     means = sums / counts
@@ -75,7 +79,6 @@ def block_mean_coverage(truth: np.ndarray, samples: np.ndarray, groups: np.ndarr
     keep = counts >= min_cells
     if not keep.any():
         return float("nan"), 0
-    n = len(samples)
     centre, spread = means.mean(0), means.std(0, ddof=1)
     inside = np.abs(true - centre) <= interval_halfwidth(n) * spread
     return float(inside[keep].mean()), int(keep.sum())

@@ -348,6 +348,13 @@ def evaluate_a_missing_file(tmp):
 
 
 @case
+def evaluate_one_sample(tmp):
+    path = _cube(tmp)
+    return Case(["evaluate", path, "--var", "sst", "--model", "linear", "--samples", "1"],
+                "--samples 1: scoring samples needs at least 2", [path])
+
+
+@case
 def plot_a_file_that_is_not_an_output(tmp):
     path = _cube(tmp)
     return Case(["plot", path, "-o", tmp / "map.png"], "not an infill output", [path])

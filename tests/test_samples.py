@@ -72,6 +72,8 @@ def test_block_mean_intervals_from_few_samples_cover_as_they_say():
     means = samples.reshape(16, -1, 2).mean(-1)
     plain = np.mean(np.abs(truth.reshape(-1, 2).mean(-1) - means.mean(0)) <= 1.6449 * means.std(0, ddof=1))
     assert abs(plain - 0.869) < 0.006
+    one = block_mean_coverage(truth, samples[:1], groups)  # one sample has no spread: no interval
+    assert np.isnan(one[0]) and one[1] == 0
 
 
 def test_sample_scores_name_every_figure():

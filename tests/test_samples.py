@@ -248,3 +248,23 @@ def test_the_samples_check_names_scenes_a_variant_makes_worse_beyond_the_seeds_s
     assert lines[1].startswith("- m (scene~s1) against m (2 scenes)") and "worse beyond" not in lines[1]
     assert "worse beyond the seeds' spread on 1: b" in lines[0]
     assert "block_cov90 mean |cov - 0.90| +0.110" in lines[0]
+
+
+def test_the_samples_check_reads_the_kriging_heads_covariance_from_the_fill_alone():
+    """``--variants head``: the covariance te-pt-tnp's kriging head predicted for the fill's own
+    windows, not fine-tuning's or the nugget check's (as many records with 2 fit steps as with 0)."""
+    from conftest import smooth_cube
+
+    import geonp
+    from pipelines.experiments import samples_check
+
+    ds = smooth_cube(t=3, r=24, c=30)
+    counts = []
+    for steps in (0, 2):
+        with samples_check.recording_head_covariance() as record:
+            geonp.infill(ds, "sst", "te-pt-tnp", fit_steps=steps, seed=0)
+        counts.append(len(record))
+    assert counts[0] == counts[1] > 0
+    range_cells, share = samples_check.head_correlation(record, 8.0)
+    assert range_cells > 0 and 0 < share < 1
+    assert samples_check.head_correlation([], 8.0) is None

@@ -22,16 +22,21 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import numpy as np
+import torch
 import xarray as xr
 
 from geonp.device import resolve_device
 from geonp.evaluate import evaluate
 from geonp.fill.samples import CorrelationFit, scene_correlation, with_samples
+from geonp.models.local_kriging import NUGGET_SHARE_RANGE
+from geonp.tasks.windows import WindowSpec
 from pipelines.experiments.sequential_samples import sequential_samples
 from pipelines.provenance import REPO, git_commit, header
 from pipelines.suite_rule import geometric_interval, load_rows
@@ -65,6 +70,68 @@ def _by_correlation(fit: CorrelationFit, other_seed: int = 0) -> Sampler:
     return sample
 
 
+#: The attribute under which a fill of :func:`check_scene` carries its kriging head's covariance.
+HEAD_ATTR = "samples_check_head_covariance"
+
+
+@contextmanager
+def recording_head_covariance() -> Iterator[list[torch.Tensor]]:
+    """While a fill runs, the covariance parameters ``[n, Dx + 2]`` (log lengthscales per input,
+    log sill, log nugget, the scene's nugget applied) that te-pt-tnp's kriging head predicts for the
+    targets of the fill's own windows (not fine-tuning's, not the nugget check's): one tensor per call."""
+    import geonp.fill.engine as engine
+    from geonp.models.local_kriging import LocalKriging
+
+    record: list[torch.Tensor] = []
+    filling = [False]
+    real_fill, real_targets = engine.fill_in_memory, LocalKriging._targets
+
+    def fill_in_memory(*args, **kwargs):
+        filling[0] = True
+        try:
+            return real_fill(*args, **kwargs)
+        finally:
+            filling[0] = False
+
+    def targets(self, zt, xt, xc, yc, index, valid, drift_t=None, drift_c=None, nugget_share=None):
+        if filling[0]:
+            p = self.covariance(zt).float().clamp(-12.0, 8.0)  # as LocalKriging._targets reads it
+            d = self.dim_x
+            if nugget_share is not None:  # the scene's nugget, as the head applies it
+                share = nugget_share.float().clamp(*NUGGET_SHARE_RANGE)
+                sill = p[..., d].exp()
+                nugget = torch.where(nugget_share < 0, p[..., d + 1].exp(), sill * share / (1 - share))
+                p = torch.cat([p[..., :d + 1], nugget.log()[..., None]], -1)
+            record.append(p.reshape(-1, p.shape[-1]).detach().cpu())
+        return real_targets(self, zt, xt, xc, yc, index, valid, drift_t, drift_c, nugget_share)
+
+    with patch.object(engine, "fill_in_memory", fill_in_memory), patch.object(LocalKriging, "_targets", targets):
+        yield record
+
+
+def head_correlation(record: list[torch.Tensor], cells_per_unit: float) -> tuple[float, float] | None:
+    """``(range_cells, nugget_share)`` of the exponential correlation the kriging head used, over all
+    its targets: the median spatial lengthscale (geometric mean of rows and columns, input units
+    times ``cells_per_unit``) as the practical range ``3 ell``, and the median nugget share
+    ``nugget / (sill + nugget)``. None when nothing was recorded (a model without the head)."""
+    if not record:
+        return None
+    p = torch.cat(record).double()
+    ell = p[:, 1:3].mean(-1).exp().median().item() * cells_per_unit  # rows and cols: inputs 1 and 2
+    sill, nugget = p[:, -2].exp(), p[:, -1].exp()
+    return 3.0 * ell, (nugget / (sill + nugget)).median().item()
+
+
+def _head(fill: xr.Dataset, data: xr.Dataset, name: str, model: str, n: int, seed: int,
+          kwargs: dict[str, Any]) -> xr.Dataset:
+    """geonp's conditional simulation with the correlation of te-pt-tnp's kriging head (the same
+    exponential family, its range and nugget share as the head predicted them over the fill)."""
+    fit = fill.attrs.get(HEAD_ATTR)
+    if fit is None:
+        raise ValueError(f"--variants head: {model!r} has no kriging head")
+    return with_samples(fill, [name], n, seed, lambda values: tuple(fit))
+
+
 #: Samplers by name. Rules for the errors' correlation (``geonp.fill.samples.draw_samples``'
 #: ``correlation_fit``): the scene's variogram as fitted (geonp's), without its nugget (the fill's
 #: sigma already holds the noise; the errors are the smooth part's), and with twice its range
@@ -76,6 +143,7 @@ VARIANTS: dict[str, Sampler] = {
     **{f"range{m:g}": _by_correlation(_longer(m)) for m in (1.5, 2, 3, 4)},
     "sequential": sequential_samples,
     **{f"scene~s{k}": _by_correlation(scene_correlation, k) for k in (1, 2)},
+    "head": _head,
 }
 
 
@@ -90,7 +158,11 @@ def check_scene(ds: xr.Dataset, variable: str, under: np.ndarray, model: str, n:
     def fill_once(sampler: Sampler):
         def fill(data, name, model_name, samples=0, seed=0, **kwargs):
             if name not in fills:
-                fills[name] = infill(data, name, model_name, seed=seed, **kwargs).compute()
+                with recording_head_covariance() as record:
+                    fills[name] = infill(data, name, model_name, seed=seed, **kwargs).compute()
+                fit = head_correlation(record, WindowSpec().cells_per_unit)
+                if fit is not None:
+                    fills[name].attrs[HEAD_ATTR] = fit
             return sampler(fills[name], data, name, model_name, samples, seed, kwargs)
         return fill
 
@@ -101,6 +173,8 @@ def check_scene(ds: xr.Dataset, variable: str, under: np.ndarray, model: str, n:
         row = res["rows"][0]
         rows.append({"variant": variant, "hidden_cells": res["hidden_cells"], "rmse": row["rmse"],
                      "crps": row["crps"], "wall_s": row["wall_s"], **row["samples"]})
+        if variant == "head":  # the correlation the head's samples used
+            rows[-1]["range_cells"], rows[-1]["nugget_share"] = fills[variable].attrs[HEAD_ATTR]
     return rows
 
 

@@ -2,7 +2,7 @@
 # The GPU rows of the speed benchmarks (issue 54, item 5), in one call on a lent GPU machine:
 # te-pt-tnp with its defaults on fill_speed's cases (demo, scene150k, stack, cube1m), then the
 # fill of a 10 GB cube (infill_benchmark --device cuda; 2 GB when too little time is left).
-# Each table is copied to $OUT as soon as it is written, so a call cut short keeps what ran.
+# Each table joins $OUT/results.tar as soon as it is written, so a call cut short keeps what ran.
 #
 #   GEONP_COMMIT=$(git rev-parse --short HEAD) bash pipelines/benchmarks/on_gpu.sh SECONDS
 #
@@ -25,31 +25,44 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, xarray, zarr, dask, netCDF4, geonp; assert torch.cuda.is_available(), 'no CUDA device';
 print('torch', torch.__version__, 'xarray', xarray.__version__, 'zarr', zarr.__version__)" || exit 4
 left() { echo $(( limit - ($(date +%s) - t0) )); }
-keep() { cp pipelines/results/"$1".md pipelines/results/"$1".json "$out"/ 2>/dev/null; }
+# Tables as they are written, in one archive ($OUT brings back eight files at most): results.tar.
+kept=()
+keep() {
+  local f
+  for f in "$@"; do
+    [ -f "pipelines/results/$f" ] && [[ " ${kept[*]} " != *" $f "* ]] && kept+=("$f")
+  done
+  [ ${#kept[@]} -gt 0 ] && tar -cf "$out/results.tar" -C pipelines/results "${kept[@]}"
+}
 
-# The three cases that fit in a call first; then where the time goes on the 150k-cell scene (a
-# cProfile), the CPU/CUDA agreement of the same fill (the CPU side uses geonp's C++ kernels, which
-# the GPU never does), then the million-gap cube with what is left. Logs go to one file ($OUT
-# brings back eight files at most).
+# The three cases that fit in a call first; then where the time goes (cProfile) on the 150k-cell
+# scene and on the million-gap cube's first 192 hours, the CPU/CUDA agreement of the same fill (the
+# CPU side uses geonp's C++ kernels, which the GPU never does), then the whole million-gap cube with
+# what is left. Logs go to one file.
 run_case() {
   [ "$(left)" -lt 60 ] && return
   echo "== fill_speed $1 ($(left) s left)"
   timeout "$(( $(left) - 30 ))" python3 -m pipelines.benchmarks.fill_speed --device cuda --models te-pt-tnp \
     --cases "$1" >> "$log" 2>&1
   echo "exit $?"; grep '^{' "$log" | tail -1
-  keep fill_speed_cuda
+  keep fill_speed_cuda.md fill_speed_cuda.json
 }
 log=$out/on_gpu.log
 for case in demo scene150k stack; do run_case "$case"; done
 if [ "$(left)" -gt 150 ]; then
   echo "== profile_fill scene150k ($(left) s left)"
   timeout 120 python3 -m pipelines.experiments.profile_fill --case scene150k --device cuda >> "$log" 2>&1
-  echo "exit $?"; cp pipelines/results/fill_profile_cuda_scene150k.md "$out"/ 2>/dev/null
+  echo "exit $?"; keep fill_profile_cuda_scene150k.md
+fi
+if [ "$(left)" -gt 200 ]; then  # where the million-gap cube's time goes: its first 192 hours
+  echo "== profile_fill cube1m --steps 192 ($(left) s left)"
+  timeout 150 python3 -m pipelines.experiments.profile_fill --case cube1m --steps 192 --device cuda >> "$log" 2>&1
+  echo "exit $?"; keep fill_profile_cuda_cube1m_192steps.md
 fi
 if [ "$(left)" -gt 150 ]; then
   echo "== device_agreement ($(left) s left)"
   timeout 120 python3 -m pipelines.benchmarks.device_agreement >> "$log" 2>&1
-  echo "exit $?"; keep device_agreement
+  echo "exit $?"; keep device_agreement.md device_agreement.json
 fi
 run_case cube1m
 
@@ -61,6 +74,6 @@ if [ "$(left)" -gt 120 ]; then
     --threads "$(nproc)" --models te-pt-tnp --out "pipelines/results/infill_${size}gb_cuda.md" \
     >> "$log" 2>&1
   echo "exit $?"; tail -5 "$log"
-  keep "infill_${size}gb_cuda"
+  keep "infill_${size}gb_cuda.md" "infill_${size}gb_cuda.json"
 fi
 echo "wall $(( $(date +%s) - t0 )) s"

@@ -2,6 +2,7 @@
 
     python -m pipelines.experiments.profile_fill --case demo                 # CPU
     python -m pipelines.experiments.profile_fill --case scene150k --device cuda
+    python -m pipelines.experiments.profile_fill --case cube1m --steps 192  # a long stack's first 192 hours
 
 The case is one of :mod:`pipelines.benchmarks.fill_speed`'s (its data, its gaps), filled with
 geonp's defaults (30 fit steps, the nugget check). The device is started before the profile (a
@@ -11,8 +12,8 @@ profiled wall time is longer than ``fill_speed``'s; read the shares, not the sec
 kernels run asynchronously and cProfile books their time at the next synchronisation (a
 ``.item()``, a ``bool()`` of a tensor, a copy to the host), so there the call counts are exact but
 the seconds of a function may include other functions' kernels.
-Writes ``pipelines/results/fill_profile_{device}_{case}.md``: the top functions by cumulative time,
-then by own time.
+Writes ``pipelines/results/fill_profile_{device}_{case}.md`` (``..._{case}_{steps}steps.md`` with
+``--steps``): the top functions by cumulative time, then by own time.
 """
 
 from __future__ import annotations
@@ -29,12 +30,15 @@ from pipelines.benchmarks.fill_speed import CASES, load_case
 from pipelines.provenance import REPO, header
 
 
-def profile(case: str, device: str, top: int) -> tuple[float, str]:
-    """``(profiled wall seconds, pstats text)`` of one default te-pt-tnp fill of ``case``."""
+def profile(case: str, device: str, top: int, steps: int | None = None) -> tuple[float, str]:
+    """``(profiled wall seconds, pstats text)`` of one default te-pt-tnp fill of ``case`` (its first
+    ``steps`` time steps when given: a long stack's costs that grow with its length, in minutes)."""
     import geonp
     from geonp.models import cpu_build
 
     ds, variable, _ = load_case(case)
+    if steps is not None and "time" in ds.dims:
+        ds = ds.isel(time=slice(0, steps))
     if device == "cuda":
         torch.zeros(1, device="cuda")
     else:
@@ -59,12 +63,17 @@ def main() -> None:
     parser.add_argument("--case", default="demo", choices=CASES)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--top", type=int, default=70, help="functions listed by cumulative time (half as many by own)")
+    parser.add_argument("--steps", type=int, default=None, help="only the case's first STEPS time steps")
     args = parser.parse_args()
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.exit(2, "profile_fill: --device cuda: no CUDA device here\n")
-    wall, text = profile(args.case, args.device, args.top)
-    out = REPO / "pipelines" / "results" / f"fill_profile_{args.device}_{args.case}.md"
-    out.write_text(header(f"Where a default te-pt-tnp fill spends its time: {args.case}", torch.device(args.device),
+    wall, text = profile(args.case, args.device, args.top, args.steps)
+    name = args.case if args.steps is None else f"{args.case}_{args.steps}steps"
+    out = REPO / "pipelines" / "results" / f"fill_profile_{args.device}_{name}.md"
+    what = args.case if args.steps is None else f"{args.case}, its first {args.steps} steps"
+    out.write_text(header(f"Where a default te-pt-tnp fill spends its time: {what}", torch.device(args.device),
                           "one geonp.infill with the defaults under cProfile, the device started first")
                    + f"- profiled wall: {wall:.1f} s\n\n```text\n{text.strip()}\n```\n")
     print(f"{out.relative_to(REPO)}: profiled wall {wall:.1f} s")

@@ -246,13 +246,20 @@ def test_the_samples_check_names_scenes_a_variant_makes_worse_beyond_the_seeds_s
     lines = variant_lines(rows)
     assert len(lines) == 2 and lines[0].startswith("- m (range2) against m (2 scenes)")
     assert lines[1].startswith("- m (scene~s1) against m (2 scenes)") and "worse beyond" not in lines[1]
+    # With two replicates each is judged against the other: what chance alone reaches.
+    rows += [row("a", "scene~s2", 1.001), row("b", "scene~s2", 2.05), row("b", "range2", 2.10)]
+    lines = variant_lines(rows[:-1])
+    assert "worse beyond the seeds' spread on 1: b" in lines[0]  # 2.10 against 2.00: beyond 0.05
+    assert "by chance, worse beyond the seeds' spread on 1: a" in lines[1]  # s1 against s2 on a
+    assert "by chance, worse beyond the seeds' spread on 1: b" in lines[2]  # s2 against s1 on b
     assert "worse beyond the seeds' spread on 1: b" in lines[0]
     assert "block_cov90 mean |cov - 0.90| +0.110" in lines[0]
 
 
 def test_the_samples_check_reads_the_kriging_heads_covariance_from_the_fill_alone():
-    """``--variants head``: the covariance te-pt-tnp's kriging head predicted for the fill's own
-    windows, not fine-tuning's or the nugget check's (as many records with 2 fit steps as with 0)."""
+    """``--variants head``: the covariance te-pt-tnp's kriging head predicted for the real targets
+    of the fill's own windows, not fine-tuning's (as many records with 2 fit steps as with 0; the
+    checks before the fill run outside it the same way), with the plan's window scaling."""
     from conftest import smooth_cube
 
     import geonp
@@ -263,8 +270,10 @@ def test_the_samples_check_reads_the_kriging_heads_covariance_from_the_fill_alon
     for steps in (0, 2):
         with samples_check.recording_head_covariance() as record:
             geonp.infill(ds, "sst", "te-pt-tnp", fit_steps=steps, seed=0)
-        counts.append(len(record))
-    assert counts[0] == counts[1] > 0
-    range_cells, share = samples_check.head_correlation(record, 8.0)
+        counts.append(sum(len(r) for r in record["params"]))
+    assert counts[0] == counts[1] > 0 and record["cells_per_unit"] == 8.0
+    filled = int(np.isnan(ds["sst"].values).sum())  # every gap is a real target of some window
+    assert filled <= sum(len(r) for r in record["params"]) < 4 * filled  # padding left out
+    range_cells, share = samples_check.head_correlation(record)
     assert range_cells > 0 and 0 < share < 1
-    assert samples_check.head_correlation([], 8.0) is None
+    assert samples_check.head_correlation({"params": [], "cells_per_unit": 8.0}) is None

@@ -37,7 +37,9 @@ def profile(case: str, device: str, top: int, steps: int | None = None) -> tuple
     from geonp.models import cpu_build
 
     ds, variable, _ = load_case(case)
-    if steps is not None and "time" in ds.dims:
+    if steps is not None:
+        if "time" not in ds.dims:
+            raise ValueError(f"--steps: case {case!r} has no time dimension")
         ds = ds.isel(time=slice(0, steps))
     if device == "cuda":
         torch.zeros(1, device="cuda")
@@ -69,7 +71,10 @@ def main() -> None:
         parser.error(f"--steps must be >= 1, got {args.steps}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.exit(2, "profile_fill: --device cuda: no CUDA device here\n")
-    wall, text = profile(args.case, args.device, args.top, args.steps)
+    try:
+        wall, text = profile(args.case, args.device, args.top, args.steps)
+    except ValueError as err:
+        parser.exit(2, f"profile_fill: {err}\n")
     name = args.case if args.steps is None else f"{args.case}_{args.steps}steps"
     out = REPO / "pipelines" / "results" / f"fill_profile_{args.device}_{name}.md"
     what = args.case if args.steps is None else f"{args.case}, its first {args.steps} steps"

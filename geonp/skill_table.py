@@ -57,9 +57,25 @@ def write_table(
     parts = [header.rstrip() + "\n"] if header.strip() else []
     parts += [markdown(res) for res in results]
     write_text_atomic(md_path, "\n".join(parts))
-    write_text_atomic(json_path, json.dumps({"header": header, "results": _plain(list(results))}, indent=1,
-                                            allow_nan=False) + "\n")
+    write_text_atomic(json_path, results_json(header, _plain(list(results))))
     return md_path, json_path
+
+
+def results_json(header: str, results: list[dict]) -> str:
+    """``{"header", "results"}`` as JSON, each result's rows one a line without padding: small in a
+    repository, and a rerun's diff shows the rows that changed. Non-finite numbers are refused
+    (:func:`_plain` makes them null first)."""
+    def compact(value: Any) -> str:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+    def one(res: dict) -> str:
+        rest = {k: v for k, v in res.items() if k != "rows"}
+        if "rows" not in res:
+            return compact(rest)
+        lead = compact(rest)[:-1] + ("," if rest else "")
+        return lead + '"rows":[\n' + ",\n".join(compact(r) for r in res["rows"]) + "\n]}"
+
+    return '{"header": ' + json.dumps(header) + ', "results": [\n' + ",\n".join(map(one, results)) + "\n]}\n"
 
 
 def markdown(res: Mapping[str, Any]) -> str:

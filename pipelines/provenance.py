@@ -78,7 +78,17 @@ def append_rows(out: Path, row: dict) -> list[dict]:
     return [*(json.loads(path.read_text())["rows"] if path.exists() else []), row]
 
 
+def rows_json(head: dict, rows: list[dict]) -> str:
+    """A results table's JSON: the keys of ``head`` (the header, ...) then ``"rows"``, one row a
+    line without padding, so that a table stays small in the repository and a rerun's diff shows
+    the rows that changed. ``rows`` must be a list (a table keyed by model writes its own way)."""
+    if not isinstance(rows, list):
+        raise TypeError(f"rows_json: rows must be a list, got {type(rows).__name__}")
+    lead = json.dumps(head)[:-1] + (", " if head else "")
+    return lead + '"rows": [\n' + ",\n".join(json.dumps(r, separators=(",", ":")) for r in rows) + "\n]}\n"
+
+
 def write_results(out: Path, text: str, rows: list[dict]) -> None:
     """``out.md``, the table ``text``, and ``out.json``, its preamble and ``rows``."""
     out.with_suffix(".md").write_text(text)
-    out.with_suffix(".json").write_text(json.dumps({"header": text.split("\n|")[0], "rows": rows}, indent=2))
+    out.with_suffix(".json").write_text(rows_json({"header": text.split("\n|")[0]}, rows))

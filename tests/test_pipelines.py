@@ -497,3 +497,25 @@ def test_fill_speed_reports_the_median_of_repeated_runs_and_every_run():
     busy = median_row([{**r, "contended": True, "wall_s": 2 * r["wall_s"]} for r in runs])
     line = cpu_table([row, busy])[-1]
     assert "| 8.0 | 16.0 | 2.00 |" in line and line.endswith("| 8.0 7.0 10.0 |")
+
+
+def test_results_tables_write_one_row_a_line_and_read_back_the_same():
+    """Results JSON (pipelines.provenance.rows_json, geonp.skill_table.results_json): the same value
+    read back, one row a line, no padding; a table keyed by model is not a list of rows."""
+    import json as _json
+
+    import pytest as _pytest
+
+    from geonp.skill_table import results_json
+    from pipelines.provenance import rows_json
+
+    rows = [{"model": "a", "rmse": 0.5, "by": {"1": 2}}, {"model": "b", "rmse": None}]
+    text = rows_json({"header": "# t\n"}, rows)
+    assert _json.loads(text) == {"header": "# t\n", "rows": rows} and text.count("\n") == 4
+    assert _json.loads(rows_json({}, [])) == {"rows": []}
+    with _pytest.raises(TypeError, match="must be a list"):
+        rows_json({"header": ""}, {"a": rows[0]})
+    results = [{"source": "x", "rows": rows}, {"source": "y"}]
+    assert _json.loads(results_json("# h", results)) == {"header": "# h", "results": results}
+    with _pytest.raises(ValueError):
+        results_json("# h", [{"rows": [{"v": float("nan")}]}])

@@ -47,7 +47,7 @@ import time
 import numpy as np
 import torch
 
-from pipelines.provenance import REPO, device_description, git_commit, header
+from pipelines.provenance import REPO, device_description, git_commit, header, rows_json
 
 CASES = ("scene150k", "demo", "stack", "cube1m")
 MODELS = ("linear", "kriging", "dineof", "te-pt-tnp")
@@ -231,7 +231,7 @@ def main() -> None:
     rows.sort(key=lambda r: (CASES.index(r["case"]), MODELS.index(r["model"]), row_key(r, gpu)[2:]))
     lines = gpu_table(rows) if gpu else cpu_table(rows)
     out.with_suffix(".md").write_text(text + "\n" + "\n".join(lines) + "\n")
-    path.write_text(json.dumps({"header": text, "rows": rows}, indent=1) + "\n")
+    path.write_text(rows_json({"header": text}, rows))
     print(out.with_suffix(".md").read_text())
 
 

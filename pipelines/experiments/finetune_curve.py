@@ -39,7 +39,7 @@ from geonp.fill.options import FitOptions
 from geonp.fill.plan import plan
 from geonp.models import save
 from geonp.tasks.hidden import hide_cells
-from pipelines.provenance import REPO, git_commit, header
+from pipelines.provenance import REPO, git_commit, header, rows_json
 from pipelines.scenes import MORE_VALIDATION, VALIDATION
 
 SEED = 1  # the validation split's seed in the accuracy ablation
@@ -129,7 +129,7 @@ def write(rows: list[dict], text: str, out: Path) -> None:
                      f"{r['crps']:.4g} | {r['coverage_90']:.3f} | {r['nll']:.3f} | {r['fit_s']:.0f} | "
                      f"{r['infill_s']:.0f} | {r.get('commit', '–')} |")
     out.write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps({"header": text, "rows": rows}, indent=1))
+    out.with_suffix(".json").write_text(rows_json({"header": text}, rows))
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from geonp.evaluate import evaluate
 from geonp.fill.samples import CorrelationFit, scene_correlation, with_samples
 from geonp.models.local_kriging import NUGGET_SHARE_RANGE
 from pipelines.experiments.sequential_samples import sequential_samples
-from pipelines.provenance import REPO, git_commit, header
+from pipelines.provenance import REPO, git_commit, header, rows_json
 from pipelines.suite_rule import geometric_interval, load_rows
 from pipelines.suite_scenes import SPLITS, draw, load
 
@@ -294,7 +294,7 @@ def write(path: Path, text: str, rows: list[dict], n: int, split: str | None = N
     if limits:
         lines += ["", "What limits block-mean coverage: the fill's own per-cell calibration.", "", *limits]
     path.write_text("\n".join(lines) + "\n")
-    path.with_suffix(".json").write_text(json.dumps({"header": text, "rows": rows}, indent=1) + "\n")
+    path.with_suffix(".json").write_text(rows_json({"header": text}, rows))
 
 
 def main() -> None:

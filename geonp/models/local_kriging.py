@@ -235,18 +235,27 @@ class LocalKriging(nn.Module):
             return {key: torch.cat([part[key] for part in parts], 1) for key in parts[0]}
         return torch.cat([m for m, _ in parts], 1), torch.cat([v for _, v in parts], 1)
 
-    def _targets(self, zt: torch.Tensor, xt: torch.Tensor, xc: torch.Tensor, yc: torch.Tensor,
-                 index: torch.Tensor, valid: torch.Tensor, drift_t: torch.Tensor | None = None,
-                 drift_c: torch.Tensor | None = None, nugget_share: torch.Tensor | None = None):
+    def kernel_parameters(self, zt: torch.Tensor, nugget_share: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Each target's covariance as the head uses it: ``(lengthscales [B, Nt, Dx] in input units,
+        sill [B, Nt], nugget [B, Nt], gap)`` from its token ``zt [B, Nt, D]``; with ``nugget_share
+        [B, Nt]`` the nugget is the scene's (a negative share keeps the network's own) and ``gap
+        [B, Nt]`` the scene's nugget less the network's (:func:`variance_gap`), else None."""
         p = self.covariance(zt).float().clamp(-12.0, 8.0)  # [B, Nt, Dx + 2], bounded: exp stays finite
         ell = p[..., :self.dim_x].exp()  # [B, Nt, Dx]
         sill, nugget = p[..., self.dim_x].exp(), p[..., self.dim_x + 1].exp()  # [B, Nt]
-        gap = None  # the scene's nugget less the network's (variance_gap)
+        gap = None
         if nugget_share is not None:  # n / (s + n) = share  <=>  n = s share / (1 - share)
             share = nugget_share.float().clamp(NUGGET_SHARE_RANGE[0], NUGGET_SHARE_RANGE[1])
             # A negative share keeps the network's own nugget for that target (no gap).
             gap = torch.where(nugget_share < 0, 0.0, sill * share / (1 - share) - nugget)
             nugget = nugget + gap
+        return ell, sill, nugget, gap
+
+    def _targets(self, zt: torch.Tensor, xt: torch.Tensor, xc: torch.Tensor, yc: torch.Tensor,
+                 index: torch.Tensor, valid: torch.Tensor, drift_t: torch.Tensor | None = None,
+                 drift_c: torch.Tensor | None = None, nugget_share: torch.Tensor | None = None):
+        ell, sill, nugget, gap = self.kernel_parameters(zt, nugget_share)
         # Absent neighbours may hold anything (NaN padding): zero them so 0 * NaN never arises.
         xg = torch.where(valid[..., None], gather_rows(xc, index), 0.0).float()  # [B, Nt, K, Dx]
         yg = torch.where(valid[..., None], gather_rows(yc, index), 0.0).float()  # [B, Nt, K, Dy]

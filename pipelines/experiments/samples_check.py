@@ -35,7 +35,6 @@ import xarray as xr
 from geonp.device import resolve_device
 from geonp.evaluate import evaluate
 from geonp.fill.samples import CorrelationFit, scene_correlation, with_samples
-from geonp.models.local_kriging import NUGGET_SHARE_RANGE
 from pipelines.experiments.sequential_samples import sequential_samples
 from pipelines.provenance import REPO, git_commit, header, rows_json
 from pipelines.suite_rule import geometric_interval, load_rows
@@ -75,8 +74,8 @@ HEAD_ATTR = "samples_check_head_covariance"
 
 @contextmanager
 def recording_head_covariance() -> Iterator[dict[str, Any]]:
-    """While a fill runs, the covariance parameters ``[n, Dx + 2]`` (log lengthscales per input,
-    log sill, log nugget, the scene's nugget applied as the head applies it) that te-pt-tnp's
+    """While a fill runs, the covariance (lengthscales per input, sill, nugget: ``[n, Dx + 2]``, as
+    :meth:`~geonp.models.local_kriging.LocalKriging.kernel_parameters` gives them to the head) that te-pt-tnp's
     kriging head predicts for the real targets (not the padding) of the fill's own windows, not
     those of fine-tuning or of the checks that run before the fill (:func:`geonp.fill.prepare.prepare`):
     ``{"params": [tensor per call], "cells_per_unit": the plan's window scaling}``."""
@@ -97,15 +96,10 @@ def recording_head_covariance() -> Iterator[dict[str, Any]]:
 
     def forward(self, zt, xt, xc, yc, index, valid, drift_t=None, drift_c=None, mask_t=None, nugget_share=None):
         if filling[0]:
-            q = self.covariance(zt).float().clamp(-12.0, 8.0)  # [B, Nt, Dx + 2], as LocalKriging._targets reads it
-            d = self.dim_x
-            if nugget_share is not None:  # the scene's nugget, as the head applies it
-                share = nugget_share.float().clamp(*NUGGET_SHARE_RANGE)
-                sill = q[..., d].exp()
-                nugget = torch.where(nugget_share < 0, q[..., d + 1].exp(), sill * share / (1 - share))
-                q = torch.cat([q[..., :d + 1], nugget.log()[..., None]], -1)
-            real = torch.ones(q.shape[:2], dtype=torch.bool, device=q.device) if mask_t is None else mask_t.bool()
-            record["params"].append(q[real].detach().cpu())  # [n_real, Dx + 2]
+            ell, sill, nugget, _ = self.kernel_parameters(zt, nugget_share)  # as the head uses them
+            real = torch.ones(sill.shape, dtype=torch.bool, device=sill.device) if mask_t is None else mask_t.bool()
+            used = torch.cat([ell, sill[..., None], nugget[..., None]], -1)  # [B, Nt, Dx + 2]
+            record["params"].append(used[real].detach().cpu())  # [n_real, Dx + 2]
         return real_forward(self, zt, xt, xc, yc, index, valid, drift_t, drift_c, mask_t, nugget_share)
 
     with patch.object(engine, "fill_in_memory", fill_in_memory), patch.object(LocalKriging, "forward", forward):
@@ -121,8 +115,8 @@ def head_correlation(record: dict[str, Any]) -> tuple[float, float] | None:
     if not record["params"]:
         return None
     p = torch.cat(record["params"]).double()
-    ell = p[:, 1:3].mean(-1).exp().median().item() * record["cells_per_unit"]  # rows and cols: inputs 1 and 2
-    sill, nugget = p[:, -2].exp(), p[:, -1].exp()
+    ell = p[:, 1:3].log().mean(-1).exp().median().item() * record["cells_per_unit"]  # rows and cols: inputs 1 and 2
+    sill, nugget = p[:, -2], p[:, -1]
     return 3.0 * ell, (nugget / (sill + nugget)).median().item()
 
 

@@ -61,21 +61,37 @@ def write_table(
     return md_path, json_path
 
 
-def results_json(header: str, results: list[dict]) -> str:
-    """``{"header", "results"}`` as JSON, each result's rows one a line without padding: small in a
-    repository, and a rerun's diff shows the rows that changed. Non-finite numbers are refused
-    (:func:`_plain` makes them null first)."""
+def rows_json(head: Mapping[str, Any], rows: list, key: str = "rows", allow_nan: bool = True) -> str:
+    """``{**head, key: rows}`` as JSON text, one item of ``rows`` a line without padding (an item
+    with a ``"rows"`` list of its own gets those a line each too): a results table stays small in a
+    repository, and a rerun's diff shows the rows that changed. ``rows`` must be a list.
+
+    Raises:
+        TypeError: ``rows`` is not a list (a table keyed by model writes its own way).
+        ValueError: a non-finite number where ``allow_nan`` is False.
+    """
+    if not isinstance(rows, list):
+        raise TypeError(f"rows_json: rows must be a list, got {type(rows).__name__}")
+    return _lines(head, key, rows, allow_nan) + "\n"
+
+
+def _lines(head: Mapping[str, Any], key: str, rows: list, allow_nan: bool) -> str:
     def compact(value: Any) -> str:
-        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+        return json.dumps(value, separators=(",", ":"), allow_nan=allow_nan)
 
-    def one(res: dict) -> str:
-        rest = {k: v for k, v in res.items() if k != "rows"}
-        if "rows" not in res:
-            return compact(rest)
-        lead = compact(rest)[:-1] + ("," if rest else "")
-        return lead + '"rows":[\n' + ",\n".join(compact(r) for r in res["rows"]) + "\n]}"
+    def item(value: Any) -> str:
+        if isinstance(value, dict) and isinstance(value.get("rows"), list):
+            return _lines({k: v for k, v in value.items() if k != "rows"}, "rows", value["rows"], allow_nan)
+        return compact(value)
 
-    return '{"header": ' + json.dumps(header) + ', "results": [\n' + ",\n".join(map(one, results)) + "\n]}\n"
+    lead = compact(dict(head))[:-1] + ("," if head else "")
+    return lead + json.dumps(key) + ":[\n" + ",\n".join(map(item, rows)) + "\n]}"
+
+
+def results_json(header: str, results: list[dict]) -> str:
+    """``{"header", "results"}`` as JSON (:func:`rows_json`, each result's rows a line); non-finite
+    numbers are refused (:func:`_plain` makes them null first)."""
+    return rows_json({"header": header}, results, key="results", allow_nan=False)
 
 
 def markdown(res: Mapping[str, Any]) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 import geonp
+from geonp.skill_table import rows_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,16 +77,6 @@ def append_rows(out: Path, row: dict) -> list[dict]:
     """The rows of the results table ``out`` (its ``.json``; none before the first run) and ``row``."""
     path = out.with_suffix(".json")
     return [*(json.loads(path.read_text())["rows"] if path.exists() else []), row]
-
-
-def rows_json(head: dict, rows: list[dict]) -> str:
-    """A results table's JSON: the keys of ``head`` (the header, ...) then ``"rows"``, one row a
-    line without padding, so that a table stays small in the repository and a rerun's diff shows
-    the rows that changed. ``rows`` must be a list (a table keyed by model writes its own way)."""
-    if not isinstance(rows, list):
-        raise TypeError(f"rows_json: rows must be a list, got {type(rows).__name__}")
-    lead = json.dumps(head)[:-1] + (", " if head else "")
-    return lead + '"rows": [\n' + ",\n".join(json.dumps(r, separators=(",", ":")) for r in rows) + "\n]}\n"
 
 
 def write_results(out: Path, text: str, rows: list[dict]) -> None:

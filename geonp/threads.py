@@ -26,12 +26,37 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 #: What OpenMP threads do while they wait, unless the environment says otherwise (set on import).
 WAIT_POLICY = "PASSIVE"
 #: How many times a GNU OpenMP thread checks for work before it sleeps (module docstring).
 SPIN_COUNT = "1000"
+
+
+_controller = None  # threadpoolctl's view of the loaded BLAS libraries, made at the first one_blas_thread
+
+
+@contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """The BLAS pools (numpy's and SciPy's OpenBLAS) on one thread for the duration.
+
+    For a loop of many small BLAS-2 calls, such as ARPACK's Lanczos iterations and their
+    matrix-vector products, where a second thread costs more in waking and waiting than it saves:
+    DINEOF of a history fold of ERA5's hourly month over the UK (744 x 33 x 49) took 65.1 s with a
+    fill's two BLAS threads on 2 cores, 21.3 s with one (``pipelines/results/dineof_speed_cpu.md``).
+    The libraries are those loaded at the first call (a scan of the process costs 0.7 ms, more than
+    some of the calls it would wrap; SciPy's is loaded by the time :mod:`geonp.tasks.dineof` is).
+    """
+    global _controller
+    if _controller is None:
+        from threadpoolctl import ThreadpoolController
+
+        _controller = ThreadpoolController()
+    with _controller.limit(limits=1, user_api="blas"):
+        yield
 
 
 def quiet_openmp() -> None:

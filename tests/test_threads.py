@@ -49,6 +49,16 @@ def test_configure_sizes_torch_and_refuses_nonsense():
             threads.configure(bad)
 
 
+def test_one_blas_thread_limits_and_restores_the_pools():
+    from threadpoolctl import threadpool_info
+
+    blas = lambda: [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]  # noqa: E731
+    before = blas()
+    with threads.one_blas_thread():
+        assert blas() and set(blas()) == {1}
+    assert blas() == before
+
+
 def test_importing_geonp_keeps_idle_openmp_threads_asleep_unless_told_otherwise():
     code = "import os, geonp; print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))"
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}

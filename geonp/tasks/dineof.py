@@ -39,6 +39,7 @@ from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
 
 from geonp.metrics import distance_to_observed
 from geonp.tasks.clouds import borrow_gaps
+from geonp.threads import one_blas_thread
 
 #: Upper edges (grid cells) of the distance bins the 1-sigma is estimated in.
 SIGMA_BINS = (1.0, 2.0, 3.0, 5.0, 8.0, 12.0, 18.0, 25.0, 40.0, np.inf)
@@ -214,15 +215,23 @@ def _converge(work: np.ndarray, unknown: np.ndarray, k: int, tol: float, max_ite
               dense_steps: int) -> np.ndarray:
     """Iterate ``work``'s ``unknown`` entries to their rank-``k`` reconstruction (``work [N, T]``)."""
     work = work.copy()
-    if not unknown.any():
+    # The unknown entries by flat index, in the row-major order a boolean mask reads them: a gather
+    # by index costs a sixth of a masked read, and the three masked reads and writes of every
+    # iteration were three quarters of its time on a 10-day 201 x 301 stack (same values, same order).
+    at = np.flatnonzero(unknown)
+    if not at.size:
         return work
-    for _ in range(max_iter):
-        lead = _leading_eofs(work, k, dense_steps)  # [T, k]: the k leading temporal EOFs
-        rebuilt = (work @ lead) @ lead.T  # [N, T]
-        change = rebuilt[unknown] - work[unknown]
-        work[unknown] = rebuilt[unknown]
-        if np.sqrt(np.mean(change**2)) < tol:
-            break
+    current = work.take(at)
+    # Many small products and ARPACK's BLAS-2 steps: one BLAS thread (geonp.threads.one_blas_thread).
+    with one_blas_thread():
+        for _ in range(max_iter):
+            lead = _leading_eofs(work, k, dense_steps)  # [T, k]: the k leading temporal EOFs
+            rebuilt = ((work @ lead) @ lead.T).take(at)  # [n unknown]
+            change = rebuilt - current
+            work.put(at, rebuilt)
+            current = rebuilt
+            if np.sqrt(np.mean(change**2)) < tol:
+                break
     return work
 
 

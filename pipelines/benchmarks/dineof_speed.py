@@ -1,6 +1,7 @@
-"""How long DINEOF takes on a long stack, with the EOFs from a dense ``eigh`` or from Lanczos.
+"""How long DINEOF takes on a long stack: EOFs from a dense ``eigh`` or from Lanczos, BLAS threads.
 
-    GEONP_DATA=../shared/data OMP_NUM_THREADS=1 python -m pipelines.benchmarks.dineof_speed
+    GEONP_DATA=../shared/data python -m pipelines.benchmarks.dineof_speed
+    GEONP_DATA=../shared/data python -m pipelines.benchmarks.dineof_speed --paths lanczos lanczos-fill-threads
 
 The two hourly months among the training fields of ``history-folds-small`` (ERA5 2 m temperature
 over the UK, 744 steps of 33 x 49 cells; WFDE5 air temperature over the UK, 744 steps of 20 x 28),
@@ -8,17 +9,24 @@ each with a third of its steps' cells hidden as one history fold hides them
 (:func:`geonp.tasks.history.history_folds`' first fold, the same seed), filled by
 :func:`geonp.tasks.dineof.dineof` twice: with every stack on the dense ``numpy.linalg.eigh`` of
 ``X^T X`` (``dense_steps`` past the stack's length, the code before Lanczos) and as
-shipped (ARPACK's Lanczos beyond ``DENSE_EOF_STEPS`` steps). Reports each one's wall time, the modes
-kept and the largest difference of the held-out predictions (the covariate a model reads), in the
-field's units. Run it with nothing else on the machine for timings to compare with other rows.
+shipped (ARPACK's Lanczos beyond ``DENSE_EOF_STEPS`` steps), and a third time as shipped but with
+its iterations on the BLAS threads a fill configures (:func:`geonp.threads.configure`: every
+usable core) instead of one (:func:`geonp.threads.one_blas_thread`, the shipped choice since
+2026-11-30). Every path runs with the threads a fill sets. Reports each one's wall time, the modes
+kept and the largest difference of the held-out predictions (the covariate a model reads) from the
+shipped path's, in the field's units. Run it with nothing else on the machine for timings to
+compare with other rows (rows before 2026-11-30 ran with ``OMP_NUM_THREADS=1``: one thread for
+everything, and the column of the fill's threads did not exist).
 Writes ``pipelines/results/dineof_speed_cpu.md`` (one row per field and run, earlier rows kept).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
@@ -27,6 +35,7 @@ from geonp.data.readers import data_folder
 from geonp.tasks import dineof as module
 from geonp.tasks.history import FOLD_SEED, fold_hidden
 from geonp.tasks.real_fields import load_field
+from geonp.threads import configure
 from pipelines.provenance import REPO, append_rows, git_commit, header, write_results
 
 OUT = REPO / "pipelines" / "results" / "dineof_speed_cpu"
@@ -34,6 +43,9 @@ FIELDS = {
     "era5_uk_hourly_t2m": {"path": "era5/era5_t2m_uk_2019-03_hourly.nc", "variable": "t2m"},
     "wfde5_uk_hourly_tair": {"path": "reanalysis/wfde5_tair_uk_2017-01_hourly_0p5.nc", "variable": "Tair"},
 }
+#: The ways of filling a stack compared: EOFs by dense eigh, by Lanczos (shipped), by Lanczos with
+#: the fill's BLAS threads in its iterations (the code before 2026-11-30).
+PATHS = ("eigh", "lanczos", "lanczos-fill-threads")
 
 
 def fold_stack(entry: dict) -> tuple[np.ndarray, np.ndarray, np.random.Generator]:
@@ -48,49 +60,63 @@ def fold_stack(entry: dict) -> tuple[np.ndarray, np.ndarray, np.random.Generator
     return np.where(hidden, np.nan, values), valid, rng
 
 
-def timed(values: np.ndarray, valid: np.ndarray, rng_state: dict, dense: bool) -> tuple[float, module.Reconstruction]:
-    """One :func:`dineof` of the stack, its wall seconds; ``dense`` keeps every stack on ``eigh``."""
+def timed(values: np.ndarray, valid: np.ndarray, rng_state: dict, path: str) -> tuple[float, module.Reconstruction]:
+    """One :func:`dineof` of the stack by ``path`` (one of :data:`PATHS`), its wall seconds."""
     rng = np.random.default_rng()
     rng.bit_generator.state = rng_state
+    threads = (mock.patch.object(module, "one_blas_thread", contextlib.nullcontext) if path == "lanczos-fill-threads"
+               else contextlib.nullcontext())
     start = time.perf_counter()
-    rec = module.dineof(values, valid, rng=rng, dense_steps=10**9 if dense else module.DENSE_EOF_STEPS)
+    with threads:
+        rec = module.dineof(values, valid, rng=rng, dense_steps=10**9 if path == "eigh" else module.DENSE_EOF_STEPS)
     return time.perf_counter() - start, rec
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fields", nargs="+", default=list(FIELDS), choices=list(FIELDS))
+    parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS,
+                        help="which ways to fill each stack (lanczos, the shipped one, always runs)")
     parser.add_argument("--out", type=Path, default=OUT, help="results path without suffix (default: %(default)s)")
     args = parser.parse_args(argv)
+    threads = configure()  # as a fill does
     stacks = {name: fold_stack(FIELDS[name]) for name in args.fields}  # every file found before any row
     for name, (values, valid, rng) in stacks.items():
-        row = compare(name, values, valid, rng.bit_generator.state)
+        row = compare(name, values, valid, rng.bit_generator.state, args.paths, threads)
         rows = append_rows(args.out, row)
         write_results(args.out, _table(rows), rows)
         print(row)
     print(_table(rows))
 
 
-def compare(name: str, values: np.ndarray, valid: np.ndarray, rng_state: dict) -> dict:
-    """One results row: the stack ``values [T, R, C]`` filled on both paths from the same state."""
-    dense_s, dense = timed(values, valid, rng_state, dense=True)
-    lanczos_s, lanczos = timed(values, valid, rng_state, dense=False)
+def compare(name: str, values: np.ndarray, valid: np.ndarray, rng_state: dict, paths: list[str],
+            threads: int) -> dict:
+    """One results row: the stack ``values [T, R, C]`` filled by each of ``paths`` from the same state."""
+    runs = {path: timed(values, valid, rng_state, path) for path in ["lanczos", *[p for p in paths if p != "lanczos"]]}
+    shipped = runs["lanczos"][1]
     steps, r, c = values.shape
-    return {"field": name, "steps": steps, "grid": f"{r} x {c}", "modes": f"{dense.modes} / {lanczos.modes}",
-            "eigh_s": round(dense_s, 1), "lanczos_s": round(lanczos_s, 1),
-            "speedup": round(dense_s / max(lanczos_s, 1e-9), 2),
-            "max_diff": float(f"{np.nanmax(np.abs(dense.held_out - lanczos.held_out)):.2g}"),
-            "commit": git_commit()}
+    seconds = {p: round(runs[p][0], 1) if p in runs else None for p in PATHS}
+    diffs = [float(np.nanmax(np.abs(rec.held_out - shipped.held_out))) for p, (_, rec) in runs.items()
+             if p != "lanczos"]
+    return {"field": name, "steps": steps, "grid": f"{r} x {c}", "threads": threads,
+            "modes": " / ".join(str(runs[p][1].modes) for p in PATHS if p in runs),
+            "eigh_s": seconds["eigh"], "lanczos_s": seconds["lanczos"],
+            "fill_threads_s": seconds["lanczos-fill-threads"],
+            "max_diff": float(f"{max(diffs):.2g}") if diffs else None, "commit": git_commit()}
 
 
 def _table(rows: list[dict]) -> str:
-    text = header("DINEOF on a long stack: dense eigh against Lanczos", torch.device("cpu"),
+    text = header("DINEOF on a long stack: dense eigh, Lanczos, BLAS threads", torch.device("cpu"),
                   "one history fold of each field (a third of the steps, 10-50% of their cells hidden), "
-                  "one fill per path")
-    text += ("\n| field | steps | grid | modes (eigh / Lanczos) | eigh s | Lanczos s | speed-up "
-             "| max held-out difference | commit |\n|---|---:|---:|---|---:|---:|---:|---:|---|\n")
-    return text + "".join(f"| {x['field']} | {x['steps']} | {x['grid']} | {x['modes']} | {x['eigh_s']} "
-                          f"| {x['lanczos_s']} | {x['speedup']}x | {x['max_diff']} | {x['commit']} |\n" for x in rows)
+                  "one fill per path, with the threads a fill configures")
+    text += ("\n| field | steps | grid | threads | modes (per path run) | eigh s | Lanczos s (shipped) "
+             "| Lanczos, fill's BLAS threads s | max held-out difference | commit |\n"
+             "|---|---:|---:|---:|---|---:|---:|---:|---:|---|\n")
+    cell = lambda v: "–" if v is None else v  # noqa: E731
+    return text + "".join(
+        f"| {x['field']} | {x['steps']} | {x['grid']} | {cell(x.get('threads', 1))} | {x['modes']} "
+        f"| {cell(x['eigh_s'])} | {cell(x['lanczos_s'])} | {cell(x.get('fill_threads_s'))} | {cell(x['max_diff'])} "
+        f"| {x['commit']} |\n" for x in rows)
 
 
 if __name__ == "__main__":

@@ -256,6 +256,22 @@ def test_the_samples_check_names_scenes_a_variant_makes_worse_beyond_the_seeds_s
     assert "block_cov90 mean |cov - 0.90| +0.110" in lines[0]
 
 
+def test_a_rewritten_samples_table_says_the_samples_it_was_run_with(tmp_path):
+    """``--rewrite`` takes the sample count from the stored table, not from ``--samples``' default
+    (a 64-sample table once said 16); a table stored before the count was kept gives its budget line's."""
+    import json
+
+    from pipelines.experiments.samples_check import stored_samples, write
+
+    row = {"scene": "a", "model": "m", "variant": "scene", "hidden_cells": 9, "wall_s": 1.0, "spread_ratio": 1.0,
+           **{k + f: 1.0 for k in ("", "independent_") for f in ("energy", "variogram", "patch_cov90", "block_cov90")}}
+    text = "# t\n\n- budget: 64 samples; each model with its defaults\n"
+    write(tmp_path / "t.md", text, [row], 64)
+    stored = json.loads((tmp_path / "t.json").read_text())
+    assert stored_samples(stored) == 64 and "64 samples per scene" in (tmp_path / "t.md").read_text()
+    assert stored_samples({"header": text.replace("64", "32"), "rows": []}) == 32
+
+
 def test_the_samples_check_reads_the_kriging_heads_covariance_from_the_fill_alone():
     """``--variants head``: the covariance te-pt-tnp's kriging head predicted for the real targets
     of the fill's own windows, not fine-tuning's (as many records with 2 fit steps as with 0; the

@@ -288,7 +288,16 @@ def write(path: Path, text: str, rows: list[dict], n: int, split: str | None = N
     if limits:
         lines += ["", "What limits block-mean coverage: the fill's own per-cell calibration.", "", *limits]
     path.write_text("\n".join(lines) + "\n")
-    path.with_suffix(".json").write_text(rows_json({"header": text}, rows))
+    path.with_suffix(".json").write_text(rows_json({"header": text, "samples": n}, rows))
+
+
+def stored_samples(stored: dict) -> int:
+    """The samples per scene of a stored table: its ``samples``, or in tables written before that was
+    kept, the count its header's budget line names (``- budget: 64 samples; ...``)."""
+    if "samples" in stored:
+        return int(stored["samples"])
+    budget = next(line for line in stored["header"].splitlines() if line.startswith("- budget:"))
+    return int(budget.split(":", 1)[1].split()[0])
 
 
 def main() -> None:
@@ -309,8 +318,8 @@ def main() -> None:
     if args.rewrite:
         if not out.with_suffix(".json").exists():
             parser.error(f"--rewrite: {out.with_suffix('.json')} not found")
-        stored = json.loads(out.with_suffix(".json").read_text())
-        write(out, stored["header"], stored["rows"], args.samples, args.split)
+        stored = json.loads(out.with_suffix(".json").read_text())  # the samples it was run with, not --samples
+        write(out, stored["header"], stored["rows"], stored_samples(stored), args.split)
         print(out.read_text())
         return
     scenes = [s for s in draw(args.split) if not args.scenes or s.name in args.scenes]

@@ -293,3 +293,11 @@ def test_the_samples_check_reads_the_kriging_heads_covariance_from_the_fill_alon
     range_cells, share = samples_check.head_correlation(record)
     assert range_cells > 0 and 0 < share < 1
     assert samples_check.head_correlation({"params": [], "cells_per_unit": 8.0}) is None
+    # Per window, the medians over its real targets: the scene's median window near the targets' median.
+    spread = samples_check.head_window_spread(record)
+    assert spread["windows"] == sum(len(w) for w in record["windows"]) > 1
+    assert spread["window_range_p10"] <= spread["window_range_p50"] <= spread["window_range_p90"]
+    assert 0.5 < spread["window_range_p50"] / range_cells < 2.0
+    assert samples_check.head_window_spread({"windows": [], "cells_per_unit": 8.0}) == {}
+    line = samples_check.head_lines([{"scene": "a", "variant": "head", **spread}])
+    assert len(line) == 1 and "over a scene's windows (median over 1 scenes)" in line[0]

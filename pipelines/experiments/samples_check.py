@@ -78,11 +78,14 @@ def recording_head_covariance() -> Iterator[dict[str, Any]]:
     :meth:`~geonp.models.local_kriging.LocalKriging.kernel_parameters` gives them to the head) that te-pt-tnp's
     kriging head predicts for the real targets (not the padding) of the fill's own windows, not
     those of fine-tuning or of the checks that run before the fill (:func:`geonp.fill.prepare.prepare`):
-    ``{"params": [tensor per call], "cells_per_unit": the plan's window scaling}``."""
+    ``{"params": [tensor per call], "windows": [tensor per call], "cells_per_unit": the plan's window
+    scaling}``; ``windows`` holds each window's medians over its real targets of the spatial
+    lengthscale (geometric mean of rows and columns, input units) and of the nugget share,
+    ``[B, 2]`` per call: how far a per-window covariance would differ from the scene's median."""
     import geonp.fill.engine as engine
     from geonp.models.local_kriging import LocalKriging
 
-    record: dict[str, Any] = {"params": [], "cells_per_unit": None}
+    record: dict[str, Any] = {"params": [], "windows": [], "cells_per_unit": None}
     filling = [False]
     real_fill, real_forward = engine.fill_in_memory, LocalKriging.forward
 
@@ -100,6 +103,12 @@ def recording_head_covariance() -> Iterator[dict[str, Any]]:
             real = torch.ones(sill.shape, dtype=torch.bool, device=sill.device) if mask_t is None else mask_t.bool()
             used = torch.cat([ell, sill[..., None], nugget[..., None]], -1)  # [B, Nt, Dx + 2]
             record["params"].append(used[real].detach().cpu())  # [n_real, Dx + 2]
+            spatial = ell[..., 1:3].log().mean(-1).exp()  # [B, Nt]: rows and cols are inputs 1 and 2
+            share = nugget / (sill + nugget)
+            per_window = [torch.stack([spatial[b][real[b]].median(), share[b][real[b]].median()])
+                          for b in range(len(real)) if real[b].any()]
+            if per_window:
+                record["windows"].append(torch.stack(per_window).detach().double().cpu())  # [B, 2]
         return real_forward(self, zt, xt, xc, yc, index, valid, drift_t, drift_c, mask_t, nugget_share)
 
     with patch.object(engine, "fill_in_memory", fill_in_memory), patch.object(LocalKriging, "forward", forward):
@@ -118,6 +127,17 @@ def head_correlation(record: dict[str, Any]) -> tuple[float, float] | None:
     ell = p[:, 1:3].log().mean(-1).exp().median().item() * record["cells_per_unit"]  # rows and cols: inputs 1 and 2
     sill, nugget = p[:, -2], p[:, -1]
     return 3.0 * ell, (nugget / (sill + nugget)).median().item()
+
+
+def head_window_spread(record: dict[str, Any]) -> dict[str, float]:
+    """Quantiles (10th, 50th, 90th) over the fill's windows of each window's median practical range
+    (cells) and nugget share (:func:`recording_head_covariance`), as row fields; empty without a head."""
+    if not record["windows"]:
+        return {}
+    w = torch.cat(record["windows"]).numpy()
+    ranges, shares = 3.0 * w[:, 0] * record["cells_per_unit"], w[:, 1]
+    return {**{f"window_range_p{q}": float(np.percentile(ranges, q)) for q in (10, 50, 90)},
+            **{f"window_share_p{q}": float(np.percentile(shares, q)) for q in (10, 50, 90)}, "windows": len(w)}
 
 
 def _head(fill: xr.Dataset, data: xr.Dataset, name: str, model: str, n: int, seed: int,
@@ -153,6 +173,7 @@ def check_scene(ds: xr.Dataset, variable: str, under: np.ndarray, model: str, n:
     from geonp.fill.engine import infill
 
     fills: dict[str, xr.Dataset] = {}
+    spread: dict[str, dict[str, float]] = {}  # the head's covariance over the fill's windows
 
     def fill_once(sampler: Sampler):
         def fill(data, name, model_name, samples=0, seed=0, **kwargs):
@@ -163,6 +184,7 @@ def check_scene(ds: xr.Dataset, variable: str, under: np.ndarray, model: str, n:
                     fit = head_correlation(record)
                     if fit is not None:
                         fills[name].attrs[HEAD_ATTR] = fit
+                        spread[name] = head_window_spread(record)
                 else:
                     fills[name] = infill(data, name, model_name, seed=seed, **kwargs).compute()
             return sampler(fills[name], data, name, model_name, samples, seed, kwargs)
@@ -177,6 +199,7 @@ def check_scene(ds: xr.Dataset, variable: str, under: np.ndarray, model: str, n:
                      "crps": row["crps"], "wall_s": row["wall_s"], **row["samples"]})
         if variant == "head":  # the correlation the head's samples used
             rows[-1]["range_cells"], rows[-1]["nugget_share"] = fills[variable].attrs[HEAD_ATTR]
+            rows[-1].update(spread.get(variable, {}))
     return rows
 
 
@@ -260,6 +283,25 @@ def calibration_lines(rows: list[dict], split: str, threshold: float = 0.85) -> 
     return lines
 
 
+def head_lines(rows: list[dict]) -> list[str]:
+    """How much the kriging head's covariance varies between a scene's windows (``head`` rows with
+    :func:`head_window_spread`): the 10th and 90th percentiles of the windows' range over their
+    median, per scene, summarised over scenes; beside the range factors the ``range`` variants
+    tried on the whole scene."""
+    mine = [r for r in rows if r.get("variant") == "head" and "window_range_p50" in r]
+    if not mine:
+        return []
+    low = np.array([r["window_range_p10"] / r["window_range_p50"] for r in mine])
+    high = np.array([r["window_range_p90"] / r["window_range_p50"] for r in mine])
+    share_high = np.array([r["window_share_p90"] for r in mine])
+    worst = max(mine, key=lambda r: r["window_range_p90"] / max(r["window_range_p10"], 1e-12))
+    return [f"- the head's practical range over a scene's windows (median over {len(mine)} scenes): 10th "
+            f"percentile x{np.median(low):.2f} of the scene's median window, 90th x{np.median(high):.2f} "
+            f"(widest scene {worst['scene']}: x{worst['window_range_p10'] / worst['window_range_p50']:.2f} to "
+            f"x{worst['window_range_p90'] / worst['window_range_p50']:.2f}); 90th percentile of the windows' nugget "
+            f"share {np.median(share_high):.2g} at the median scene, {share_high.max():.2g} at most"]
+
+
 def write(path: Path, text: str, rows: list[dict], n: int, split: str | None = None) -> None:
     """The table: one line per scene and model, coherent | independent for each figure."""
     lines = [text, "", f"{n} samples per scene; each figure coherent / independent per-cell draws "
@@ -284,6 +326,9 @@ def write(path: Path, text: str, rows: list[dict], n: int, split: str | None = N
     if compared:
         lines += ["", "Other rules for the errors' correlation against the scene's variogram (ratios: rule / scene's):",
                   "", *compared]
+    spread = head_lines(rows)
+    if spread:
+        lines += ["", "How the kriging head's covariance varies between the windows of one fill:", "", *spread]
     limits = calibration_lines(rows, split) if split else []
     if limits:
         lines += ["", "What limits block-mean coverage: the fill's own per-cell calibration.", "", *limits]

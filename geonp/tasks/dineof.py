@@ -214,21 +214,23 @@ def _leave_one_out(anomaly: np.ndarray, seen: np.ndarray, lead: np.ndarray, ridg
 def _converge(work: np.ndarray, unknown: np.ndarray, k: int, tol: float, max_iter: int,
               dense_steps: int) -> np.ndarray:
     """Iterate ``work``'s ``unknown`` entries to their rank-``k`` reconstruction (``work [N, T]``)."""
-    work = work.copy()
+    work = np.array(work, order="C")  # a copy, whose flat view ``cells`` writes through
     # The unknown entries by flat index, in the row-major order a boolean mask reads them: a gather
     # by index costs a sixth of a masked read, and the three masked reads and writes of every
     # iteration were three quarters of its time on a 10-day 201 x 301 stack (same values, same order).
+    # Written through a flat view: half the time of ``ndarray.put`` (2.6 ms a step on an hourly month).
     at = np.flatnonzero(unknown)
     if not at.size:
         return work
-    current = work.take(at)
+    cells = work.reshape(-1)
+    current = cells[at]
     # Many small products and ARPACK's BLAS-2 steps: one BLAS thread (geonp.threads.one_blas_thread).
     with one_blas_thread():
         for _ in range(max_iter):
             lead = _leading_eofs(work, k, dense_steps)  # [T, k]: the k leading temporal EOFs
             rebuilt = ((work @ lead) @ lead.T).take(at)  # [n unknown]
             change = rebuilt - current
-            work.put(at, rebuilt)
+            cells[at] = rebuilt
             current = rebuilt
             if np.sqrt(np.mean(change**2)) < tol:
                 break

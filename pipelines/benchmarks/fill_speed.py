@@ -161,9 +161,13 @@ def cpu_table(rows: list[dict]) -> list[str]:
         quiet = next((r for r in rows if row_key(r, False) == (*setting, False)), None)
         busy = next((r for r in rows if row_key(r, False) == (*setting, True)), None)
         first = quiet or busy
-        ratio = f"{busy['wall_s'] / quiet['wall_s']:.2f}" if quiet and busy else "–"
+        # A ratio only of one code on one machine: a quiet rerun (--quiet-only) beside an older
+        # contended row leaves that row's time, marked with its commit, and no ratio.
+        same = quiet and busy and all(quiet.get(k) == busy.get(k) for k in ("commit", "machine"))
+        ratio = f"{busy['wall_s'] / quiet['wall_s']:.2f}" if same else "–"
+        contended = "–" if not busy else busy["wall_s"] if same or not quiet else f"{busy['wall_s']} ({busy['commit']})"
         lines.append(f"| {setting[0]} | {setting[1]} | {setting[2]} | {first['gap_cells']} | "
-                     f"{quiet['wall_s'] if quiet else '–'} | {busy['wall_s'] if busy else '–'} | {ratio} | "
+                     f"{quiet['wall_s'] if quiet else '–'} | {contended} | {ratio} | "
                      f"{quiet['cells_per_s'] if quiet else '–'} | {first['peak_gb']} | "
                      f"{first.get('machine', EARLIER_MACHINE)} | {first['commit']} | "
                      f"{' '.join(map(str, quiet.get('walls_s', []))) if quiet else ''} |")

@@ -20,12 +20,16 @@ pipelines.benchmarks.fill_speed --one demo te-pt-tnp``, the whole process, 2 cor
 ``farm-bench``): quiet 41.2 s sleeping at once, 36.1 s with 1,000 spins; beside a PyTorch job
 with its default threads 57.8 s and 61.1 s. 10,000 spins gained no more when quiet and took
 99.6 s beside that job (``fill_speed`` rows), so more is worse on a shared machine.
+
+Loops of many small BLAS calls (DINEOF's iterations, the kriging baselines' small systems) run
+inside :func:`one_blas_thread`, where a second BLAS thread costs more in waking than it gives.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,27 +40,40 @@ WAIT_POLICY = "PASSIVE"
 SPIN_COUNT = "1000"
 
 
-_controller = None  # threadpoolctl's view of the loaded BLAS libraries, made at the first one_blas_thread
+_blas_lock = threading.Lock()
+_blas_users = 0  # threads inside one_blas_thread; the pools are restored when the last one leaves
+_blas_limit = None  # threadpoolctl's limit, set by the first thread in
 
 
 @contextmanager
 def one_blas_thread() -> Iterator[None]:
     """The BLAS pools (numpy's and SciPy's OpenBLAS) on one thread for the duration.
 
-    For a loop of many small BLAS-2 calls, such as ARPACK's Lanczos iterations and their
+    For a loop of many small BLAS calls, such as ARPACK's Lanczos iterations and their
     matrix-vector products, where a second thread costs more in waking and waiting than it saves:
-    DINEOF of a history fold of ERA5's hourly month over the UK (744 x 33 x 49) took 65.1 s with a
-    fill's two BLAS threads on 2 cores, 21.3 s with one (``pipelines/results/dineof_speed_cpu.md``).
-    The libraries are those loaded at the first call (a scan of the process costs 0.7 ms, more than
-    some of the calls it would wrap; SciPy's is loaded by the time :mod:`geonp.tasks.dineof` is).
+    on 2 cores, DINEOF of a history fold of ERA5's hourly month over the UK (744 x 33 x 49) took
+    65.1 s with a fill's two BLAS threads and 21.3 s with one (``pipelines/results/dineof_speed_cpu.md``;
+    not measured on more cores). The limit is the whole process's (BLAS pools are), so threads that
+    enter it together share it: it is set when the first enters and restored when the last leaves.
+    Each first entry scans the loaded libraries (0.7 ms), so SciPy's is found whenever it was loaded.
+    With this OpenBLAS (0.3.31) a count set from a thread other than the main one did not change
+    the count that thread read, so in a dask worker's task threads this is likely a no-op.
     """
-    global _controller
-    if _controller is None:
-        from threadpoolctl import ThreadpoolController
+    global _blas_users, _blas_limit
+    from threadpoolctl import threadpool_limits
 
-        _controller = ThreadpoolController()
-    with _controller.limit(limits=1, user_api="blas"):
+    with _blas_lock:
+        if _blas_users == 0:
+            _blas_limit = threadpool_limits(1, user_api="blas")
+        _blas_users += 1
+    try:
         yield
+    finally:
+        with _blas_lock:
+            _blas_users -= 1
+            if _blas_users == 0:
+                _blas_limit.restore_original_limits()
+                _blas_limit = None
 
 
 def quiet_openmp() -> None:

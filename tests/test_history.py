@@ -132,34 +132,47 @@ def test_a_long_stack_takes_lanczos_and_fills_as_the_dense_eigendecomposition_do
     np.testing.assert_allclose(dineof(given).held_out, dense.held_out, atol=1e-9)  # falls back to eigh
 
 
-def test_dineof_iterates_on_one_blas_thread_and_as_the_masked_update_did(monkeypatch):
-    """The iterations run with one BLAS thread (restored after) and their flat-index update gives the
-    boolean-mask update's fill to the bit (the same entries in the same order)."""
-    from threadpoolctl import threadpool_info
+@pytest.mark.parametrize("dense_steps", [10_000, 4])  # dense eigh, and Lanczos past 4 steps
+def test_dineof_iterates_on_one_blas_thread_and_as_the_masked_update_did(monkeypatch, dense_steps):
+    """The iterations run with one BLAS thread (whatever the count outside, which comes back after)
+    and their flat-index update gives the boolean-mask update's fill to the bit (the same entries in
+    the same order; the reference also on one thread, as sums taken by other thread counts differ)."""
+    from threadpoolctl import threadpool_info, threadpool_limits
 
     from geonp.tasks import dineof as module
+    from geonp.threads import one_blas_thread
+
+    def blas_threads() -> set[int]:
+        return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
 
     _, given = low_rank_stack(steps=12, rows=10, cols=11)
     seen_threads = []
     real = module._leading_eofs
-    monkeypatch.setattr(module, "_leading_eofs", lambda *a: seen_threads.append(
-        {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}) or real(*a))
-    shipped = dineof(given)
+
+    def counted(*args):
+        seen_threads.append(blas_threads())
+        return real(*args)
+
+    monkeypatch.setattr(module, "_leading_eofs", counted)
+    with threadpool_limits(2, user_api="blas"):
+        shipped = dineof(given, dense_steps=dense_steps)
+        assert blas_threads() == {2}
     assert seen_threads and all(s == {1} for s in seen_threads)
 
     def masked(work, unknown, k, tol, max_iter, dense_steps):  # the update as it was written before
         work = work.copy()
-        for _ in range(max_iter):
-            lead = real(work, k, dense_steps)
-            rebuilt = (work @ lead) @ lead.T
-            change = rebuilt[unknown] - work[unknown]
-            work[unknown] = rebuilt[unknown]
-            if np.sqrt(np.mean(change**2)) < tol:
-                break
+        with one_blas_thread():
+            for _ in range(max_iter):
+                lead = real(work, k, dense_steps)
+                rebuilt = (work @ lead) @ lead.T
+                change = rebuilt[unknown] - work[unknown]
+                work[unknown] = rebuilt[unknown]
+                if np.sqrt(np.mean(change**2)) < tol:
+                    break
         return work
 
     monkeypatch.setattr(module, "_converge", masked)
-    before = dineof(given)
+    before = dineof(given, dense_steps=dense_steps)
     for name in ("mean", "std", "held_out"):
         np.testing.assert_array_equal(getattr(shipped, name), getattr(before, name))
 

@@ -497,6 +497,11 @@ def test_fill_speed_reports_the_median_of_repeated_runs_and_every_run():
     busy = median_row([{**r, "contended": True, "wall_s": 2 * r["wall_s"]} for r in runs])
     line = cpu_table([row, busy])[-1]
     assert "| 8.0 | 16.0 | 2.00 |" in line and line.endswith("| 8.0 7.0 10.0 |")
+    # A quiet rerun of other code beside the older contended row: no ratio across the two.
+    line = cpu_table([{**row, "commit": "new"}, busy])[-1]
+    assert "| 8.0 | 16.0 (abc) | – |" in line
+    line = cpu_table([{**row, "machine": "CPU A"}, {**busy, "machine": "CPU B"}])[-1]
+    assert "| 8.0 | 16.0 (abc, CPU B) | – |" in line
 
 
 def test_results_tables_write_one_row_a_line_and_read_back_the_same():

@@ -5,6 +5,8 @@ correlated as the scene's variogram says, and block means covered where independ
 from __future__ import annotations
 
 import numpy as np
+import pytest
+import torch
 
 from geonp.fill.samples import correlation, draw_samples, plane_distance, scene_correlation, unconditional
 from geonp.models.field_kriging import krige_scene
@@ -256,12 +258,13 @@ def test_the_samples_check_names_scenes_a_variant_makes_worse_beyond_the_seeds_s
     assert "block_cov90 mean |cov - 0.90| +0.110" in lines[0]
 
 
-def test_a_rewritten_samples_table_says_the_samples_it_was_run_with(tmp_path):
+def test_a_rewritten_samples_table_says_the_samples_it_was_run_with(tmp_path, monkeypatch, capsys):
     """``--rewrite`` takes the sample count from the stored table, not from ``--samples``' default
     (a 64-sample table once said 16); a table stored before the count was kept gives its budget line's."""
     import json
+    import sys
 
-    from pipelines.experiments.samples_check import stored_samples, write
+    from pipelines.experiments.samples_check import main, stored_samples, write
 
     row = {"scene": "a", "model": "m", "variant": "scene", "hidden_cells": 9, "wall_s": 1.0, "spread_ratio": 1.0,
            **{k + f: 1.0 for k in ("", "independent_") for f in ("energy", "variogram", "patch_cov90", "block_cov90")}}
@@ -270,6 +273,13 @@ def test_a_rewritten_samples_table_says_the_samples_it_was_run_with(tmp_path):
     stored = json.loads((tmp_path / "t.json").read_text())
     assert stored_samples(stored) == 64 and "64 samples per scene" in (tmp_path / "t.md").read_text()
     assert stored_samples({"header": text.replace("64", "32"), "rows": []}) == 32
+    with pytest.raises(ValueError, match="no sample count"):
+        stored_samples({"header": "# t\n", "rows": []})
+    # The command itself: --rewrite with --samples' default writes the stored count.
+    (tmp_path / "t.md").write_text("")
+    monkeypatch.setattr(sys, "argv", ["samples_check", "--rewrite", "--out", str(tmp_path / "t")])
+    main()
+    assert "64 samples per scene" in (tmp_path / "t.md").read_text()
 
 
 def test_the_samples_check_reads_the_kriging_heads_covariance_from_the_fill_alone():
@@ -293,11 +303,24 @@ def test_the_samples_check_reads_the_kriging_heads_covariance_from_the_fill_alon
     range_cells, share = samples_check.head_correlation(record)
     assert range_cells > 0 and 0 < share < 1
     assert samples_check.head_correlation({"params": [], "cells_per_unit": 8.0}) is None
-    # Per window, the medians over its real targets: the scene's median window near the targets' median.
-    spread = samples_check.head_window_spread(record)
-    assert spread["windows"] == sum(len(w) for w in record["windows"]) > 1
-    assert spread["window_range_p10"] <= spread["window_range_p50"] <= spread["window_range_p90"]
-    assert 0.5 < spread["window_range_p50"] / range_cells < 2.0
+    # One record per window with a real target (padding windows none), each a [windows, 2] of medians.
+    assert sum(len(w) for w in record["windows"]) > 1 and all(w.shape[1] == 2 for w in record["windows"])
     assert samples_check.head_window_spread({"windows": [], "cells_per_unit": 8.0}) == {}
-    line = samples_check.head_lines([{"scene": "a", "variant": "head", **spread}])
-    assert len(line) == 1 and "over a scene's windows (median over 1 scenes)" in line[0]
+
+
+def test_the_head_window_spread_is_in_cells_and_skips_fills_of_few_windows():
+    """Window medians of lengthscale 1..11 (input units) at 8 cells a unit: practical ranges 24..264
+    cells, percentiles over the windows; head_lines counts only fills of MIN_WINDOWS windows or more."""
+    from pipelines.experiments import samples_check
+
+    ell = torch.arange(1.0, 12.0, dtype=torch.float64)  # 11 windows
+    record = {"windows": [torch.stack([ell, torch.full_like(ell, 0.01)], 1)], "cells_per_unit": 8.0}
+    spread = samples_check.head_window_spread(record)
+    assert spread["windows"] == 11 and spread["window_range_p50"] == pytest.approx(3 * 6.0 * 8)
+    assert spread["window_range_p10"] == pytest.approx(3 * 2.0 * 8)
+    assert spread["window_share_p90"] == pytest.approx(0.01)
+    row = {"scene": "a", "variant": "head", "range_cells": 3 * 6.0 * 8, **spread}
+    few = {**row, "scene": "b", "windows": 3, "window_range_p90": 1e6}
+    (line,) = samples_check.head_lines([row, few])
+    assert "the 1 of 2 scenes with 10 windows or more" in line and "10th percentile x0.33" in line
+    assert "90th x1.67 (widest a" in line and "x1.00 the whole fill's median target's" in line

@@ -17,7 +17,6 @@ targets interpolated with time ignored.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 
 import numpy as np
@@ -28,11 +27,7 @@ from torch.distributions import Normal
 
 from geonp.models.base import NeuralProcess
 from geonp.models.catalog import register
-
-try:  # optional: lets predict keep BLAS to one thread (see there)
-    from threadpoolctl import threadpool_limits
-except ImportError:  # pragma: no cover - not a geonp dependency
-    threadpool_limits = None
+from geonp.threads import one_blas_thread
 
 _REL_FLOOR = 1e-3  # smallest sigma, as a fraction of the context's spread: never a zero scale
 _ABS_FLOOR = 1e-12  # and never below this, so a float32 cast cannot round it to zero
@@ -151,7 +146,7 @@ class SpatialInterpolator(NeuralProcess):
         mc_, mt_ = mask_c.cpu().numpy(), mask_t.cpu().numpy()
         # The linear systems here are small (<= max_points), where BLAS threads gain little, and
         # with the cores busy elsewhere they made one infill run of kriging 20x slower (20 s).
-        with threadpool_limits(1, "blas") if threadpool_limits else contextlib.nullcontext():
+        with one_blas_thread():
             for i in range(b):
                 if mt_[i].any():
                     loc[i, mt_[i]], scale[i, mt_[i]] = self._task(xc_[i, mc_[i]], yc_[i, mc_[i]], xt_[i, mt_[i]])

@@ -16,7 +16,8 @@ usable core) instead of one (:func:`geonp.threads.one_blas_thread`, the shipped 
 kept and the largest difference of the held-out predictions (the covariate a model reads) from the
 shipped path's, in the field's units. Run it with nothing else on the machine for timings to
 compare with other rows (rows before 2026-11-30 ran with ``OMP_NUM_THREADS=1``: one thread for
-everything, and the column of the fill's threads did not exist).
+everything, and the column of the fill's threads did not exist; they also ran an older
+cross-validation set, before 9da2803, which kept 7 modes on WFDE5 where today's keeps 19).
 Writes ``pipelines/results/dineof_speed_cpu.md`` (one row per field and run, earlier rows kept).
 """
 
@@ -109,10 +110,13 @@ def _table(rows: list[dict]) -> str:
     text = header("DINEOF on a long stack: dense eigh, Lanczos, BLAS threads", torch.device("cpu"),
                   "one history fold of each field (a third of the steps, 10-50% of their cells hidden), "
                   "one fill per path, with the threads a fill configures")
-    text += ("\n| field | steps | grid | threads | modes (per path run) | eigh s | Lanczos s (shipped) "
+    text += ("\n| field | steps | grid | threads | modes (each path run, in the columns' order) | eigh s "
+             "| Lanczos s (shipped) "
              "| Lanczos, fill's BLAS threads s | max held-out difference | commit |\n"
              "|---|---:|---:|---:|---|---:|---:|---:|---:|---|\n")
-    cell = lambda v: "–" if v is None else v  # noqa: E731
+    def cell(value):
+        return "–" if value is None else value
+
     return text + "".join(
         f"| {x['field']} | {x['steps']} | {x['grid']} | {cell(x.get('threads', 1))} | {x['modes']} "
         f"| {cell(x['eigh_s'])} | {cell(x['lanczos_s'])} | {cell(x.get('fill_threads_s'))} | {cell(x['max_diff'])} "

@@ -165,7 +165,13 @@ def cpu_table(rows: list[dict]) -> list[str]:
         # contended row leaves that row's time, marked with its commit, and no ratio.
         same = quiet and busy and all(quiet.get(k) == busy.get(k) for k in ("commit", "machine"))
         ratio = f"{busy['wall_s'] / quiet['wall_s']:.2f}" if same else "–"
-        contended = "–" if not busy else busy["wall_s"] if same or not quiet else f"{busy['wall_s']} ({busy['commit']})"
+        if busy is None:
+            contended = "–"
+        elif same or quiet is None:
+            contended = busy["wall_s"]
+        else:  # where it came from: its commit, and its machine when that differs too
+            other = "" if busy.get("machine") == quiet.get("machine") else f", {busy.get('machine', EARLIER_MACHINE)}"
+            contended = f"{busy['wall_s']} ({busy['commit']}{other})"
         lines.append(f"| {setting[0]} | {setting[1]} | {setting[2]} | {first['gap_cells']} | "
                      f"{quiet['wall_s'] if quiet else '–'} | {contended} | {ratio} | "
                      f"{quiet['cells_per_s'] if quiet else '–'} | {first['peak_gb']} | "

@@ -47,8 +47,8 @@ def _no_nugget(values: np.ndarray) -> tuple[float, float]:
     return scene_correlation(values)[0], 0.0
 
 
-def _longer(factor: float) -> CorrelationFit:
-    """The scene's variogram with its range multiplied by ``factor``."""
+def _scaled_range(factor: float) -> CorrelationFit:
+    """The scene's variogram with its range multiplied by ``factor`` (longer above 1, shorter below)."""
     def fit(values: np.ndarray) -> tuple[float, float]:
         range_cells, nugget_share = scene_correlation(values)
         return factor * range_cells, nugget_share
@@ -81,7 +81,7 @@ def recording_head_covariance() -> Iterator[dict[str, Any]]:
     ``{"params": [tensor per call], "windows": [tensor per call], "cells_per_unit": the plan's window
     scaling}``; ``windows`` holds each window's medians over its real targets of the spatial
     lengthscale (geometric mean of rows and columns, input units) and of the nugget share,
-    ``[B, 2]`` per call: how far a per-window covariance would differ from the scene's median."""
+    ``[windows with a real target, 2]`` per call: how far a per-window covariance would stray."""
     import geonp.fill.engine as engine
     from geonp.models.local_kriging import LocalKriging
 
@@ -108,7 +108,7 @@ def recording_head_covariance() -> Iterator[dict[str, Any]]:
             per_window = [torch.stack([spatial[b][real[b]].median(), share[b][real[b]].median()])
                           for b in range(len(real)) if real[b].any()]
             if per_window:
-                record["windows"].append(torch.stack(per_window).detach().double().cpu())  # [B, 2]
+                record["windows"].append(torch.stack(per_window).detach().double().cpu())  # [B', 2]
         return real_forward(self, zt, xt, xc, yc, index, valid, drift_t, drift_c, mask_t, nugget_share)
 
     with patch.object(engine, "fill_in_memory", fill_in_memory), patch.object(LocalKriging, "forward", forward):
@@ -129,9 +129,10 @@ def head_correlation(record: dict[str, Any]) -> tuple[float, float] | None:
     return 3.0 * ell, (nugget / (sill + nugget)).median().item()
 
 
-def head_window_spread(record: dict[str, Any]) -> dict[str, float]:
+def head_window_spread(record: dict[str, Any]) -> dict[str, float | int]:
     """Quantiles (10th, 50th, 90th) over the fill's windows of each window's median practical range
-    (cells) and nugget share (:func:`recording_head_covariance`), as row fields; empty without a head."""
+    (``3 ell``, cells) and nugget share (:func:`recording_head_covariance`), and the windows counted,
+    as row fields; empty without a head."""
     if not record["windows"]:
         return {}
     w = torch.cat(record["windows"]).numpy()
@@ -153,13 +154,14 @@ def _head(fill: xr.Dataset, data: xr.Dataset, name: str, model: str, n: int, see
 #: Samplers by name. Rules for the errors' correlation (``geonp.fill.samples.draw_samples``'
 #: ``correlation_fit``): the scene's variogram as fitted (geonp's), without its nugget (the fill's
 #: sigma already holds the noise; the errors are the smooth part's), and with twice its range
-#: (errors of a fill vary more slowly than the field), and 1.5, 3 or 4 times; the model's own
+#: (errors of a fill vary more slowly than the field), and 1.5, 3 or 4 times, or half of it (the
+#: kriging head's range over a fill's windows spans x0.5 to x1.8 of the median window's); the model's own
 #: sequential sampling, coarse to fine (:mod:`pipelines.experiments.sequential_samples`);
 #: te-pt-tnp's kriging head's own covariance over the fill (``head``, :func:`recording_head_covariance`);
 #: and geonp's rule drawn from other seeds (``scene~s1``, ``scene~s2``: the scores' own noise per scene).
 VARIANTS: dict[str, Sampler] = {
     "scene": _by_correlation(scene_correlation), "no-nugget": _by_correlation(_no_nugget),
-    **{f"range{m:g}": _by_correlation(_longer(m)) for m in (1.5, 2, 3, 4)},
+    **{f"range{m:g}": _by_correlation(_scaled_range(m)) for m in (0.5, 1.5, 2, 3, 4)},
     "sequential": sequential_samples,
     **{f"scene~s{k}": _by_correlation(scene_correlation, k) for k in (1, 2)},
     "head": _head,
@@ -283,23 +285,29 @@ def calibration_lines(rows: list[dict], split: str, threshold: float = 0.85) -> 
     return lines
 
 
+#: Windows a fill needs for :func:`head_lines` to count its spread.
+MIN_WINDOWS = 10
+
+
 def head_lines(rows: list[dict]) -> list[str]:
     """How much the kriging head's covariance varies between a scene's windows (``head`` rows with
-    :func:`head_window_spread`): the 10th and 90th percentiles of the windows' range over their
-    median, per scene, summarised over scenes; beside the range factors the ``range`` variants
-    tried on the whole scene."""
-    mine = [r for r in rows if r.get("variant") == "head" and "window_range_p50" in r]
+    :func:`head_window_spread`, scenes of :data:`MIN_WINDOWS` windows or more): the 10th and 90th
+    percentiles of the windows' range over their median, per scene, summarised over scenes."""
+    every = [r for r in rows if r.get("variant") == "head" and "window_range_p50" in r]
+    mine = [r for r in every if r["windows"] >= MIN_WINDOWS]  # percentiles of a few windows say little
     if not mine:
         return []
-    low = np.array([r["window_range_p10"] / r["window_range_p50"] for r in mine])
-    high = np.array([r["window_range_p90"] / r["window_range_p50"] for r in mine])
-    share_high = np.array([r["window_share_p90"] for r in mine])
+    low, high = ([r[f"window_range_p{q}"] / r["window_range_p50"] for r in mine] for q in (10, 90))
     worst = max(mine, key=lambda r: r["window_range_p90"] / max(r["window_range_p10"], 1e-12))
-    return [f"- the head's practical range over a scene's windows (median over {len(mine)} scenes): 10th "
-            f"percentile x{np.median(low):.2f} of the scene's median window, 90th x{np.median(high):.2f} "
-            f"(widest scene {worst['scene']}: x{worst['window_range_p10'] / worst['window_range_p50']:.2f} to "
-            f"x{worst['window_range_p90'] / worst['window_range_p50']:.2f}); 90th percentile of the windows' nugget "
-            f"share {np.median(share_high):.2g} at the median scene, {share_high.max():.2g} at most"]
+    share = np.array([r["window_share_p90"] for r in mine])
+    return [f"- the head's practical range over a scene's windows (median over the {len(mine)} of {len(every)} "
+            f"scenes with {MIN_WINDOWS} windows or more): 10th percentile x{np.median(low):.2f} of the scene's "
+            f"median window, 90th x{np.median(high):.2f} (widest {worst['scene']}: "
+            f"x{worst['window_range_p10'] / worst['window_range_p50']:.2f} to "
+            f"x{worst['window_range_p90'] / worst['window_range_p50']:.2f}); the median window's range "
+            f"x{np.median([r['window_range_p50'] / r['range_cells'] for r in mine]):.2f} the whole fill's median "
+            f"target's; 90th percentile of the windows' nugget share {np.median(share):.2g} at the median "
+            f"scene, {share.max():.2g} at most"]
 
 
 def write(path: Path, text: str, rows: list[dict], n: int, split: str | None = None) -> None:
@@ -341,8 +349,10 @@ def stored_samples(stored: dict) -> int:
     kept, the count its header's budget line names (``- budget: 64 samples; ...``)."""
     if "samples" in stored:
         return int(stored["samples"])
-    budget = next(line for line in stored["header"].splitlines() if line.startswith("- budget:"))
-    return int(budget.split(":", 1)[1].split()[0])
+    budget = [line for line in stored["header"].splitlines() if line.startswith("- budget:")]
+    if not budget:
+        raise ValueError("--rewrite: the stored table names no sample count (no 'samples', no budget line)")
+    return int(budget[0].split(":", 1)[1].split()[0])
 
 
 def main() -> None:

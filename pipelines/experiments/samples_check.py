@@ -341,7 +341,9 @@ def write(path: Path, text: str, rows: list[dict], n: int, split: str | None = N
     if limits:
         lines += ["", "What limits block-mean coverage: the fill's own per-cell calibration.", "", *limits]
     path.write_text("\n".join(lines) + "\n")
-    path.with_suffix(".json").write_text(rows_json({"header": text, "samples": n}, rows))
+    # Six significant digits: the table prints four, and full float reprs were half the file.
+    short = [{k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in r.items()} for r in rows]
+    path.with_suffix(".json").write_text(rows_json({"header": text, "samples": n}, short))
 
 
 def stored_samples(stored: dict) -> int:

@@ -477,10 +477,16 @@ def test_dineof_speed_compares_both_paths_and_names_a_missing_file(monkeypatch, 
     calls = []
     real_eigsh = module.eigsh
     monkeypatch.setattr(module, "eigsh", lambda *a, **k: calls.append(1) or real_eigsh(*a, **k))
-    row = dineof_speed.compare("toy", stack, np.ones((8, 9), bool), np.random.default_rng(1).bit_generator.state)
+    row = dineof_speed.compare("toy", stack, np.ones((8, 9), bool), np.random.default_rng(1).bit_generator.state,
+                               list(dineof_speed.PATHS), 2)
     assert calls  # Lanczos ran
-    dense_modes, lanczos_modes = row["modes"].split(" / ")
-    assert row["steps"] == len(t) and row["max_diff"] < 1e-9 and dense_modes == lanczos_modes
+    dense_modes, lanczos_modes, fill_threads_modes = row["modes"].split(" / ")  # the columns' order
+    assert row["steps"] == len(t) and row["max_diff"] < 1e-9 and dense_modes == lanczos_modes == fill_threads_modes
+    assert all(row[k] is not None for k in ("eigh_s", "lanczos_s", "fill_threads_s")) and row["threads"] == 2
+    only = dineof_speed.compare("toy", stack, np.ones((8, 9), bool), np.random.default_rng(1).bit_generator.state,
+                                ["lanczos"], 2)
+    assert only["eigh_s"] is None and only["fill_threads_s"] is None and only["max_diff"] is None
+    assert "| – |" in dineof_speed._table([only])  # a path not run: a dash
 
 
 def test_fill_speed_reports_the_median_of_repeated_runs_and_every_run():

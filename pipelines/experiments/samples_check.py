@@ -103,8 +103,7 @@ def recording_head_covariance() -> Iterator[dict[str, Any]]:
             real = torch.ones(sill.shape, dtype=torch.bool, device=sill.device) if mask_t is None else mask_t.bool()
             used = torch.cat([ell, sill[..., None], nugget[..., None]], -1)  # [B, Nt, Dx + 2]
             record["params"].append(used[real].detach().cpu())  # [n_real, Dx + 2]
-            spatial = ell[..., 1:3].log().mean(-1).exp()  # [B, Nt]: rows and cols are inputs 1 and 2
-            share = nugget / (sill + nugget)
+            spatial, share = _spatial_and_share(ell, sill, nugget)  # [B, Nt] each
             per_window = [torch.stack([spatial[b][real[b]].median(), share[b][real[b]].median()])
                           for b in range(len(real)) if real[b].any()]
             if per_window:
@@ -116,17 +115,20 @@ def recording_head_covariance() -> Iterator[dict[str, Any]]:
 
 
 def head_correlation(record: dict[str, Any]) -> tuple[float, float] | None:
-    """``(range_cells, nugget_share)`` of the exponential correlation the kriging head used, over all
-    its real targets (:func:`recording_head_covariance`): the median spatial lengthscale (geometric
-    mean of rows and columns, input units times the plan's ``cells_per_unit``) as the practical range
-    ``3 ell``, and the median nugget share ``nugget / (sill + nugget)``. None when nothing was
-    recorded (a model without the head)."""
+    """``(range_cells, nugget_share)`` of the exponential correlation the kriging head used over all its
+    real targets (:func:`recording_head_covariance`): the practical range ``3 ell`` of the median spatial
+    lengthscale in cells, and the median nugget share (:func:`_spatial_and_share`); None without a head."""
     if not record["params"]:
         return None
     p = torch.cat(record["params"]).double()
-    ell = p[:, 1:3].log().mean(-1).exp().median().item() * record["cells_per_unit"]  # rows and cols: inputs 1 and 2
-    sill, nugget = p[:, -2], p[:, -1]
-    return 3.0 * ell, (nugget / (sill + nugget)).median().item()
+    spatial, share = _spatial_and_share(p[:, :-2], p[:, -2], p[:, -1])
+    return 3.0 * spatial.median().item() * record["cells_per_unit"], share.median().item()
+
+
+def _spatial_and_share(ell: torch.Tensor, sill: torch.Tensor, nugget: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Per target: the spatial lengthscale (geometric mean of rows and columns, inputs 1 and 2 of
+    ``ell [..., Dx]``, input units) and the nugget share ``nugget / (sill + nugget)``, each ``[...]``."""
+    return ell[..., 1:3].log().mean(-1).exp(), nugget / (sill + nugget)
 
 
 def head_window_spread(record: dict[str, Any]) -> dict[str, float | int]:
@@ -175,7 +177,7 @@ def check_scene(ds: xr.Dataset, variable: str, under: np.ndarray, model: str, n:
     from geonp.fill.engine import infill
 
     fills: dict[str, xr.Dataset] = {}
-    spread: dict[str, dict[str, float]] = {}  # the head's covariance over the fill's windows
+    spread: dict[str, dict[str, float | int]] = {}  # the head's covariance over the fill's windows
 
     def fill_once(sampler: Sampler):
         def fill(data, name, model_name, samples=0, seed=0, **kwargs):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from geonp.fill.samples import correlation, draw_samples, plane_distance, scene_correlation, unconditional
 from geonp.models.field_kriging import krige_scene
@@ -280,47 +279,3 @@ def test_a_rewritten_samples_table_says_the_samples_it_was_run_with(tmp_path, mo
     monkeypatch.setattr(sys, "argv", ["samples_check", "--rewrite", "--out", str(tmp_path / "t")])
     main()
     assert "64 samples per scene" in (tmp_path / "t.md").read_text()
-
-
-def test_the_samples_check_reads_the_kriging_heads_covariance_from_the_fill_alone():
-    """``--variants head``: the covariance te-pt-tnp's kriging head predicted for the real targets
-    of the fill's own windows, not fine-tuning's (as many records with 2 fit steps as with 0; the
-    checks before the fill run outside it the same way), with the plan's window scaling."""
-    from conftest import smooth_cube
-
-    import geonp
-    from pipelines.experiments import samples_check
-
-    ds = smooth_cube(t=3, r=24, c=30)
-    counts = []
-    for steps in (0, 2):
-        with samples_check.recording_head_covariance() as record:
-            geonp.infill(ds, "sst", "te-pt-tnp", fit_steps=steps, seed=0)
-        counts.append(sum(len(r) for r in record["params"]))
-    assert counts[0] == counts[1] > 0 and record["cells_per_unit"] == 8.0
-    filled = int(np.isnan(ds["sst"].values).sum())  # every gap is a real target of some window
-    assert filled <= sum(len(r) for r in record["params"]) < 4 * filled  # padding left out
-    range_cells, share = samples_check.head_correlation(record)
-    assert range_cells > 0 and 0 < share < 1
-    assert samples_check.head_correlation({"params": [], "cells_per_unit": 8.0}) is None
-    # One record per window with a real target (padding windows none), each a [windows, 2] of medians.
-    assert sum(len(w) for w in record["windows"]) > 1 and all(w.shape[1] == 2 for w in record["windows"])
-    assert samples_check.head_window_spread({"windows": [], "cells_per_unit": 8.0}) == {}
-
-
-def test_the_head_window_spread_is_in_cells_and_skips_fills_of_few_windows():
-    """Window medians of lengthscale 1..11 (input units) at 8 cells a unit: practical ranges 24..264
-    cells, percentiles over the windows; head_lines counts only fills of MIN_WINDOWS windows or more."""
-    from pipelines.experiments import samples_check
-
-    ell = torch.arange(1.0, 12.0, dtype=torch.float64)  # 11 windows
-    record = {"windows": [torch.stack([ell, torch.full_like(ell, 0.01)], 1)], "cells_per_unit": 8.0}
-    spread = samples_check.head_window_spread(record)
-    assert spread["windows"] == 11 and spread["window_range_p50"] == pytest.approx(3 * 6.0 * 8)
-    assert spread["window_range_p10"] == pytest.approx(3 * 2.0 * 8)
-    assert spread["window_share_p90"] == pytest.approx(0.01)
-    row = {"scene": "a", "variant": "head", "range_cells": 3 * 6.0 * 8, **spread}
-    few = {**row, "scene": "b", "windows": 3, "window_range_p90": 1e6}
-    (line,) = samples_check.head_lines([row, few])
-    assert "the 1 of 2 scenes with 10 windows or more" in line and "10th percentile x0.33" in line
-    assert "90th x1.67 (widest a" in line and "x1.00 the whole fill's median target's" in line

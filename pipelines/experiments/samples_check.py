@@ -22,19 +22,27 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from unittest.mock import patch
 
 import numpy as np
-import torch
 import xarray as xr
 
 from geonp.device import resolve_device
 from geonp.evaluate import evaluate
 from geonp.fill.samples import CorrelationFit, scene_correlation, with_samples
+from pipelines.experiments.head_samples import (
+    HEAD_ATTR,
+    WINDOWS_ATTR,
+    head_correlation,
+    head_lines,
+    head_sampler,
+    head_window_spread,
+    head_windows,
+    recording_head_covariance,
+    window_sampler,
+)
 from pipelines.experiments.sequential_samples import sequential_samples
 from pipelines.provenance import REPO, git_commit, header, rows_json
 from pipelines.suite_rule import geometric_interval, load_rows
@@ -68,105 +76,21 @@ def _by_correlation(fit: CorrelationFit, other_seed: int = 0) -> Sampler:
     return sample
 
 
-#: The attribute under which a fill of :func:`check_scene` carries its kriging head's covariance.
-HEAD_ATTR = "samples_check_head_covariance"
-
-
-@contextmanager
-def recording_head_covariance() -> Iterator[dict[str, Any]]:
-    """While a fill runs, the covariance (lengthscales per input, sill, nugget: ``[n, Dx + 2]``, as
-    :meth:`~geonp.models.local_kriging.LocalKriging.kernel_parameters` gives them to the head) that te-pt-tnp's
-    kriging head predicts for the real targets (not the padding) of the fill's own windows, not
-    those of fine-tuning or of the checks that run before the fill (:func:`geonp.fill.prepare.prepare`):
-    ``{"params": [tensor per call], "windows": [tensor per call], "cells_per_unit": the plan's window
-    scaling}``; ``windows`` holds each window's medians over its real targets of the spatial
-    lengthscale (geometric mean of rows and columns, input units) and of the nugget share,
-    ``[windows with a real target, 2]`` per call: how far a per-window covariance would stray."""
-    import geonp.fill.engine as engine
-    from geonp.models.local_kriging import LocalKriging
-
-    record: dict[str, Any] = {"params": [], "windows": [], "cells_per_unit": None}
-    filling = [False]
-    real_fill, real_forward = engine.fill_in_memory, LocalKriging.forward
-
-    def fill_in_memory(p, *args, **kwargs):
-        filling[0] = True
-        record["cells_per_unit"] = p.spec.cells_per_unit
-        try:
-            return real_fill(p, *args, **kwargs)
-        finally:
-            filling[0] = False
-
-    def forward(self, zt, xt, xc, yc, index, valid, drift_t=None, drift_c=None, mask_t=None, nugget_share=None):
-        if filling[0]:
-            ell, sill, nugget, _ = self.kernel_parameters(zt, nugget_share)  # as the head uses them
-            real = torch.ones(sill.shape, dtype=torch.bool, device=sill.device) if mask_t is None else mask_t.bool()
-            used = torch.cat([ell, sill[..., None], nugget[..., None]], -1)  # [B, Nt, Dx + 2]
-            record["params"].append(used[real].detach().cpu())  # [n_real, Dx + 2]
-            spatial, share = _spatial_and_share(ell, sill, nugget)  # [B, Nt] each
-            per_window = [torch.stack([spatial[b][real[b]].median(), share[b][real[b]].median()])
-                          for b in range(len(real)) if real[b].any()]
-            if per_window:
-                record["windows"].append(torch.stack(per_window).detach().double().cpu())  # [B', 2]
-        return real_forward(self, zt, xt, xc, yc, index, valid, drift_t, drift_c, mask_t, nugget_share)
-
-    with patch.object(engine, "fill_in_memory", fill_in_memory), patch.object(LocalKriging, "forward", forward):
-        yield record
-
-
-def head_correlation(record: dict[str, Any]) -> tuple[float, float] | None:
-    """``(range_cells, nugget_share)`` of the exponential correlation the kriging head used over all its
-    real targets (:func:`recording_head_covariance`): the practical range ``3 ell`` of the median spatial
-    lengthscale in cells, and the median nugget share (:func:`_spatial_and_share`); None without a head."""
-    if not record["params"]:
-        return None
-    p = torch.cat(record["params"]).double()
-    spatial, share = _spatial_and_share(p[:, :-2], p[:, -2], p[:, -1])
-    return 3.0 * spatial.median().item() * record["cells_per_unit"], share.median().item()
-
-
-def _spatial_and_share(ell: torch.Tensor, sill: torch.Tensor, nugget: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Per target: the spatial lengthscale (geometric mean of rows and columns, inputs 1 and 2 of
-    ``ell [..., Dx]``, input units) and the nugget share ``nugget / (sill + nugget)``, each ``[...]``."""
-    return ell[..., 1:3].log().mean(-1).exp(), nugget / (sill + nugget)
-
-
-def head_window_spread(record: dict[str, Any]) -> dict[str, float | int]:
-    """Quantiles (10th, 50th, 90th) over the fill's windows of each window's median practical range
-    (``3 ell``, cells) and nugget share (:func:`recording_head_covariance`), and the windows counted,
-    as row fields; empty without a head."""
-    if not record["windows"]:
-        return {}
-    w = torch.cat(record["windows"]).numpy()
-    ranges, shares = 3.0 * w[:, 0] * record["cells_per_unit"], w[:, 1]
-    return {**{f"window_range_p{q}": float(np.percentile(ranges, q)) for q in (10, 50, 90)},
-            **{f"window_share_p{q}": float(np.percentile(shares, q)) for q in (10, 50, 90)}, "windows": len(w)}
-
-
-def _head(fill: xr.Dataset, data: xr.Dataset, name: str, model: str, n: int, seed: int,
-          kwargs: dict[str, Any]) -> xr.Dataset:
-    """geonp's conditional simulation with the correlation of te-pt-tnp's kriging head (the same
-    exponential family, its range and nugget share as the head predicted them over the fill)."""
-    fit = fill.attrs.get(HEAD_ATTR)
-    if fit is None:
-        raise ValueError(f"--variants head: {model!r} has no kriging head")
-    return with_samples(fill, [name], n, seed, lambda values: tuple(fit))
-
-
 #: Samplers by name. Rules for the errors' correlation (``geonp.fill.samples.draw_samples``'
 #: ``correlation_fit``): the scene's variogram as fitted (geonp's), without its nugget (the fill's
 #: sigma already holds the noise; the errors are the smooth part's), and with twice its range
 #: (errors of a fill vary more slowly than the field), and 1.5, 3 or 4 times, or half of it (the
 #: kriging head's range over a fill's windows spans x0.5 to x1.8 of the median window's); the model's own
 #: sequential sampling, coarse to fine (:mod:`pipelines.experiments.sequential_samples`);
-#: te-pt-tnp's kriging head's own covariance over the fill (``head``, :func:`recording_head_covariance`);
+#: te-pt-tnp's kriging head's own covariance over the fill (``head``) and each window's own, conditioned
+#: across windows (``head-window``; both :mod:`pipelines.experiments.head_samples`);
 #: and geonp's rule drawn from other seeds (``scene~s1``, ``scene~s2``: the scores' own noise per scene).
 VARIANTS: dict[str, Sampler] = {
     "scene": _by_correlation(scene_correlation), "no-nugget": _by_correlation(_no_nugget),
     **{f"range{m:g}": _by_correlation(_scaled_range(m)) for m in (0.5, 1.5, 2, 3, 4)},
     "sequential": sequential_samples,
     **{f"scene~s{k}": _by_correlation(scene_correlation, k) for k in (1, 2)},
-    "head": _head,
+    "head": head_sampler, "head-window": window_sampler,
 }
 
 
@@ -182,12 +106,13 @@ def check_scene(ds: xr.Dataset, variable: str, under: np.ndarray, model: str, n:
     def fill_once(sampler: Sampler):
         def fill(data, name, model_name, samples=0, seed=0, **kwargs):
             if name not in fills:
-                if "head" in (variants or []):
+                if {"head", "head-window"} & set(variants or []):
                     with recording_head_covariance() as record:
                         fills[name] = infill(data, name, model_name, seed=seed, **kwargs).compute()
                     fit = head_correlation(record)
                     if fit is not None:
                         fills[name].attrs[HEAD_ATTR] = fit
+                        fills[name].attrs[WINDOWS_ATTR] = head_windows(record)
                         spread[name] = head_window_spread(record)
                 else:
                     fills[name] = infill(data, name, model_name, seed=seed, **kwargs).compute()
@@ -201,7 +126,7 @@ def check_scene(ds: xr.Dataset, variable: str, under: np.ndarray, model: str, n:
         row = res["rows"][0]
         rows.append({"variant": variant, "hidden_cells": res["hidden_cells"], "rmse": row["rmse"],
                      "crps": row["crps"], "wall_s": row["wall_s"], **row["samples"]})
-        if variant == "head":  # the correlation the head's samples used
+        if variant in ("head", "head-window"):  # the correlation the head's samples used
             rows[-1]["range_cells"], rows[-1]["nugget_share"] = fills[variable].attrs[HEAD_ATTR]
             rows[-1].update(spread.get(variable, {}))
     return rows
@@ -285,31 +210,6 @@ def calibration_lines(rows: list[dict], split: str, threshold: float = 0.85) -> 
                      f"{rest}; "
                      f"correlation of the two over scenes {np.corrcoef(cell, block)[0, 1]:.2f}")
     return lines
-
-
-#: Windows a fill needs for :func:`head_lines` to count its spread.
-MIN_WINDOWS = 10
-
-
-def head_lines(rows: list[dict]) -> list[str]:
-    """How much the kriging head's covariance varies between a scene's windows (``head`` rows with
-    :func:`head_window_spread`, scenes of :data:`MIN_WINDOWS` windows or more): the 10th and 90th
-    percentiles of the windows' range over their median, per scene, summarised over scenes."""
-    every = [r for r in rows if r.get("variant") == "head" and "window_range_p50" in r]
-    mine = [r for r in every if r["windows"] >= MIN_WINDOWS]  # percentiles of a few windows say little
-    if not mine:
-        return []
-    low, high = ([r[f"window_range_p{q}"] / r["window_range_p50"] for r in mine] for q in (10, 90))
-    worst = max(mine, key=lambda r: r["window_range_p90"] / max(r["window_range_p10"], 1e-12))
-    share = np.array([r["window_share_p90"] for r in mine])
-    return [f"- the head's practical range over a scene's windows (median over the {len(mine)} of {len(every)} "
-            f"scenes with {MIN_WINDOWS} windows or more): 10th percentile x{np.median(low):.2f} of the scene's "
-            f"median window, 90th x{np.median(high):.2f} (widest {worst['scene']}: "
-            f"x{worst['window_range_p10'] / worst['window_range_p50']:.2f} to "
-            f"x{worst['window_range_p90'] / worst['window_range_p50']:.2f}); the median window's range "
-            f"x{np.median([r['window_range_p50'] / r['range_cells'] for r in mine]):.2f} the whole fill's median "
-            f"target's; 90th percentile of the windows' nugget share {np.median(share):.2g} at the median "
-            f"scene, {share.max():.2g} at most"]
 
 
 def write(path: Path, text: str, rows: list[dict], n: int, split: str | None = None) -> None:

@@ -279,3 +279,32 @@ def test_a_rewritten_samples_table_says_the_samples_it_was_run_with(tmp_path, mo
     monkeypatch.setattr(sys, "argv", ["samples_check", "--rewrite", "--out", str(tmp_path / "t")])
     main()
     assert "64 samples per scene" in (tmp_path / "t.md").read_text()
+
+
+def test_the_oracle_sigma_diagnostic_scales_sigma_to_cover_the_truth():
+    """A fill whose sigma is half what it should be gets twice the scale of the same fill with its
+    sigma as given, and samples spread by the scaled sigma; a truth of another shape is refused."""
+    import xarray as xr
+
+    from geonp.fill.output import FLAG_INFILLED, FLAG_OBSERVED
+    from pipelines.experiments.samples_check import oracle_sigma
+
+    truth, values, gaps = scene()
+    mean, std, _ = krige_scene(values, np.ones(values.shape, bool))
+    dims = ("lat", "lon")
+    flag = np.where(gaps, FLAG_INFILLED, FLAG_OBSERVED).astype(np.int8)
+
+    def fill(sigma):
+        return xr.Dataset({"v": (dims, np.where(gaps, mean, values)), "v_std": (dims, np.where(gaps, sigma, 0.0)),
+                           "v_flag": (dims, flag)})
+
+    scales: dict[str, float] = {}
+    oracle_sigma(xr.DataArray(truth, dims=dims), scales)(fill(std), None, "v", "m", 2, 0, {})
+    given = scales["v"]
+    out = oracle_sigma(xr.DataArray(truth, dims=dims), scales)(fill(std / 2), None, "v", "m", 200, 0, {})
+    assert scales["v"] == pytest.approx(2 * given, rel=1e-9) and 0.3 < given < 3
+    ratio = np.median(out["v_sample"].values[:, gaps].std(0) / (std[gaps] / 2))
+    assert ratio == pytest.approx(scales["v"], rel=0.15)
+    np.testing.assert_array_equal(out["v_std"].values, fill(std / 2)["v_std"].values)  # the fill's own sigma kept
+    with pytest.raises(ValueError, match="not shaped as the fill"):
+        oracle_sigma(xr.DataArray(truth[:-1], dims=dims), scales)(fill(std), None, "v", "m", 2, 0, {})

@@ -31,6 +31,7 @@ import xarray as xr
 
 from geonp.device import resolve_device
 from geonp.evaluate import evaluate
+from geonp.fill.output import FLAG_INFILLED
 from geonp.fill.samples import CorrelationFit, scene_correlation, with_samples
 from pipelines.experiments.head_samples import (
     HEAD_ATTR,
@@ -92,6 +93,30 @@ VARIANTS: dict[str, Sampler] = {
     **{f"scene~s{k}": _by_correlation(scene_correlation, k) for k in (1, 2)},
     "head": head_sampler, "head-window": window_sampler,
 }
+#: A diagnostic beside the samplers, one that needs the truth (:func:`oracle_sigma`).
+ORACLE = "oracle-sigma"
+
+
+def oracle_sigma(truth: xr.DataArray, scales: dict[str, float]) -> Sampler:
+    """Not a sampler a user could run, a diagnostic: geonp's rule with the fill's sigma scaled, per
+    scene, by the factor that makes the hidden cells' 90% intervals cover 0.90 of their ``truth``
+    (the input before hiding, shaped as the fill), ``q90(|truth - mean| / sigma) / 1.645``, kept in
+    ``scales`` under the variable. Block-mean coverage then shows what the errors' correlation
+    leaves once the fill's per-cell calibration is made right; the scores of the fill itself (RMSE,
+    CRPS) are the fill's, unscaled."""
+    def sample(fill: xr.Dataset, data: xr.Dataset, name: str, model: str, n: int, seed: int,
+               kwargs: dict[str, Any]) -> xr.Dataset:
+        mean, std, flag = (fill[v].values for v in (name, f"{name}_std", f"{name}_flag"))
+        if set(truth.dims) != set(fill[name].dims) or truth.transpose(*fill[name].dims).shape != mean.shape:
+            raise ValueError(f"--variants {ORACLE}: the truth {dict(truth.sizes)} is not shaped as the fill "
+                             f"{dict(fill[name].sizes)}")
+        known = truth.transpose(*fill[name].dims).values
+        hidden = (flag == FLAG_INFILLED) & np.isfinite(known) & (std > 0)
+        z = np.abs(known[hidden] - mean[hidden]) / std[hidden]
+        scales[name] = float(np.quantile(z, 0.9) / 1.6449) if z.size else 1.0
+        drawn = with_samples(fill.assign({f"{name}_std": fill[f"{name}_std"] * scales[name]}), [name], n, seed)
+        return fill.assign({f"{name}_sample": drawn[f"{name}_sample"]})
+    return sample
 
 
 def check_scene(ds: xr.Dataset, variable: str, under: np.ndarray, model: str, n: int, seed: int,
@@ -120,15 +145,19 @@ def check_scene(ds: xr.Dataset, variable: str, under: np.ndarray, model: str, n:
         return fill
 
     rows = []
+    scales: dict[str, float] = {}
     for variant in variants or ["scene"]:
+        sampler = oracle_sigma(ds[variable], scales) if variant == ORACLE else VARIANTS[variant]
         res = evaluate(ds, variable, [model], seed=seed, options={"device": "auto"}, hide_under=under, samples=n,
-                       infill_fn=fill_once(VARIANTS[variant]))
+                       infill_fn=fill_once(sampler))
         row = res["rows"][0]
         rows.append({"variant": variant, "hidden_cells": res["hidden_cells"], "rmse": row["rmse"],
                      "crps": row["crps"], "wall_s": row["wall_s"], **row["samples"]})
         if variant in ("head", "head-window"):  # the correlation the head's samples used
             rows[-1]["range_cells"], rows[-1]["nugget_share"] = fills[variable].attrs[HEAD_ATTR]
             rows[-1].update(spread.get(variable, {}))
+        if variant == ORACLE:
+            rows[-1]["sigma_scale"] = scales[variable]
     return rows
 
 
@@ -266,7 +295,7 @@ def main() -> None:
     parser.add_argument("--scenes", nargs="*", default=None)
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--variants", nargs="*", default=["scene"], choices=list(VARIANTS),
+    parser.add_argument("--variants", nargs="*", default=["scene"], choices=[*VARIANTS, ORACLE],
                         help="rules for the errors' correlation, each drawn from the same fill (default: geonp's)")
     parser.add_argument("--out", type=Path, default=None,
                         help="results path without suffix (default: pipelines/results/samples_check_<split>)")

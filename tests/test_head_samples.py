@@ -56,14 +56,17 @@ def test_the_head_window_spread_is_in_cells_and_skips_fills_of_few_windows():
 
 def test_the_recorder_knows_the_cells_of_every_window():
     """Each window with a real target comes with its targets' cells in the cube: gap cells only, every
-    gap cell of the cube among them, one array per row of the windows' medians."""
+    gap cell of the cube among them, one array per row of the windows' medians; on a cube read in
+    chunks, so that blocks' slabs start away from row and column 0 (the recorder refuses a forward
+    whose rows do not match the windows collated for it)."""
     from conftest import smooth_cube
 
     import geonp
 
-    ds = smooth_cube(t=3, r=24, c=30)
+    ds = smooth_cube(t=3, r=24, c=30).chunk({"lat": 12, "lon": 15})
     with head_samples.recording_head_covariance() as record:
         geonp.infill(ds, "sst", "te-pt-tnp", fit_steps=0, seed=0)
+    assert {tuple(c[:, 1:].min(0) >= (12, 15)) for c in record["cells"]} >= {(True, True)}  # a slab away from 0
     assert len(record["cells"]) == sum(len(w) for w in record["windows"]) > 1
     every = np.concatenate(record["cells"])
     gaps = np.isnan(ds["sst"].values) & ds["valid"].values  # outside the valid area nothing is filled
@@ -73,6 +76,7 @@ def test_the_recorder_knows_the_cells_of_every_window():
     assert np.array_equal(covered, gaps)
     windows = head_samples.head_windows(record)
     assert len(windows) == len(record["cells"]) and all(r > 0 and 0 <= s < 1 for _, r, s in windows)
+    assert [len(a) for a in record["axes"]] == [24, 30]
 
 
 def two_windows(range_cells: float = 12.0, share: float = 0.01, seed: int = 0):
@@ -130,27 +134,40 @@ def test_each_window_draws_with_its_own_range():
 
 def test_the_recorded_cells_are_turned_to_the_fills_orientation():
     """The working cube's rows may be the output's reversed (a descending latitude): the cells are
-    flipped to lie on the fill's gaps, and cells that fit no orientation are refused."""
+    flipped where the coordinates say so; coordinates that match neither way, and cells off the
+    fill's gaps, are refused."""
     gaps = np.zeros((1, 6, 5), bool)
     gaps[0, 0, 1] = gaps[0, 1, 1] = True
-    working = [np.array([[0, 5, 1], [0, 4, 1]])]  # the same cells, rows reversed
-    (cells,) = head_samples._oriented(working, gaps)
+    layer = xr.DataArray(np.zeros(gaps.shape), dims=("time", "lat", "lon"),
+                         coords={"lat": np.arange(6.0)[::-1], "lon": np.arange(5.0)})
+    working = [np.array([[0, 5, 1], [0, 4, 1]])]  # rows ascending in the working cube
+    axes = [np.arange(6.0), np.arange(5.0)]
+    (cells,) = head_samples._as_output_cells(working, axes, layer, gaps)
     assert sorted(map(tuple, cells)) == [(0, 0, 1), (0, 1, 1)]
+    with pytest.raises(ValueError, match="neither as it is nor reversed"):
+        head_samples._as_output_cells(working, [np.arange(6.0) + 0.5, axes[1]], layer, gaps)
     with pytest.raises(ValueError, match="do not lie on the fill's gaps"):
-        head_samples._oriented([np.array([[0, 2, 2]])], gaps)
+        head_samples._as_output_cells([np.array([[0, 2, 2]])], axes, layer, gaps)
 
 
 def test_the_window_sampler_writes_a_sample_layer_from_the_recorded_windows():
+    """Observed cells as observed, the draws those of draw_by_windows from the step's own stream; a
+    scene no window predicted falls back on geonp's rule; a fill without a head is refused."""
     values, mean, std, gaps, windows = two_windows()
     flag = np.where(gaps, FLAG_INFILLED, FLAG_OBSERVED).astype(np.int8)
     dims = ("time", "lat", "lon")
     fill = xr.Dataset({"v": (dims, np.where(gaps, mean, values)[None]), "v_std": (dims, np.where(gaps, std, 0.0)[None]),
-                       "v_flag": (dims, flag[None])})
-    fill.attrs[head_samples.WINDOWS_ATTR] = [(np.c_[np.zeros(len(c), int), c], r, s) for c, r, s in windows]
-    out = head_samples.window_sampler(fill, fill, "v", "te-pt-tnp", 3, 0, {})
-    assert out["v_sample"].dims == ("sample", *dims) and np.isfinite(out["v_sample"].values).all()
-    again = head_samples.window_sampler(fill, fill, "v", "te-pt-tnp", 3, 0, {})
-    np.testing.assert_array_equal(out["v_sample"].values, again["v_sample"].values)  # the seed decides
+                       "v_flag": (dims, flag[None])}, coords={"lat": np.arange(40.0), "lon": np.arange(56.0)})
+    at_step0 = [(np.c_[np.zeros(len(c), int), c], r, s) for c, r, s in windows]
+    fill.attrs[head_samples.WINDOWS_ATTR] = {"windows": at_step0, "axes": [np.arange(40.0), np.arange(56.0)]}
+    out = head_samples.window_sampler(fill, fill, "v", "te-pt-tnp", 3, 0, {})["v_sample"].values
+    assert out.shape == (3, 1, 40, 56) and np.isfinite(out).all()
+    seen = values[~gaps].astype(np.float32)  # the sample layer is float32
+    np.testing.assert_array_equal(out[:, 0][:, ~gaps], np.broadcast_to(seen, (3, seen.size)))
+    direct = head_samples.draw_by_windows(values, mean, std, gaps, windows, 3, np.random.default_rng([0, 15333, 0]))
+    np.testing.assert_allclose(out[:, 0], direct.astype(np.float32))
+    alone = head_samples.draw_by_windows(values, mean, std, gaps, [], 3, np.random.default_rng(0))
+    assert np.isfinite(alone).all()  # geonp's rule where no window predicted
     fill.attrs.pop(head_samples.WINDOWS_ATTR)
     with pytest.raises(ValueError, match="has no kriging head"):
         head_samples.window_sampler(fill, fill, "v", "linear", 3, 0, {})

@@ -299,6 +299,12 @@ def test_the_oracle_sigma_diagnostic_scales_sigma_to_cover_the_truth():
                            "v_flag": (dims, flag)})
 
     scales: dict[str, float] = {}
+    known = truth.copy()
+    known[20:24, 20:30] = np.nan  # a real gap: filled, with no truth to score
+    oracle_sigma(xr.DataArray(known, dims=dims), scales)(fill(std), None, "v", "m", 2, 0, {})
+    hidden = gaps & np.isfinite(known)
+    z = np.abs(truth[hidden] - mean[hidden]) / std[hidden]
+    assert np.mean(z <= 1.6449 * scales["v"]) == pytest.approx(0.90, abs=0.005)  # the hidden cells covered 0.90
     oracle_sigma(xr.DataArray(truth, dims=dims), scales)(fill(std), None, "v", "m", 2, 0, {})
     given = scales["v"]
     out = oracle_sigma(xr.DataArray(truth, dims=dims), scales)(fill(std / 2), None, "v", "m", 200, 0, {})

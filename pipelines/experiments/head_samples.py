@@ -13,14 +13,16 @@ the head predicted for the real targets of the fill's own windows and where thos
 * ``head``: geonp's conditional simulation of the whole scene at once with one correlation, the
   head's median over the fill's targets (:func:`head_sampler`).
 * ``head-window``: each window's own correlation, conditioned across windows (:func:`draw_by_windows`):
-  the windows are visited in the fill's order; each draws its gap cells jointly from an
-  unconditional field with its own range and nugget share, conditioned by kriging on the observed
-  cells (errors 0) and on the cells earlier windows drew (their errors), the nearest ones within
-  a margin; so a window continues its neighbours' draws at its border (no seams) and varies as its
-  own covariance says inside. A gap cell belongs to the window whose targets' centre is nearest
-  among the windows that predicted it. Each cell's error is then scaled by its standard deviation
-  given the observed cells alone (under its window's correlation), so that the sample's spread at
-  every cell is the fill's sigma, as in geonp's rule (:mod:`geonp.fill.samples`).
+  each window draws its gap cells jointly from an unconditional field with its own range and
+  nugget share, conditioned by kriging on the observed cells (errors 0) and on the cells earlier
+  windows drew (their errors), the nearest ones within a margin of its range (at most 64 cells);
+  so a window continues its neighbours' draws at its border (no seams) and varies as its own
+  covariance says inside. A gap cell belongs to the window whose targets' centre is nearest among
+  the windows that predicted it. The windows are visited in the order the fill predicted them
+  (batches sorted by size, not by place: a random path, as sequential simulation takes). Each
+  cell's error is then scaled by its standard deviation given the observed cells within the margin
+  alone (under its window's correlation), so that the sample's spread at every cell is the fill's
+  sigma, as in geonp's rule (:mod:`geonp.fill.samples`).
 """
 
 from __future__ import annotations
@@ -36,15 +38,18 @@ import torch
 import xarray as xr
 
 from geonp.fill.output import FLAG_INFILLED, FLAG_OBSERVED, SAMPLE_DIM
-from geonp.fill.samples import NEIGHBOURS, conditioning_weights, unconditional, with_samples
+from geonp.fill.samples import NEIGHBOURS, conditioning_weights, draw_samples, unconditional, with_samples
 
 #: The attributes under which a fill of ``samples_check.check_scene`` carries the head's covariance:
-#: ``(range_cells, nugget_share)`` over the fill, and per window ``(cells [m, 3], range_cells, nugget_share)``.
+#: ``(range_cells, nugget_share)`` over the fill, and ``{"windows": per window (cells [m, 3],
+#: range_cells, nugget_share), "axes": the working cube's row and column coordinates}``.
 HEAD_ATTR = "samples_check_head_covariance"
 WINDOWS_ATTR = "samples_check_head_windows"
-#: Cells around a window's own gap cells within which earlier draws and observations condition it;
-#: the window's range when shorter (beyond it the errors hardly correlate), at least ``MIN_MARGIN``.
-MAX_MARGIN, MIN_MARGIN = 32, 4
+#: Cells around a window's own gap cells within which earlier draws and observations condition it:
+#: the window's range, at least ``MIN_MARGIN`` and at most ``MAX_MARGIN`` (a bound on the cost; at a
+#: range of 90 cells the correlation 64 cells away is still 0.12, and a window farther than that from
+#: every observation and earlier draw is drawn unconditioned, its divisor 1 to match).
+MAX_MARGIN, MIN_MARGIN = 64, 4
 
 
 @contextmanager
@@ -54,16 +59,17 @@ def recording_head_covariance() -> Iterator[dict[str, Any]]:
     kriging head predicts for the real targets (not the padding) of the fill's own windows, not
     those of fine-tuning or of the checks that run before the fill (:func:`geonp.fill.prepare.prepare`):
     ``{"params": [tensor per call], "windows": [tensor per call], "cells": [array per window],
-    "cells_per_unit": the plan's window scaling}``; ``windows`` holds each window's medians over its
-    real targets of the spatial lengthscale (geometric mean of rows and columns, input units) and of
-    the nugget share, ``[windows with a real target, 2]`` per call; ``cells`` the same windows' real
-    targets as ``[m, 3]`` (time, row, column) cells of the working cube, in the same order."""
+    "cells_per_unit": the plan's window scaling, "axes": the working cube's row and column
+    coordinates}``; ``windows`` holds each window's medians over its real targets of the spatial
+    lengthscale (geometric mean of rows and columns, input units) and of the nugget share,
+    ``[windows with a real target, 2]`` per call; ``cells`` the same windows' real targets as
+    ``[m, 3]`` (time, row, column) cells of the working cube, in the same order."""
     import geonp.fill.blocks as blocks
     import geonp.fill.engine as engine
     import geonp.fill.predictor as predictor
     from geonp.models.local_kriging import LocalKriging
 
-    record: dict[str, Any] = {"params": [], "windows": [], "cells": [], "cells_per_unit": None}
+    record: dict[str, Any] = {"params": [], "windows": [], "cells": [], "cells_per_unit": None, "axes": None}
     filling = [False]
     here = threading.local()  # a block's slab and the windows of the batch, in the thread filling it
     real_fill, real_forward = engine.fill_in_memory, LocalKriging.forward
@@ -72,6 +78,8 @@ def recording_head_covariance() -> Iterator[dict[str, Any]]:
     def fill_in_memory(p, *args, **kwargs):
         filling[0] = True
         record["cells_per_unit"] = p.spec.cells_per_unit
+        cube = next(iter(p.cubes.values()))  # [*extra, time, rows, cols]
+        record["axes"] = [np.asarray(cube[d].values) if d in cube.coords else None for d in cube.dims[-2:]]
         try:
             return real_fill(p, *args, **kwargs)
         finally:
@@ -83,7 +91,7 @@ def recording_head_covariance() -> Iterator[dict[str, Any]]:
         return out
 
     def collate_windows(tasks, *args, **kwargs):  # the windows of the next forward, in its rows' order
-        here.tasks = tasks
+        here.tasks = list(tasks)
         return real_collate(tasks, *args, **kwargs)
 
     def forward(self, zt, xt, xc, yc, index, valid, drift_t=None, drift_c=None, mask_t=None, nugget_share=None):
@@ -94,13 +102,16 @@ def recording_head_covariance() -> Iterator[dict[str, Any]]:
             record["params"].append(used[real].detach().cpu())  # [n_real, Dx + 2]
             spatial, share = _spatial_and_share(ell, sill, nugget)  # [B, Nt] each
             rows = [b for b in range(len(real)) if real[b].any()]
+            tasks = getattr(here, "tasks", None)  # the batch collated for this forward
+            if tasks is None or len(tasks) != len(real) or any(
+                    tasks[b].targets.size != int(real[b].sum()) for b in rows):
+                raise RuntimeError("head recorder: a forward whose windows were not collated just before it")
             if rows:
                 record["windows"].append(torch.stack([torch.stack([spatial[b][real[b]].median(),
                                                                    share[b][real[b]].median()])
                                                       for b in rows]).detach().double().cpu())  # [B', 2]
                 origin, shape = here.slab
-                record["cells"] += [np.stack(np.unravel_index(here.tasks[b].targets, shape), 1) + origin
-                                    for b in rows]
+                record["cells"] += [np.stack(np.unravel_index(tasks[b].targets, shape), 1) + origin for b in rows]
         return real_forward(self, zt, xt, xc, yc, index, valid, drift_t, drift_c, mask_t, nugget_share)
 
     with patch.object(engine, "fill_in_memory", fill_in_memory), patch.object(LocalKriging, "forward", forward), \
@@ -192,7 +203,9 @@ def draw_by_windows(values: np.ndarray, mean: np.ndarray, std: np.ndarray, gaps:
         mean, std: ``[R, C]`` the fill's mean and 1-sigma (read at ``gaps`` only).
         gaps: ``[R, C]`` bool, the cells the fill filled.
         windows: ``(cells [m, 2] rows and columns, range_cells, nugget_share)`` per window, in the
-            order they are drawn; a gap cell no window predicted joins the window of the nearest centre.
+            order they are drawn; a gap cell no window predicted joins the window of the nearest
+            centre, and a scene no window predicted (every gap out of reach of an observation)
+            is drawn by geonp's rule (:func:`~geonp.fill.samples.draw_samples`).
         n: samples.
         rng: the random stream.
         neighbours: conditioning cells per gap cell, the nearest.
@@ -200,9 +213,11 @@ def draw_by_windows(values: np.ndarray, mean: np.ndarray, std: np.ndarray, gaps:
     Returns:
         Samples equal to ``values`` at observed cells, draws at ``gaps``, NaN elsewhere.
     """
+    if not windows:
+        return draw_samples(values, mean, std, gaps, n, rng, neighbours)
     observed = np.isfinite(values)
     out = np.where(observed, values, np.nan)[None].repeat(n, 0)
-    if not gaps.any() or not windows:
+    if not gaps.any():
         return out
     owner = _owners(gaps, [cells for cells, _, _ in windows])
     error = np.zeros((n, *values.shape))  # 0 at observed cells: the fill is exact there
@@ -223,7 +238,9 @@ def draw_by_windows(values: np.ndarray, mean: np.ndarray, std: np.ndarray, gaps:
             drawn = drawn + np.einsum("mk,smk->sm", weights, residual[:, np.where(near >= 0, near, 0)])
         error[:, box[0], box[1]][:, target] = drawn
         done[box][target] = True
-        sd[own] = conditioning_weights(observed, own, range_cells, share, neighbours)[2]
+        # Scaled by the s.d. given the observed cells the draw could see (those in the box): beyond
+        # the margin the draw is unconditioned, and so must its divisor be.
+        sd[own] = conditioning_weights(observed[box], target, range_cells, share, neighbours)[2]
     out[:, gaps] = mean[gaps] + std[gaps] * error[:, gaps] / sd[gaps]
     return out
 
@@ -249,37 +266,45 @@ def _owners(gaps: np.ndarray, cells: list[np.ndarray]) -> np.ndarray:
 def window_sampler(fill: xr.Dataset, data: xr.Dataset, name: str, model: str, n: int, seed: int,
                    kwargs: dict[str, Any]) -> xr.Dataset:
     """``fill`` with ``name_sample [sample, *dims]`` from :func:`draw_by_windows`, each step of the
-    scene with the windows that predicted it. The recorded cells are the working cube's, whose rows
-    or columns the fill's output may hold reversed (a descending latitude): the orientation used is
-    the one that puts every recorded cell on a filled cell."""
-    windows = fill.attrs.get(WINDOWS_ATTR)
-    if not windows:
+    scene with the windows that predicted it (``fill.attrs[WINDOWS_ATTR]``: :func:`head_windows` and
+    the working cube's ``axes``, whose rows or columns the output may hold reversed)."""
+    recorded = fill.attrs.get(WINDOWS_ATTR)
+    if not recorded or not recorded["windows"]:
         raise ValueError(f"--variants head-window: {model!r} has no kriging head")
     layer = fill[name]
-    if layer.ndim > 3:
-        raise ValueError(f"--variants head-window: {name!r} has more than one dimension before rows and columns")
-    values, std, flag = (np.asarray(fill[v].values, np.float64).reshape(-1, *layer.shape[-2:])
-                         for v in (name, f"{name}_std", f"{name}_flag"))
+    if layer.ndim != 3:
+        raise ValueError(f"--variants head-window: {name!r} is not [time, rows, cols]")
+    values, std, flag = (np.asarray(fill[v].values, np.float64) for v in (name, f"{name}_std", f"{name}_flag"))
     gaps = (flag == FLAG_INFILLED) & np.isfinite(values) & np.isfinite(std)
-    cells = _oriented([c for c, _, _ in windows], gaps)
+    windows = recorded["windows"]
+    cells = _as_output_cells([c for c, _, _ in windows], recorded["axes"], layer, gaps)
     samples = np.empty((n, *values.shape), np.float32)
     for t in range(len(values)):
         mine = [(c[c[:, 0] == t, 1:], r, s) for c, (_, r, s) in zip(cells, windows) if (c[:, 0] == t).any()]
         seen = np.where(flag[t] == FLAG_OBSERVED, values[t], np.nan)
         rng = np.random.default_rng([seed, 15333, t])
         samples[:, t] = draw_by_windows(seen, values[t], std[t], gaps[t], mine, n, rng)
-    return fill.assign({f"{name}_sample": ((SAMPLE_DIM, *layer.dims), samples.reshape(n, *layer.shape))})
+    return fill.assign({f"{name}_sample": ((SAMPLE_DIM, *layer.dims), samples)})
 
 
-def _oriented(cells: list[np.ndarray], gaps: np.ndarray) -> list[np.ndarray]:
-    """``cells`` (``[m, 3]`` working cube cells) as cells of ``gaps [T, R, C]``: as they are, or with rows
-    and/or columns reversed, whichever puts every one of them on a gap. Raises ValueError if none does."""
-    _, rows, cols = gaps.shape
-    for flip_rows in (False, True):
-        for flip_cols in (False, True):
-            moved = [np.stack([c[:, 0], rows - 1 - c[:, 1] if flip_rows else c[:, 1],
-                               cols - 1 - c[:, 2] if flip_cols else c[:, 2]], 1) for c in cells]
-            every = np.concatenate(moved)
-            if every.max(0, initial=-1)[0] < len(gaps) and gaps[tuple(every.T)].all():
-                return moved
-    raise ValueError("--variants head-window: the windows' recorded cells do not lie on the fill's gaps")
+def _as_output_cells(cells: list[np.ndarray], axes: list[np.ndarray | None], layer: xr.DataArray,
+                     gaps: np.ndarray) -> list[np.ndarray]:
+    """``cells`` (``[m, 3]`` time, row, column of the working cube, whose row and column coordinates
+    are ``axes``) as cells of ``layer [T, R, C]``: each of rows and columns as it is or reversed, as
+    the coordinates match. Raises ValueError where they match neither way, or a cell lands off ``gaps``."""
+    moved = [c.copy() for c in cells]
+    for axis, (working, dim) in enumerate(zip(axes, layer.dims[-2:]), start=1):
+        output = np.asarray(layer[dim].values) if dim in layer.coords else None
+        if working is None or output is None or working.shape != output.shape:
+            raise ValueError(f"--variants head-window: no coordinate to match the fill's {dim!r} with the "
+                             "working cube's")
+        if np.allclose(working[::-1], output) and not np.allclose(working, output):
+            for c in moved:
+                c[:, axis] = len(output) - 1 - c[:, axis]
+        elif not np.allclose(working, output):
+            raise ValueError(f"--variants head-window: the fill's {dim!r} is the working cube's neither as it is "
+                             "nor reversed")
+    every = np.concatenate(moved)
+    if every[:, 0].max(initial=-1) >= len(gaps) or not gaps[tuple(every.T)].all():
+        raise ValueError("--variants head-window: the windows' recorded cells do not lie on the fill's gaps")
+    return moved

@@ -15,7 +15,9 @@ and the samples' per-cell spread over the fill's sigma (median). Writes
 ``pipelines/results/samples_check_<split>.md`` and ``.json``.
 
 ``--variants`` draws the samples of one fill with other rules for the errors' correlation
-(:data:`VARIANTS`; ``scene`` is geonp's, the scene's own variogram), one row each.
+(:data:`VARIANTS`; ``scene`` is geonp's, the scene's own variogram; ``head`` and ``head-window``
+te-pt-tnp's kriging head's, :mod:`pipelines.experiments.head_samples`), one row each, and
+``oracle-sigma`` is a diagnostic that knows the truth (:func:`oracle_sigma`).
 """
 
 from __future__ import annotations
@@ -103,7 +105,8 @@ def oracle_sigma(truth: xr.DataArray, scales: dict[str, float]) -> Sampler:
     (the input before hiding, shaped as the fill), ``q90(|truth - mean| / sigma) / 1.645``, kept in
     ``scales`` under the variable. Block-mean coverage then shows what the errors' correlation
     leaves once the fill's per-cell calibration is made right; the scores of the fill itself (RMSE,
-    CRPS) are the fill's, unscaled."""
+    CRPS), the independent draws and the samples' spread / sigma are against the fill's own, unscaled
+    sigma (so the row's spread / sigma is about the scale)."""
     def sample(fill: xr.Dataset, data: xr.Dataset, name: str, model: str, n: int, seed: int,
                kwargs: dict[str, Any]) -> xr.Dataset:
         mean, std, flag = (fill[v].values for v in (name, f"{name}_std", f"{name}_flag"))
@@ -137,7 +140,7 @@ def check_scene(ds: xr.Dataset, variable: str, under: np.ndarray, model: str, n:
                     fit = head_correlation(record)
                     if fit is not None:
                         fills[name].attrs[HEAD_ATTR] = fit
-                        fills[name].attrs[WINDOWS_ATTR] = head_windows(record)
+                        fills[name].attrs[WINDOWS_ATTR] = {"windows": head_windows(record), "axes": record["axes"]}
                         spread[name] = head_window_spread(record)
                 else:
                     fills[name] = infill(data, name, model_name, seed=seed, **kwargs).compute()
@@ -296,7 +299,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variants", nargs="*", default=["scene"], choices=[*VARIANTS, ORACLE],
-                        help="rules for the errors' correlation, each drawn from the same fill (default: geonp's)")
+                        help="rules for the errors' correlation, each drawn from the same fill (default: "
+                        f"geonp's), or the {ORACLE} diagnostic")
     parser.add_argument("--out", type=Path, default=None,
                         help="results path without suffix (default: pipelines/results/samples_check_<split>)")
     parser.add_argument("--rewrite", action="store_true",

@@ -172,6 +172,7 @@ def evaluate(
             # What the fill chose on the input itself (its nugget, whether it used the history).
             chosen = {key: out.attrs[f"geonp_{key}"] for key in ("nugget", "history_used")
                       if f"geonp_{key}" in out.attrs}
+            fitted = out.attrs.get("geonp_fit_steps")  # the steps the model took (0: nothing to fine-tune)
             layers = [variable, f"{variable}_std"] + ([f"{variable}_sample"] if samples else [])
             out = out[layers].compute()  # a lazy result's work is part of the time
             wall = time.perf_counter() - start
@@ -194,7 +195,8 @@ def evaluate(
                      "rmse_by_distance": binned_rmse(np.where(usable, mean - truth, np.nan), distance, distance_bins),
                      "coverage_90_by_distance": binned_coverage(np.where(usable, mean - truth, np.nan), std,
                                                                 distance, bins=distance_bins),
-                     "pit": pit_histogram(truth, mean, std), "wall_s": wall, "fit_steps": steps,
+                     "pit": pit_histogram(truth, mean, std), "wall_s": wall,
+                     "fit_steps": int(fitted) if fitted is not None else steps,
                      "checkpoint": checkpoint, **({"mean": mean, "std": std} if keep_cells else {})})
     per_bin = np.bincount(distance_bin(distance, distance_bins), minlength=len(distance_bins))
     cells = {"cells": {"dims": da.dims, "shape": da.shape, "index": np.flatnonzero(hide), "truth": truth,

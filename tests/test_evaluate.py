@@ -411,3 +411,17 @@ def test_evaluate_with_the_real_engine():
     assert by_distance["1"]["rmse"] < 0.4 * row["rmse"] < by_distance["7-12"]["rmse"]
     with pytest.raises(ValueError, match="unknown model 'nope'"):  # checked before any model runs
         evaluate(scene, "sst", ["linear", "nope"])
+
+
+def test_a_model_with_nothing_to_fine_tune_reports_no_fit_steps(tiny_checkpoint):
+    """Asked for infill's 30 steps, linear and kriging take none: the fill's provenance and the
+    evaluate row say 0, as the table then does; a neural process says the steps it took."""
+    from conftest import smooth_cube
+
+    import geonp
+
+    ds = smooth_cube(t=2, r=20, c=24)
+    assert geonp.infill(ds, "sst", "linear").attrs["geonp_fit_steps"] == 0
+    assert geonp.infill(ds, "sst", checkpoint=tiny_checkpoint, fit_steps=2).attrs["geonp_fit_steps"] == 2
+    res = evaluate(ds, "sst", ["linear"], seed=0)
+    assert res["rows"][0]["fit_steps"] == 0

@@ -168,6 +168,13 @@ def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = 
             result.notes.append(f"{name}: no gaps inside the valid area; the output holds the input with flags")
     return result
 
+def fit_steps(p: Plan) -> int:
+    """The fine-tuning steps the fill's model took: ``--fit-steps`` for a model that learns, 0 for
+    one with nothing to fine-tune (kriging, linear, the stack methods), whatever was asked."""
+    model = p.choice.model
+    return p.options.fit.steps if model is not None and model.trainable else 0
+
+
 def provenance(p: Plan, source: str) -> dict[str, Any]:
     """Global attributes saying how the output was made.
 
@@ -186,7 +193,7 @@ def provenance(p: Plan, source: str) -> dict[str, Any]:
         "geonp_model": p.choice.name,
         "geonp_checkpoint": str(p.choice.checkpoint) if p.choice.checkpoint else "none (model without weights)",
         "geonp_checkpoint_sha256": p.choice.sha256 or "none",
-        "geonp_fit_steps": p.options.fit.steps,
+        "geonp_fit_steps": fit_steps(p),
         "geonp_options": p.options.describe(),
         "geonp_window": str(p.spec.as_dict()),
         "geonp_date_created": now,

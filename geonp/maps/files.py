@@ -37,7 +37,7 @@ def plot_file(output: str | Path, out: str | Path, *, variable: str | None = Non
     output, out = Path(output), Path(out)
     if out.suffix.lower() != ".png":
         raise ValueError(f"-o {out}: geonp plot writes PNG files; name it *.png")
-    ds = _open(output, "output")
+    ds = _open(output, "infill output")
     filled = filled_variables(ds)
     if not filled:
         raise ValueError(f"{output}: not an infill output (no VAR with VAR_std and VAR_flag layers)")

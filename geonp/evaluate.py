@@ -195,8 +195,8 @@ def evaluate(
                      "rmse_by_distance": binned_rmse(np.where(usable, mean - truth, np.nan), distance, distance_bins),
                      "coverage_90_by_distance": binned_coverage(np.where(usable, mean - truth, np.nan), std,
                                                                 distance, bins=distance_bins),
-                     "pit": pit_histogram(truth, mean, std), "wall_s": wall,
-                     "fit_steps": int(fitted) if fitted is not None else steps,
+                     "pit": pit_histogram(truth, mean, std), "wall_s": wall, "fit_steps": steps,
+                     "fit_steps_taken": int(fitted) if fitted is not None else steps,
                      "checkpoint": checkpoint, **({"mean": mean, "std": std} if keep_cells else {})})
     per_bin = np.bincount(distance_bin(distance, distance_bins), minlength=len(distance_bins))
     cells = {"cells": {"dims": da.dims, "shape": da.shape, "index": np.flatnonzero(hide), "truth": truth,

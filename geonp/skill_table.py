@@ -31,6 +31,13 @@ CALIBRATION = [("cov50", "coverage_50"), ("cov90", "coverage_90"), ("cov95", "co
 SAMPLE_KEYS = ("energy", "variogram", "patch_cov90", "block_cov90")
 
 
+def _steps(row: Mapping[str, Any]) -> Any:
+    """A row's fine-tuning steps as the table shows them: those the fill took (0 for a model with
+    nothing to fine-tune), else, in rows written before that was kept, those asked for; the row's
+    ``fit_steps`` (asked) stays its key where pipelines merge runs."""
+    return row.get("fit_steps_taken", row.get("fit_steps"))
+
+
 def write_table(
     results: Sequence[Mapping[str, Any]],
     md_path: str | Path,
@@ -110,27 +117,28 @@ def markdown(res: Mapping[str, Any]) -> str:
              f"{real + synthetic + given} of {res.get('steps', len(donors))} steps {how}, seed "
              f"{res.get('seed', '?')}. Scores{units} at the hidden cells only; NLL in nats per cell; wall s: "
              "seconds per infill call.", ""]
-    lines += _table(columns, [[row.get(key) for _, key in columns] for row in rows],
+    lines += _table(columns, [[_steps(row) if key == "fit_steps" else row.get(key) for _, key in columns]
+                              for row in rows],
                     bold={columns.index(c) for c in (("RMSE", "rmse"), ("CRPS", "crps"))})
     if any("rmse_by_distance" in r for r in rows) or "hidden_by_distance" in res:
         lines += ["", f"RMSE{units} by distance to the nearest observed cell (cells), same time step; n: hidden "
                   "cells in the bin.", ""]
         counts = res.get("hidden_by_distance", {})
         bins = [(f"{label} (n={counts[label]})" if label in counts else label, label) for label in _bin_labels(res)]
-        body = [[row["model"], row.get("fit_steps")]
+        body = [[row["model"], _steps(row)]
                 + [row.get("rmse_by_distance", {}).get(label, {}).get("rmse") for _, label in bins] for row in rows]
         lines += _table([("model", ""), ("fit steps", "")] + bins, body, bold=set(range(2, 2 + len(bins))))
     if any("pit" in r or "coverage_50" in r for r in rows):
         lines += ["", "Calibration: coverage of the central 50/90/95% intervals; PIT counts in 10 equal bins from "
                   "0 to 1 (flat: calibrated; U: too narrow; hump: too wide; slope: biased).", ""]
-        body = [[row["model"], row.get("fit_steps")] + [row.get(key) for _, key in CALIBRATION]
+        body = [[row["model"], _steps(row)] + [row.get(key) for _, key in CALIBRATION]
                 + [" ".join(map(str, row["pit"])) if row.get("pit") else None] for row in rows]
         lines += _table([("model", ""), ("fit steps", "")] + CALIBRATION + [("PIT", "")], body)
     if any("coverage_90_by_distance" in r for r in rows):
         lines += ["", "90% interval coverage by distance to the nearest observed cell (cells): where sigma is "
                   "too small (below 0.9) or too large.", ""]
         labels = _bin_labels(res)
-        body = [[row["model"], row.get("fit_steps")] + [row.get("coverage_90_by_distance", {}).get(label)
+        body = [[row["model"], _steps(row)] + [row.get("coverage_90_by_distance", {}).get(label)
                                                          for label in labels] for row in rows]
         lines += _table([("model", ""), ("fit steps", "")] + [(label, "") for label in labels], body)
     if any("samples" in r for r in rows):

@@ -16,6 +16,7 @@ from scipy.stats import norm
 from geonp.evaluate import DONOR_CLOUDS, DONOR_GIVEN, DONOR_NONE, evaluate, run_evaluate, write_table
 from geonp.fill.options import FitOptions
 from geonp.metrics import DISTANCE_BINS, WIDE_DISTANCE_BINS
+from geonp.skill_table import markdown
 from geonp.tasks.clouds import random_clouds
 from geonp.tasks.hidden import hide_cells
 
@@ -414,8 +415,9 @@ def test_evaluate_with_the_real_engine():
 
 
 def test_a_model_with_nothing_to_fine_tune_reports_no_fit_steps(tiny_checkpoint):
-    """Asked for infill's 30 steps, linear and kriging take none: the fill's provenance and the
-    evaluate row say 0, as the table then does; a neural process says the steps it took."""
+    """Asked for infill's 30 steps, linear takes none: the fill's provenance says 0, and so does the
+    evaluate table, while the row keeps the steps asked as the key pipelines merge runs by; a neural
+    process says the steps it took."""
     from conftest import smooth_cube
 
     import geonp
@@ -424,4 +426,6 @@ def test_a_model_with_nothing_to_fine_tune_reports_no_fit_steps(tiny_checkpoint)
     assert geonp.infill(ds, "sst", "linear").attrs["geonp_fit_steps"] == 0
     assert geonp.infill(ds, "sst", checkpoint=tiny_checkpoint, fit_steps=2).attrs["geonp_fit_steps"] == 2
     res = evaluate(ds, "sst", ["linear"], seed=0)
-    assert res["rows"][0]["fit_steps"] == 0
+    row = res["rows"][0]
+    assert row["fit_steps"] == FitOptions().steps and row["fit_steps_taken"] == 0  # asked (the row's key), taken
+    assert "| linear | 0 |" in markdown(res)

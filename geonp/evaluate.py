@@ -109,7 +109,9 @@ def evaluate(
         "rows"}``; each row is ``{"model", **gaussian_skill scores, "rmse_by_distance"
         (``{bin label: {"n", "rmse", "mae"}}``), "coverage_90_by_distance" (``{bin label: 90%
         interval coverage}``), "pit" (10 counts, ``pit_histogram``), "wall_s"
-        (seconds for the infill call), "fit_steps", "checkpoint"}``. Scores are in the variable's
+        (seconds for the infill call), "fit_steps" (the steps asked: the key pipelines merge runs
+        by), "fit_steps_taken" (the fill's ``geonp_fit_steps``, 0 for a model with nothing to
+        fine-tune; the steps asked where the fill does not say), "checkpoint"}``. Scores are in the variable's
         units, NLL in nats per cell; ``n`` counts the hidden cells the model gave a finite mean and
         std > 0. A hidden cell's distance is Euclidean, in grid cells, to the nearest cell of the
         same step that is finite and valid in the masked cube (what every model sees as context).

@@ -417,7 +417,7 @@ def test_evaluate_with_the_real_engine():
 def test_a_model_with_nothing_to_fine_tune_reports_no_fit_steps(tiny_checkpoint):
     """Asked for infill's 30 steps, linear takes none: the fill's provenance says 0, and so does the
     evaluate table, while the row keeps the steps asked as the key pipelines merge runs by; a neural
-    process says the steps it took."""
+    process says the steps it took, calibrated or not, and none on an input without gaps."""
     from conftest import smooth_cube
 
     import geonp
@@ -425,6 +425,11 @@ def test_a_model_with_nothing_to_fine_tune_reports_no_fit_steps(tiny_checkpoint)
     ds = smooth_cube(t=2, r=20, c=24)
     assert geonp.infill(ds, "sst", "linear").attrs["geonp_fit_steps"] == 0
     assert geonp.infill(ds, "sst", checkpoint=tiny_checkpoint, fit_steps=2).attrs["geonp_fit_steps"] == 2
+    # Calibrating sigma wraps the tuned model in one that does not learn: still the 2 steps it took.
+    calibrated = geonp.infill(ds, "sst", checkpoint=tiny_checkpoint, fit_steps=2, calibrate_sigma=True)
+    assert calibrated.attrs["geonp_fit_steps"] == 2
+    full = ds.assign(sst=ds["sst"].fillna(0.0))  # nothing to fill: nothing fine-tuned
+    assert geonp.infill(full, "sst", checkpoint=tiny_checkpoint, fit_steps=2).attrs["geonp_fit_steps"] == 0
     res = evaluate(ds, "sst", ["linear"], seed=0)
     row = res["rows"][0]
     assert row["fit_steps"] == FitOptions().steps and row["fit_steps_taken"] == 0  # asked (the row's key), taken

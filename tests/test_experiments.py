@@ -31,7 +31,6 @@ def test_sigma_scale_rescales_only_sigma_and_fills_once(monkeypatch):
 
 
 def test_sigma_scale_window_distances_count_cells_on_the_target_step_only():
-
     from geonp.tasks.batch import Batch
     from pipelines.experiments.sigma_scale import _nearest_on_step
 
@@ -176,7 +175,6 @@ def test_sigma_shape_leaves_calibration_as_it_was():
 def test_kriging_lead_changes_the_head_only_while_open_and_fills_in_log_space(monkeypatch):
     import math
 
-    import torch
     import xarray as xr
 
     import pipelines.experiments.kriging_lead as lead

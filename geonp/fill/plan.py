@@ -50,6 +50,7 @@ class Plan:
     nugget_chosen: str | None = None  # which nugget each field's kriging got, and why
     nugget_network: list[str] = field(default_factory=list)  # the fields whose kriging got the network's own
     history_chosen: str | None = None  # whether each field's history covariates were used, and why
+    fit_steps: int = 0  # the fine-tuning steps the fill takes (:func:`steps_taken`), decided when planned
 
     def fill(self, f: Field, key: tuple[slice, slice, slice]) -> BlockResult:
         if self.choice.model is None:  # a stack method: the field was reconstructed when planned
@@ -149,7 +150,8 @@ def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = 
         elev = np.nan_to_num(ds["elevation"].transpose(*fields[0].data.dims[1:]).values.astype(np.float64))
     gridded = choice.model is not None and choice.model.supports_gridded
     spec = _window_spec(options.window, largest, choice.scaling, gridded)
-    result = Plan(fields, choice, spec, cubes, largest, elev, dev, options)
+    result = Plan(fields, choice, spec, cubes, largest, elev, dev, options,
+                  fit_steps=steps_taken(choice, fields, options))
     if choice.covariates:
         result.history = "; ".join(add_history(f, choice.covariates, seed, options.max_history_cells)
                                    for f in fields if f.observed)
@@ -168,11 +170,13 @@ def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = 
             result.notes.append(f"{name}: no gaps inside the valid area; the output holds the input with flags")
     return result
 
-def fit_steps(p: Plan) -> int:
-    """The fine-tuning steps the fill's model took: ``--fit-steps`` for a model that learns, 0 for
-    one with nothing to fine-tune (kriging, linear, the stack methods), whatever was asked."""
-    model = p.choice.model
-    return p.options.fit.steps if model is not None and model.trainable else 0
+def steps_taken(choice: ModelChoice, fields: list[Field], options: FillOptions) -> int:
+    """The fine-tuning steps a fill takes: ``--fit-steps`` for a model that learns and an input with
+    gaps, 0 for a model with nothing to fine-tune (kriging, linear, the stack methods) or an input
+    with nothing to fill, whatever was asked. Decided once, on the model as loaded: sigma
+    calibration later wraps it in a model that does not learn."""
+    learns = choice.model is not None and choice.model.trainable
+    return options.fit.steps if learns and any(f.gaps for f in fields) else 0
 
 
 def provenance(p: Plan, source: str) -> dict[str, Any]:
@@ -193,7 +197,7 @@ def provenance(p: Plan, source: str) -> dict[str, Any]:
         "geonp_model": p.choice.name,
         "geonp_checkpoint": str(p.choice.checkpoint) if p.choice.checkpoint else "none (model without weights)",
         "geonp_checkpoint_sha256": p.choice.sha256 or "none",
-        "geonp_fit_steps": fit_steps(p),
+        "geonp_fit_steps": p.fit_steps,
         "geonp_options": p.options.describe(),
         "geonp_window": str(p.spec.as_dict()),
         "geonp_date_created": now,

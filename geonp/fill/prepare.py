@@ -78,7 +78,7 @@ def _choose_nugget(p: Plan, store_dir: Path | None, say: Callable[[str], None] |
 def _finetune(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None) -> None:
     """``--fit-steps``: fine-tune on the cube's own observations (reusing weights saved by a killed run)."""
     fit = p.options.fit
-    if fit.steps == 0 or p.choice.model is None or not p.choice.model.trainable or all(f.gaps == 0 for f in p.fields):
+    if p.fit_steps == 0:  # nothing to fine-tune, or nothing asked (geonp.fill.plan.steps_taken)
         return
     from geonp.fill.finetune import finetune
     from geonp.models import load, save

@@ -128,6 +128,13 @@ def conditioning_weights(observed: np.ndarray, gaps: np.ndarray, range_cells: fl
     return near, weights, sd
 
 
+def kriged(weights: np.ndarray, near: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``[n, M]``: each gap cell's simple-kriging combination ``sum_k weights[m, k] values[s, near[m, k]]``
+    of ``values [n, N]`` (``n`` fields at the ``N`` conditioning cells; ``near``/``weights [M, K]``
+    from :func:`conditioning_weights`, an absent neighbour -1 with weight 0)."""
+    return np.einsum("mk,smk->sm", weights, values[:, np.where(near >= 0, near, 0)])
+
+
 #: ``values [R, C]`` (NaN at gaps) -> ``(range_cells, nugget_share)`` of the errors' correlation.
 CorrelationFit = Callable[[np.ndarray], tuple[float, float]]
 
@@ -160,7 +167,7 @@ def draw_samples(values: np.ndarray, mean: np.ndarray, std: np.ndarray, gaps: np
     conditioned = fields[:, gaps]
     if observed.any():
         at_obs = fields[:, observed]  # [n, N], row-major like the conditioning indices
-        conditioned = conditioned - np.einsum("mk,smk->sm", weights, at_obs[:, np.where(near >= 0, near, 0)])
+        conditioned = conditioned - kriged(weights, near, at_obs)
     out[:, gaps] = mean[gaps] + std[gaps] * conditioned / sd
     return out
 

@@ -38,7 +38,7 @@ import torch
 import xarray as xr
 
 from geonp.fill.output import FLAG_INFILLED, FLAG_OBSERVED, SAMPLE_DIM
-from geonp.fill.samples import NEIGHBOURS, conditioning_weights, draw_samples, unconditional, with_samples
+from geonp.fill.samples import NEIGHBOURS, conditioning_weights, draw_samples, kriged, unconditional, with_samples
 
 #: The attributes under which a fill of ``samples_check.check_scene`` carries the head's covariance:
 #: ``(range_cells, nugget_share)`` over the fill, and ``{"windows": per window (cells [m, 3],
@@ -235,7 +235,7 @@ def draw_by_windows(values: np.ndarray, mean: np.ndarray, std: np.ndarray, gaps:
         if given.any():  # conditioning by kriging on what is known: observed (0) and drawn errors
             near, weights, _ = conditioning_weights(given, target, range_cells, share, neighbours)
             residual = error[:, box[0], box[1]][:, given] - u[:, given]  # [n, N]
-            drawn = drawn + np.einsum("mk,smk->sm", weights, residual[:, np.where(near >= 0, near, 0)])
+            drawn = drawn + kriged(weights, near, residual)
         error[:, box[0], box[1]][:, target] = drawn
         done[box][target] = True
         # Scaled by the s.d. given the observed cells the draw could see (those in the box): beyond

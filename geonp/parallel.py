@@ -14,6 +14,7 @@ run whether or not it was started by torchrun).
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -109,6 +110,13 @@ def setup(device: torch.device) -> Group:
         torch.cuda.set_device(device)
     owns = not dist.is_initialized()
     if owns:
+        # torch.distributed.nn.functional's collectives take ``group=group.WORLD`` as a default
+        # argument, evaluated when the module is first imported. PyTorch imports it when the first
+        # torch.optim optimizer is built (through torch._dynamo); imported after the group exists,
+        # those defaults hold the group past destroy_process_group, its gloo threads outlive the
+        # interpreter's finalisation, and one run in 30 to 100 aborted at exit (SIGABRT,
+        # "terminate called without an active exception"). Imported first, the defaults are None.
+        importlib.import_module("torch.distributed.nn.functional")
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world)
     return Group(rank, world, device, owns)
 

@@ -65,6 +65,7 @@ class TrainResult:
         val_nll: the last validation NLL, nats per target (NaN without validation).
         out_dir: the run folder, or None for an in-memory run.
         wall_s: seconds the call took.
+        is_main: this process is rank 0 (the one that writes and reports), or trained alone.
     """
 
     model: NeuralProcess
@@ -72,6 +73,7 @@ class TrainResult:
     val_nll: float
     out_dir: Path | None
     wall_s: float
+    is_main: bool = True
 
 
 class _Run:
@@ -252,7 +254,7 @@ def _train(run: _Run, resume: bool, progress: bool,
             {"step": run.step, "val_nll": val_nll, "elapsed_s": run.elapsed, "device": str(run.device),
              "processes": group.world}, indent=2))
     group.barrier()  # the other ranks return once the files are in place
-    return TrainResult(run.model, run.step, val_nll, run.out, run.elapsed)
+    return TrainResult(run.model, run.step, val_nll, run.out, run.elapsed, group.is_main)
 
 
 def train_file(path: str | Path, *, device: str | None = None, steps: int | None = None, resume: bool = False,
@@ -269,13 +271,14 @@ def train_file(path: str | Path, *, device: str | None = None, steps: int | None
 
     Returns:
         The line to print (model, steps, validation NLL, where the model was written), or None
-        when no model was written (an in-memory run).
+        when no model was written (an in-memory run) or on a torchrun rank other than 0 (one
+        line per run, not one per process).
     """
     cfg = TrainConfig.from_yaml(path)
     overrides = {"device": device, "steps": steps}
     cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})  # checked again
     result = train(cfg, resume=resume, progress=progress)
-    if result.out_dir is None or not (result.out_dir / "model.safetensors").exists():
+    if not result.is_main or result.out_dir is None or not (result.out_dir / "model.safetensors").exists():
         return None
     return (f"trained {cfg.model} for {result.step} steps: validation NLL {result.val_nll:.4f}; "
             f"model written to {result.out_dir / 'model.safetensors'}")

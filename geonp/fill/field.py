@@ -171,7 +171,7 @@ def summarise(fields: list[Field], source: str) -> None:
         f.observed, f.gaps, f.infinite = n, int(gaps), int(infinite)
         # dask sums chunk by chunk, so the last bits of these sums depend on the chunking. Kept to
         # float32's 7 digits (more than a fallback value or a shrinkage prior needs) they almost
-        # never do, and the same cube is filled bit for bit alike however it is chunked.
+        # never do, so the mean and spread a fill uses do not depend on how the cube is chunked.
         f.mean = float(np.float32(s / n))
         f.spread = float(np.float32(np.sqrt(max(s2 / n - (s / n) ** 2, 0.0)))) or 1.0
 

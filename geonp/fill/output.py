@@ -146,7 +146,8 @@ class InfillStore:
         path: the output Zarr path.
         template: the lazy output Dataset.
         request: what makes two runs the same job (input, variables, model, checkpoint hash,
-            settings); a store left incomplete by the same request is resumed.
+            settings); a store left incomplete by the same request over the same blocks (added
+            here, :func:`block_sizes`) is resumed.
         attrs: global attributes (CF ``Conventions``, provenance) written now.
         overwrite: replace an existing store; otherwise one that is complete, or incomplete
             from another request, is refused.
@@ -213,8 +214,8 @@ class InfillStore:
             raise FileExistsError(f"{self.path} already exists (a complete infill output); pass --overwrite to "
                                   "replace it")
         if status != "incomplete" or state.attrs.get("geonp_request") != self.request:
-            raise FileExistsError(f"{self.path} already exists and is not an unfinished run of this same command; "
-                                  "pass --overwrite to replace it")
+            raise FileExistsError(f"{self.path} already exists and is not an unfinished run of this same command "
+                                  "(or of this input chunked otherwise); pass --overwrite to replace it")
 
     def blocks(self) -> Iterator[tuple[int, dict[str, slice]]]:
         """``(block index, {dim: slice})`` for every block, in order (see :func:`block_list`)."""

@@ -358,13 +358,15 @@ def default_chunks(shape: tuple[int, int, int]) -> tuple[int, int, int]:
 
     A block's windows are batched together, so one-step blocks of a small grid sent the model a
     few windows at a time: 192 hours of a 33 x 49 ERA5 grid filled in 102-103 s in blocks of one
-    step and 88-89 s in blocks of 40 or 192 (te-pt-tnp's defaults, 2 cores; the same values to
-    float32 rounding: 96% of the cells equal to the bit, none more than 1.0e-3 K apart, 0.2% of its
-    sigma), and each step was a Zarr chunk of a few kilobytes in the output.
+    step and 88-89 s in blocks of 40 (this rule) or 192 steps (te-pt-tnp's defaults, 2 cores; the
+    same values to float32 rounding: 96% of the cells equal to the bit, none more than 1.0e-3 K
+    apart, 0.2% of its sigma), and each step was a Zarr chunk of a few kilobytes in the output.
+    Blocks are also what a dask cluster shares out: chunk a small cube first to give more workers
+    a block each.
     """
     steps, rows, cols = shape
     tile = (min(DEFAULT_TILE[0], rows), min(DEFAULT_TILE[1], cols))
-    return (max(1, min(steps, DEFAULT_BLOCK_CELLS // (tile[0] * tile[1]))), *tile)
+    return (max(1, min(steps, DEFAULT_BLOCK_CELLS // max(tile[0] * tile[1], 1))), *tile)
 
 
 def extra_indices(da: xr.DataArray) -> list[dict[str, int]]:

@@ -246,18 +246,20 @@ std::vector<torch::Tensor> te_attention_backward(std::vector<torch::Tensor> inpu
         float* gxq = GXQ + (b * a.Nq + n) * Dx;
         // out = alpha v: d alpha and d v.
         for (int64_t h = 0; h < H; ++h) {
-          const float* go = GO + ((b * H + h) * a.Nq + n) * Dh;
-          const float* vh = a.v + (b * H + h) * Nk * Dh;
-          float* gv = GV + (b * H + h) * Nk * Dh;
-          const float* ah = s.alpha.data() + h * Nk;
+          // Restrict pointers, the two sums in loops of their own: with one loop over both and
+          // pointers that might alias, GCC vectorised neither (6% of the backward pass).
+          const float* __restrict go = GO + ((b * H + h) * a.Nq + n) * Dh;
+          const float* __restrict vh = a.v + (b * H + h) * Nk * Dh;
+          float* __restrict gv = GV + (b * H + h) * Nk * Dh;
+          const float* __restrict ah = s.alpha.data() + h * Nk;
+          float* __restrict da = dalpha.data() + h * Nk;
           for (int64_t m = 0; m < last; ++m) {
             float dot = 0.f;
-            for (int64_t e = 0; e < Dh; ++e) {
-              dot += go[e] * vh[m * Dh + e];
-              gv[m * Dh + e] += ah[m] * go[e];
-            }
-            dalpha[h * Nk + m] = dot;
+            for (int64_t e = 0; e < Dh; ++e) dot += go[e] * vh[m * Dh + e];
+            da[m] = dot;
           }
+          for (int64_t m = 0; m < last; ++m)
+            for (int64_t e = 0; e < Dh; ++e) gv[m * Dh + e] += ah[m] * go[e];
         }
         if (a.has_phi) {  // back through dx and phi into d alpha
           const float* gdx = GDX + (b * a.Nq + n) * Dx;
@@ -276,8 +278,13 @@ std::vector<torch::Tensor> te_attention_backward(std::vector<torch::Tensor> inpu
           for (int64_t m = 0; m < last; ++m) dw[m] *= mk[m];
           outer_rows(dw.data(), r.g2, 1, J, Nk, last, acc[V3].data());
           acc[C3][0] += row_sum(dw.data(), last);
-          for (int64_t i = 0; i < J; ++i)
-            for (int64_t m = 0; m < last; ++m) d2[i * Nk + m] = r.g2[i * Nk + m] > 0.f ? a.v3[i] * dw[m] : 0.f;
+          for (int64_t i = 0; i < J; ++i) {  // locals: a.v3 and the rows were reloaded per key (16%)
+            const float v3i = a.v3[i];
+            const float* __restrict g2i = r.g2 + i * Nk;
+            const float* __restrict dwp = dw.data();
+            float* __restrict d2i = d2.data() + i * Nk;
+            for (int64_t m = 0; m < last; ++m) d2i[m] = g2i[m] > 0.f ? v3i * dwp[m] : 0.f;
+          }
           outer_rows(d2.data(), r.g1, J, J, Nk, last, acc[V2].data());
           for (int64_t i = 0; i < J; ++i) acc[C2][i] += row_sum(d2.data() + i * Nk, last);
           row_layer(v2T.data(), d2.data(), d1.data(), r.g1, J, J, Nk, last);

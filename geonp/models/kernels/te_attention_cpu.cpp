@@ -247,7 +247,7 @@ std::vector<torch::Tensor> te_attention_backward(std::vector<torch::Tensor> inpu
         // out = alpha v: d alpha and d v.
         for (int64_t h = 0; h < H; ++h) {
           // Restrict pointers, the two sums in loops of their own: with one loop over both and
-          // pointers that might alias, GCC vectorised neither (6% of the backward pass).
+          // pointers that might alias, GCC vectorised neither.
           const float* __restrict go = GO + ((b * H + h) * a.Nq + n) * Dh;
           const float* __restrict vh = a.v + (b * H + h) * Nk * Dh;
           float* __restrict gv = GV + (b * H + h) * Nk * Dh;
@@ -278,7 +278,7 @@ std::vector<torch::Tensor> te_attention_backward(std::vector<torch::Tensor> inpu
           for (int64_t m = 0; m < last; ++m) dw[m] *= mk[m];
           outer_rows(dw.data(), r.g2, 1, J, Nk, last, acc[V3].data());
           acc[C3][0] += row_sum(dw.data(), last);
-          for (int64_t i = 0; i < J; ++i) {  // locals: a.v3 and the rows were reloaded per key (16%)
+          for (int64_t i = 0; i < J; ++i) {  // locals: GCC reloaded a.v3 and the rows for every key
             const float v3i = a.v3[i];
             const float* __restrict g2i = r.g2 + i * Nk;
             const float* __restrict dwp = dw.data();

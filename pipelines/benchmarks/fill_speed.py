@@ -31,8 +31,9 @@ per setting, so a table can show both. (The ``auto`` rows at commit 916d601 ran 
 gave way to the other job, ``geonp.threads.adapt``; no faster than 2 fixed threads beside it,
 304.8 s against 238.7 s, it was removed.)
 Writes ``pipelines/results/fill_speed_{device}.md`` and ``.json`` (rows of earlier runs kept unless
-rerun; each CPU row names its machine, as sessions may run on different ones: compare rows of one
-machine, and the header's device is the last run's).
+rerun on the same machine; each CPU row names its machine, as sessions may run on different
+kinds: a run on another kind adds rows beside the others'. Compare rows of one machine; the
+header's device is the last run's).
 """
 
 from __future__ import annotations
@@ -147,17 +148,19 @@ def median_row(runs: list[dict]) -> dict:
 
 
 def row_key(row: dict, gpu: bool) -> tuple:
-    """What a rerun replaces: the same case, model, threads and contention; on a GPU also the same
-    commit, so each GPU session's rows stay beside the last one's (GPU time is rare)."""
-    key = row["case"], row["model"], str(row.get("threads_asked", "auto")), row["contended"]
+    """What a rerun replaces: the same case, model, threads, machine and contention (a run on
+    another kind of machine adds its rows beside the others'); on a GPU also the same commit, so
+    each GPU session's rows stay beside the last one's (GPU time is rare)."""
+    key = (row["case"], row["model"], str(row.get("threads_asked", "auto")), row.get("machine", EARLIER_MACHINE),
+           row["contended"])
     return (*key, row["commit"]) if gpu else key
 
 
 def cpu_table(rows: list[dict]) -> list[str]:
-    """One line per (case, model, threads): quiet and contended wall times side by side."""
+    """One line per (case, model, threads, machine): quiet and contended wall times side by side."""
     lines = ["| case | model | threads | gap cells | quiet s | contended s | contended / quiet | cells/s (quiet) | "
              "peak GB | machine | commit | quiet runs s |", "|---|---|---|---:|---:|---:|---:|---:|---:|---|---|---|"]
-    for setting in dict.fromkeys(row_key(r, False)[:3] for r in rows):
+    for setting in dict.fromkeys(row_key(r, False)[:4] for r in rows):
         quiet = next((r for r in rows if row_key(r, False) == (*setting, False)), None)
         busy = next((r for r in rows if row_key(r, False) == (*setting, True)), None)
         first = quiet or busy
@@ -169,9 +172,8 @@ def cpu_table(rows: list[dict]) -> list[str]:
             contended = "–"
         elif same or quiet is None:
             contended = busy["wall_s"]
-        else:  # where it came from: its commit, and its machine when that differs too
-            other = "" if busy.get("machine") == quiet.get("machine") else f", {busy.get('machine', EARLIER_MACHINE)}"
-            contended = f"{busy['wall_s']} ({busy['commit']}{other})"
+        else:  # where it came from: its commit
+            contended = f"{busy['wall_s']} ({busy['commit']})"
         lines.append(f"| {setting[0]} | {setting[1]} | {setting[2]} | {first['gap_cells']} | "
                      f"{quiet['wall_s'] if quiet else '–'} | {contended} | {ratio} | "
                      f"{quiet['cells_per_s'] if quiet else '–'} | {first['peak_gb']} | "

@@ -39,8 +39,10 @@ def source(name: str) -> Path:
 
 
 def cpu_flags() -> list[str]:
-    """Optimisation flags: AVX2 + FMA code where this CPU has them (a cache per flag set, so a
-    shared home directory on mixed nodes never hands one CPU another's build)."""
+    """Optimisation flags: AVX2 + FMA code where this CPU has them, and ``GEONP_AVX512`` where it
+    also has AVX-512 (the fused TE kernel's two hottest loops then use it, the rest stays AVX2: see
+    ``kernels/te_attention_loops.h``). A cache per flag set, so a shared home directory on mixed
+    nodes never hands one CPU another's build."""
     # No trapping math: lets the compiler vectorise the kernels' exp (floor must not raise).
     flags = ["-O3", "-fopenmp", "-fno-trapping-math", "-fno-math-errno"]
     try:
@@ -49,6 +51,8 @@ def cpu_flags() -> list[str]:
         return flags
     if " avx2" in info and " fma" in info:
         flags += ["-mavx2", "-mfma"]
+        if " avx512f" in info:
+            flags.append("-DGEONP_AVX512")
     return flags
 
 
@@ -76,7 +80,8 @@ def kernel_name(name: str, flags: list[str], path: Path | None = None) -> str:
     path = path or source(name)
     headers = [h.read_text() for h in sorted(path.parent.glob("*.h"))]  # what the source may include
     key = "|".join([path.read_text(), *headers, str(path.resolve()), torch.__version__, sys.prefix, *flags])
-    return f"geonp_{name}_cpu" + ("_avx2" if "-mavx2" in flags else "") + "_" + \
+    isa = "_avx512" if "-DGEONP_AVX512" in flags else "_avx2" if "-mavx2" in flags else ""
+    return f"geonp_{name}_cpu{isa}_" + \
         hashlib.sha256(key.encode()).hexdigest()[:10]
 
 

@@ -12,7 +12,8 @@
 // compiler targets AVX2 and FMA (cpu_build.py asks for them on CPUs that have them) the four
 // hottest (tile_layer, outer_rows, tile_dots, weighted_sum) are written in intrinsics: GCC's own vectorisation of the plain loops kept half
 // their sums on the stack and ran the demo's fine-tuning and fill kernels 2.1x slower (12.2 s
-// against 5.8 s, fwd + bwd). The plain loops stay for every other CPU.
+// against 5.8 s, fwd + bwd). The plain loops stay for every other CPU. On a CPU with AVX-512,
+// tile_layer and outer_rows run 16 floats wide as well, giving the same floats (see the loops' header).
 //
 // The backward pass recomputes one query row at a time (as FlashAttention does) and keeps only
 // that row's activations, [hidden][Nk] per layer, so its memory is that of the forward pass

@@ -22,7 +22,7 @@ def test_a_first_build_is_announced_on_stderr_a_cached_one_is_not(cached, monkey
     import torch.utils.cpp_extension as cpp
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    name = cpu_build.kernel_name("te_attention", cpu_build.cpu_flags())
+    name = cpu_build.kernel_name("te_attention", cpu_build.kernel_flags("te_attention"))
     if cached:
         (tmp_path / name).mkdir()
         (tmp_path / name / f"{name}.so").write_bytes(b"")
@@ -30,6 +30,24 @@ def test_a_first_build_is_announced_on_stderr_a_cached_one_is_not(cached, monkey
     monkeypatch.setattr(cpp, "load", lambda *a, **k: built)  # no compiler run in this test
     assert cpu_build.kernel.__wrapped__("te_attention") is built
     assert ("building the fused TE attention kernel" in capsys.readouterr().err) is not cached
+
+
+def test_a_failed_avx512_build_falls_back_to_the_avx2_kernel(monkeypatch):
+    """An AVX-512 build that fails (an older compiler, say) leaves the fused kernel in AVX2 code,
+    not in PyTorch's slower path; kernels other than TE attention are built without the define."""
+    monkeypatch.setattr(cpu_build, "has_avx512", lambda: True)
+    monkeypatch.setattr(cpu_build, "cpu_flags", lambda: ["-O3", "-mavx2", "-mfma"])
+    avx2 = object()
+    asked = []
+
+    def load(name, flags, warn=True):
+        asked.append((name, cpu_build.AVX512 in flags, warn))
+        return None if cpu_build.AVX512 in flags else avx2
+
+    monkeypatch.setattr(cpu_build, "load_kernel", load)
+    assert cpu_build.kernel.__wrapped__("te_attention") is avx2
+    assert asked == [("te_attention", True, False), ("te_attention", False, True)]
+    assert cpu_build.AVX512 not in cpu_build.kernel_flags("spd")
 
 
 def test_each_environment_and_torch_builds_its_own_kernel(monkeypatch):
@@ -165,6 +183,31 @@ def test_fused_gradients_are_the_same_bit_for_bit_on_several_threads():
         assert all(torch.equal(a, b) for a, b in zip(grads[0], later))
 
 
+@needs_kernel
+def test_skipped_query_rows_change_no_wanted_row_nor_any_gradient():
+    """``mask_q``: the kernel skips a padded batch's padding rows. The wanted rows' outputs, and
+    every gradient of a loss on them, are the same floats as when every row is computed."""
+    torch.manual_seed(6)
+    layer = TEAttention(16, 4, 16, 3, 32)
+    with torch.no_grad():
+        torch.nn.init.normal_(layer.loc_mlp[-1].weight, std=0.3)
+    mask_q = torch.rand(3, 21, generator=torch.Generator().manual_seed(7)) < 0.6
+    mask_q[2] = False  # a task with no wanted query at all
+    results = []
+    for skip in (None, mask_q):
+        zq, xq, zk, xk, mask = (t.clone().requires_grad_(t.is_floating_point()) for t in layer_inputs(21, 70, 3))
+        layer.zero_grad()
+        out, x = layer(zq, xq, zk, xk, mask, skip)
+        want = mask_q[..., None]
+        ((out * want).square().sum() + (x * want).square().sum()).backward()
+        results.append([out[mask_q], x[mask_q], zq.grad, zk.grad, xq.grad, xk.grad]
+                       + [p.grad.clone() for p in layer.parameters()])
+        if skip is not None:  # skipped rows: the output layer's bias and the location unmoved
+            assert torch.equal(out[~mask_q], layer.to_out.bias.expand(int((~mask_q).sum()), -1))
+            assert torch.equal(x[~mask_q], xq[~mask_q])
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
 def layer_results(layer: TEAttention, kernel, monkeypatch) -> list[torch.Tensor]:
     """A layer's outputs and every gradient on fixed inputs (21 queries, 70 keys), run by ``kernel``."""
     monkeypatch.setattr(te_fused, "cpu_kernel", lambda: kernel)
@@ -176,13 +219,14 @@ def layer_results(layer: TEAttention, kernel, monkeypatch) -> list[torch.Tensor]
 
 
 @needs_kernel
-@pytest.mark.skipif("-DGEONP_AVX512" not in cpu_build.cpu_flags(), reason="this CPU has no AVX-512")
+@pytest.mark.skipif(not cpu_build.has_avx512(), reason="this CPU has no AVX-512")
 @pytest.mark.parametrize("heads, head_dim, hidden", [(4, 16, 32), (3, 5, 10), (5, 16, 33)])
 def test_the_avx512_kernel_gives_the_avx2_kernels_floats(heads, head_dim, hidden, monkeypatch):
     """On a CPU with AVX-512 two loops of the kernel run 16 floats wide, each sum in the AVX2 loops'
     order, so that which build a machine gets never changes a fill: outputs and gradients equal to
     the bit, whole blocks and leftover rows and columns alike. Builds the AVX2 kernel once."""
-    avx2 = cpu_build.load_kernel("te_attention", [f for f in cpu_build.cpu_flags() if f != "-DGEONP_AVX512"])
+    avx2 = cpu_build.load_kernel("te_attention", cpu_build.cpu_flags())
+    assert te_fused.cpu_kernel().__name__.startswith("geonp_te_attention_cpu_avx512_")
     assert avx2 is not None
     torch.manual_seed(5)
     layer = TEAttention(16, heads, head_dim, 3, hidden)

@@ -38,22 +38,32 @@ def source(name: str) -> Path:
     return _FOLDER / KERNELS[name][0]
 
 
+#: Added to the fused TE kernel's flags on a CPU with AVX-512: two of its loops then run 16 floats
+#: wide, the rest stays AVX2 code (``kernels/te_attention_loops.h``; the same floats either way).
+AVX512 = "-DGEONP_AVX512"
+
+
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 def cpu_flags() -> list[str]:
-    """Optimisation flags: AVX2 + FMA code where this CPU has them, and ``GEONP_AVX512`` where it
-    also has AVX-512 (the fused TE kernel's two hottest loops then use it, the rest stays AVX2: see
-    ``kernels/te_attention_loops.h``). A cache per flag set, so a shared home directory on mixed
-    nodes never hands one CPU another's build."""
+    """Optimisation flags: AVX2 + FMA code where this CPU has them (a cache per flag set, so a
+    shared home directory on mixed nodes never hands one CPU another's build)."""
     # No trapping math: lets the compiler vectorise the kernels' exp (floor must not raise).
     flags = ["-O3", "-fopenmp", "-fno-trapping-math", "-fno-math-errno"]
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return flags
+    info = _cpuinfo()
     if " avx2" in info and " fma" in info:
         flags += ["-mavx2", "-mfma"]
-        if " avx512f" in info:
-            flags.append("-DGEONP_AVX512")
     return flags
+
+
+def has_avx512() -> bool:
+    """Whether this CPU has AVX2, FMA and AVX-512F: the fused TE kernel is then built with :data:`AVX512`."""
+    return "-mavx2" in cpu_flags() and " avx512f" in _cpuinfo()
 
 
 def built_before(extension: str) -> bool:
@@ -80,15 +90,16 @@ def kernel_name(name: str, flags: list[str], path: Path | None = None) -> str:
     path = path or source(name)
     headers = [h.read_text() for h in sorted(path.parent.glob("*.h"))]  # what the source may include
     key = "|".join([path.read_text(), *headers, str(path.resolve()), torch.__version__, sys.prefix, *flags])
-    isa = "_avx512" if "-DGEONP_AVX512" in flags else "_avx2" if "-mavx2" in flags else ""
+    isa = ("_avx512" if AVX512 in flags else "_avx2") if "-mavx2" in flags else ""
     return f"geonp_{name}_cpu{isa}_" + \
         hashlib.sha256(key.encode()).hexdigest()[:10]
 
 
-def load_kernel(name: str, flags: list[str]) -> ModuleType | None:
+def load_kernel(name: str, flags: list[str], warn: bool = True) -> ModuleType | None:
     """Kernel ``name`` built with compiler ``flags`` (cached by :func:`kernel_name`), or None
-    where it cannot be built. :func:`kernel` asks for this CPU's flags; a build without ``-mavx2``
-    runs a kernel's portable loops instead of its AVX2 code (tests compare the two)."""
+    where it cannot be built (with a warning unless ``warn`` is False). :func:`kernel` asks for this
+    CPU's flags; a build without ``-mavx2`` runs a kernel's portable loops instead of its AVX2 code
+    (tests compare the two)."""
     extension = kernel_name(name, flags)
     try:
         from torch.utils.cpp_extension import load
@@ -98,6 +109,8 @@ def load_kernel(name: str, flags: list[str]) -> ModuleType | None:
                   file=sys.stderr, flush=True)
         return load(extension, [str(source(name))], extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as err:  # no compiler, no ninja, a failed build: the PyTorch path still works
+        if not warn:
+            return None
         warnings.warn(f"geonp: {KERNELS[name][1]} unavailable ({type(err).__name__}: "
                       f"{str(err).splitlines()[0] if str(err) else ''}); using the slower PyTorch path",
                       stacklevel=2)
@@ -107,8 +120,21 @@ def load_kernel(name: str, flags: list[str]) -> ModuleType | None:
 @functools.cache
 def kernel(name: str) -> ModuleType | None:
     """Kernel ``name`` (a key of :data:`KERNELS`) for this CPU, built or loaded once per process,
-    or None (no compiler, no ninja, a failed build)."""
-    return load_kernel(name, cpu_flags() + KERNELS[name][2])
+    or None (no compiler, no ninja, a failed build). The fused TE kernel is built with its AVX-512
+    loops where the CPU has them, and without them where that build fails (an older compiler)."""
+    flags = kernel_flags(name)
+    if AVX512 in flags:
+        built = load_kernel(name, flags, warn=False)
+        if built is not None:
+            return built
+        flags = [f for f in flags if f != AVX512]
+    return load_kernel(name, flags)
+
+
+def kernel_flags(name: str) -> list[str]:
+    """The flags :func:`kernel` builds kernel ``name`` with first on this CPU: :func:`cpu_flags`,
+    the kernel's own, and :data:`AVX512` for the fused TE kernel on a CPU with AVX-512."""
+    return cpu_flags() + KERNELS[name][2] + ([AVX512] if name == "te_attention" and has_avx512() else [])
 
 
 def can_build() -> bool:

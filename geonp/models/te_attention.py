@@ -149,10 +149,15 @@ class TEAttention(nn.Module):
         return z.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
 
     def forward(
-        self, zq: torch.Tensor, xq: torch.Tensor, zk: torch.Tensor, xk: torch.Tensor, mask_k: torch.Tensor
+        self, zq: torch.Tensor, xq: torch.Tensor, zk: torch.Tensor, xk: torch.Tensor, mask_k: torch.Tensor,
+        mask_q: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``zq [B, Nq, Dz], xq [B, Nq, Dx], zk [B, Nk, Dz], xk [B, Nk, Dx], mask_k [B, Nk]``
-        -> ``(out [B, Nq, Dz], new xq [B, Nq, Dx])``."""
+        -> ``(out [B, Nq, Dz], new xq [B, Nq, Dx])``.
+
+        ``mask_q [B, Nq]`` (optional) marks the queries that matter: the fused kernel skips the
+        others (a batch's padding), whose rows then hold ``to_out``'s bias and an unmoved location;
+        the Python paths compute every row. A query row's result never depends on another's."""
         q = self._split(self.to_q(zq)) / math.sqrt(self.head_dim)
         k, v = self._split(self.to_k(zk)), self._split(self.to_v(zk))
         b, h, nq, _ = q.shape
@@ -171,7 +176,7 @@ class TEAttention(nn.Module):
             xq, xk = xq - x0, xk - x0
         if backend == "fused" and te_fused.usable(q, xq, xk):
             out, dx = te_fused.fused_attention(self.logit_mlp, self.loc_mlp, self.log_lengthscale, q, k, v, xq, xk,
-                                               mask_k)
+                                               mask_k, mask_q)
             out = out.transpose(1, 2).reshape(b, nq, -1)  # [B, Nq, H * Dh]
             return self.to_out(out), xq_in + dx if self.loc_mlp is not None else xq_in
         width = max(self.dim_hidden, h)
@@ -303,10 +308,11 @@ class TEAttentionBlock(nn.Module):
         self.ff = mlp(dim, dim, dim)
 
     def forward(
-        self, z: torch.Tensor, x: torch.Tensor, kv: torch.Tensor, x_kv: torch.Tensor, mask_kv: torch.Tensor
+        self, z: torch.Tensor, x: torch.Tensor, kv: torch.Tensor, x_kv: torch.Tensor, mask_kv: torch.Tensor,
+        mask_q: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # z [B, Nq, Dz], x [B, Nq, Dx], kv [B, Nk, Dz], x_kv [B, Nk, Dx], mask_kv [B, Nk]
-        out, x = self.attn(self.norm_q(z), x, self.norm_kv(kv), x_kv, mask_kv)
+        # z [B, Nq, Dz], x [B, Nq, Dx], kv [B, Nk, Dz], x_kv [B, Nk, Dx], mask_kv [B, Nk], mask_q [B, Nq] or None
+        out, x = self.attn(self.norm_q(z), x, self.norm_kv(kv), x_kv, mask_kv, mask_q)
         z = z + out
         return z + self.ff(self.norm_ff(z)), x
 

@@ -39,6 +39,7 @@ struct Args {
   const float *q, *kT, *v, *xq, *xkT, *mask, *pq, *npkT, *wd, *w2, *b2, *w3, *b3, *he;
   const float *v1, *c1, *v2, *c2, *v3;
   float c3;
+  const float* mask_q;  // [B, Nq]: 1 where a query row is wanted (a padded batch's padding is skipped)
   bool has_phi;
 };
 
@@ -145,7 +146,7 @@ float present(const Args& a, int64_t b) {
 }
 
 Args make_args(const std::vector<torch::Tensor>& t, bool has_phi) {
-  TORCH_CHECK(t.size() == 20, "te_attention_cpu: expected 20 inputs, got ", t.size());
+  TORCH_CHECK(t.size() == 21, "te_attention_cpu: expected 21 inputs, got ", t.size());
   for (const auto& x : t) {
     TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
                 "te_attention_cpu: every input must be a contiguous float32 CPU tensor");
@@ -158,6 +159,7 @@ Args make_args(const std::vector<torch::Tensor>& t, bool has_phi) {
                            &a.w3, &a.b3, &a.he, &a.v1, &a.c1, &a.v2, &a.c2, &a.v3};
   for (size_t i = 0; i < 19; ++i) *slots[i] = t[i].data_ptr<float>();
   a.c3 = t[19].data_ptr<float>()[0];
+  a.mask_q = t[20].data_ptr<float>();
   a.has_phi = has_phi;
   return a;
 }
@@ -168,9 +170,10 @@ Args make_args(const std::vector<torch::Tensor>& t, bool has_phi) {
 // v [B,H,Nk,Dh]; xq [B,Nq,Dx]; xkT [B,Dx,Nk]; mask [B,Nk] (1 present, 0 absent); pq [B,Nq,J] =
 // W_x xq + b1; npkT [B,J,Nk] = -W_x xk; wd [J,H] (rho's first layer on the dot products);
 // w2 [J,J]; b2 [J]; w3 [H,J]; b3 [H]; he [H] = 0.5 / ell_h^2 (zeros without the distance
-// prior); phi: v1 [J,H], c1 [J], v2 [J,J], c2 [J], v3 [J] (last layer summed over heads), c3 [1].
-// Nk must be a multiple of KT (padded keys have mask 0). Returns out [B,H,Nq,Dh] and dx
-// [B,Nq,Dx], the Eq. 10 update divided by the number of present keys (zeros without phi).
+// prior); phi: v1 [J,H], c1 [J], v2 [J,J], c2 [J], v3 [J] (last layer summed over heads), c3 [1];
+// mask_q [B,Nq] (1 wanted, 0 skipped: a padded batch's padding). Nk must be a multiple of KT
+// (padded keys have mask 0). Returns out [B,H,Nq,Dh] and dx [B,Nq,Dx], the Eq. 10 update divided
+// by the number of present keys (zeros without phi, and in skipped rows).
 std::vector<torch::Tensor> te_attention_forward(std::vector<torch::Tensor> inputs, bool has_phi) {
   const Args a = make_args(inputs, has_phi);
   auto out = torch::zeros({a.B, a.H, a.Nq, a.Dh}, inputs[0].options());
@@ -183,6 +186,7 @@ std::vector<torch::Tensor> te_attention_forward(std::vector<torch::Tensor> input
     const Acts& acts = s.tile_acts;
     std::vector<float> swx(a.Dx);
     for (int64_t row = begin; row < end; ++row) {
+      if (a.mask_q[row] == 0.f) continue;
       const int64_t b = row / a.Nq, n = row % a.Nq;
       const int64_t last = row_alpha(a, b, n, s, acts, false);
       for (int64_t h = 0; h < a.H; ++h)  // out = alpha v
@@ -207,8 +211,9 @@ std::vector<torch::Tensor> te_attention_forward(std::vector<torch::Tensor> input
   return {out, dx};
 }
 
-// Gradients of te_attention_forward with respect to its inputs 0-4 and 6-19 (all but the
-// mask), in that order, given those of its outputs (g_out [B,H,Nq,Dh], g_dx [B,Nq,Dx]).
+// Gradients of te_attention_forward with respect to its inputs 0-4 and 6-19 (all but the two
+// masks), in that order, given those of its outputs (g_out [B,H,Nq,Dh], g_dx [B,Nq,Dx]). Skipped
+// query rows send no gradient: their outputs reach no valid result, so their gradients are zero.
 // Batches are split over threads, so the key-side gradients of a batch have one writer; the
 // weight gradients are summed per thread and then across threads, in batch order.
 std::vector<torch::Tensor> te_attention_backward(std::vector<torch::Tensor> inputs, bool has_phi,
@@ -217,7 +222,7 @@ std::vector<torch::Tensor> te_attention_backward(std::vector<torch::Tensor> inpu
   const int64_t H = a.H, J = a.J, Nk = a.Nk, Dh = a.Dh, Dx = a.Dx;
   std::vector<torch::Tensor> grads;
   for (size_t i = 0; i < inputs.size(); ++i)
-    if (i != 5) grads.push_back(torch::zeros_like(inputs[i]));
+    if (i != 5 && i != 20) grads.push_back(torch::zeros_like(inputs[i]));
   float *GQ = grads[0].data_ptr<float>(), *GKT = grads[1].data_ptr<float>(), *GV = grads[2].data_ptr<float>();
   float *GXQ = grads[3].data_ptr<float>(), *GXKT = grads[4].data_ptr<float>(), *GPQ = grads[5].data_ptr<float>();
   float* GNPKT = grads[6].data_ptr<float>();
@@ -242,6 +247,7 @@ std::vector<torch::Tensor> te_attention_backward(std::vector<torch::Tensor> inpu
       const float inv_n = 1.f / present(a, b);
       const float* mk = a.mask + b * Nk;
       for (int64_t n = 0; n < a.Nq; ++n) {
+        if (a.mask_q[b * a.Nq + n] == 0.f) continue;
         const int64_t last = row_alpha(a, b, n, s, r, true);
         const float* xqn = a.xq + (b * a.Nq + n) * Dx;
         float* gxq = GXQ + (b * a.Nq + n) * Dx;

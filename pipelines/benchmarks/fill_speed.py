@@ -151,8 +151,8 @@ def row_key(row: dict, gpu: bool) -> tuple:
     """What a rerun replaces: the same case, model, threads, machine and contention (a run on
     another kind of machine adds its rows beside the others'); on a GPU also the same commit, so
     each GPU session's rows stay beside the last one's (GPU time is rare)."""
-    key = (row["case"], row["model"], str(row.get("threads_asked", "auto")), row.get("machine", EARLIER_MACHINE),
-           row["contended"])
+    machine = "" if gpu else row.get("machine", EARLIER_MACHINE)  # GPU rows name their device in the header
+    key = row["case"], row["model"], str(row.get("threads_asked", "auto")), machine, row["contended"]
     return (*key, row["commit"]) if gpu else key
 
 

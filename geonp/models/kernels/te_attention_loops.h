@@ -30,10 +30,11 @@ constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 #if defined(__AVX2__) && defined(__FMA__) && defined(GEONP_AVX512)
 // On a CPU with AVX-512 (cpu_build.py defines GEONP_AVX512 there) the two hottest loops also have
 // 16-float versions, compiled for AVX-512 by a target attribute while the rest of the kernel keeps
-// its AVX2 code. AVX2 code uses half the width of such a CPU's two FMA units, which MKL (and so
-// kriging) uses whole: on an Intel Xeon with AVX-512 the demo's te-pt-tnp fill took 21.4-24.9 s
-// against 23.7-24.5 s, forward passes of the kernel 12% less time. Each sum takes its terms in the
-// AVX2 version's order: the same floats, bit for bit (tests compare the two builds).
+// its AVX2 code. On the Intel Xeon measured (2 cores) the kernel's forward passes took 2.3-2.6 ms
+// against 2.7-2.9 ms, and the demo's te-pt-tnp fill 21.4-24.9 s against 23.7-24.5 s (inside the
+// spread of such runs); other CPUs with AVX-512 (one 512-bit FMA unit, or Zen 4's two halves) are
+// not measured. Each sum takes its terms in the AVX2 version's order: the same floats, bit for bit
+// (tests compare the two builds).
 #define GEONP_512 __attribute__((target("avx512f")))
 #endif
 

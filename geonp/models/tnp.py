@@ -319,7 +319,7 @@ class TEPTTNP(_TETransformerNP):
             if drift_t.shape[-1] == 0:
                 drift_t = drift_c = None
         near_t, near_k = self._neighbourhoods(xc, xt, mask_c)  # each ([B, Nt, K] indices, mask) or None
-        zt = self._encode(xc, yc, xt, mask_c, mask_t, near_t)  # [B, Nt, Dz]
+        zt = self._encode(xc, yc, xt, mask_c, near_t, mask_t)  # [B, Nt, Dz]
         if self.kriging is None:
             return [self.head(self.decoder(zt))]
         return [self._kriging_head(zt, xc, yc, xt, near_k, drift_c, drift_t, mask_t,
@@ -341,10 +341,10 @@ class TEPTTNP(_TETransformerNP):
         return near_t, tuple(t[..., :self.kriging_neighbours] for t in near)
 
     def _encode(self, xc: torch.Tensor, yc: torch.Tensor, xt: torch.Tensor, mask_c: torch.Tensor,
-                mask_t: torch.Tensor, near_t: tuple | None) -> torch.Tensor:
+                near_t: tuple | None, mask_t: torch.Tensor | None = None) -> torch.Tensor:
         """Target tokens ``[B, Nt, Dz]``: the pseudo-token layers, each followed by local attention.
-        Padded context and target rows are skipped by the fused kernel (their tokens reach no valid
-        output: keys are masked, and every later step works row by row)."""
+        Padded context rows, and target rows where ``mask_t`` is False, are skipped by the fused
+        kernel (their tokens reach no valid output: keys are masked, later steps work row by row)."""
         zc, zt = self._tokens(yc, xt)  # [B, Nc, Dz], [B, Nt, Dz]
         u = self.pseudo.expand(xc.shape[0], -1, -1)  # [B, M, Dz]
         v = self.initial_pseudo_locations(zc, xc, mask_c)  # [B, M, Dx]

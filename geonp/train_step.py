@@ -49,20 +49,30 @@ class PlainAdamW:
     def step(self) -> None:
         group = self.param_groups[0]
         lr, decay, (beta1, beta2), eps = group["lr"], group["weight_decay"], group["betas"], group["eps"]
+        by_step: dict[float, list[torch.Tensor]] = {}  # parameters at the same step update together
         for p in group["params"]:
             if p.grad is None:
                 continue
             if p not in self.state:
                 self.state[p] = {"step": 0.0, "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
-            state = self.state[p]
-            state["step"] += 1.0
+            self.state[p]["step"] += 1.0
+            by_step.setdefault(self.state[p]["step"], []).append(p)
+        # torch._foreach_* run each tensor's op in turn, in C++: the same arithmetic as one call per
+        # tensor, without ~370 parameters x 8 Python calls a step (20 ms a step on 2 cores).
+        for step, params in by_step.items():
+            grads = [p.grad for p in params]
+            exp_avg = [self.state[p]["exp_avg"] for p in params]
+            exp_avg_sq = [self.state[p]["exp_avg_sq"] for p in params]
             if decay != 0:
-                p.mul_(1 - lr * decay)
-            state["exp_avg"].lerp_(p.grad, 1 - beta1)
-            state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-            step_size = lr / (1 - beta1 ** state["step"])
-            denom = (state["exp_avg_sq"].sqrt() / (1 - beta2 ** state["step"]) ** 0.5).add_(eps)
-            p.addcdiv_(state["exp_avg"], denom, value=-step_size)
+                torch._foreach_mul_(params, 1 - lr * decay)
+            torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
+            torch._foreach_mul_(exp_avg_sq, beta2)
+            torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
+            step_size = lr / (1 - beta1 ** step)
+            denom = torch._foreach_sqrt(exp_avg_sq)
+            torch._foreach_div_(denom, (1 - beta2 ** step) ** 0.5)
+            torch._foreach_add_(denom, eps)
+            torch._foreach_addcdiv_(params, exp_avg, denom, value=-step_size)
 
 
 def task_loss(model: torch.nn.Module, batch: Batch, device: torch.device) -> torch.Tensor:

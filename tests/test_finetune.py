@@ -164,11 +164,12 @@ def test_head_scope_changes_the_head_alone(tiny_checkpoint, one_thread):
 
 def test_plain_adamw_updates_as_torch_adamw_bit_for_bit():
     """Fine-tuning's optimizer skips torch.optim's import of torch._dynamo; its arithmetic is
-    torch.optim.AdamW's (single-tensor path), weight decay and a frozen parameter included."""
+    torch.optim.AdamW's (single-tensor path), weight decay, a frozen parameter and a layer used
+    every other step (so parameters at different step counts) included."""
     from geonp.train_step import PlainAdamW
 
     torch.manual_seed(0)
-    ours = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 2))
+    ours = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 2), torch.nn.Linear(5, 2))
     theirs = copy.deepcopy(ours)
     for model in (ours, theirs):
         model[2].bias.requires_grad_(False)
@@ -178,7 +179,10 @@ def test_plain_adamw_updates_as_torch_adamw_bit_for_bit():
         x = torch.randn(16, 5)
         for model, opt in zip((ours, theirs), opts):
             opt.zero_grad(set_to_none=True)
-            model(x).square().mean().backward()
+            loss = model[:3](x).square().mean()
+            if step % 2:
+                loss = loss + model[3](x).square().mean()
+            loss.backward()
             for group in opt.param_groups:
                 group["lr"] = 3e-2 / (step + 1)  # as optimizer_step sets it every step
             opt.step()

@@ -139,6 +139,31 @@ void phi_tile(const Args& a, int64_t b, int64_t m0, const Scratch& s, const Acts
   for (int64_t t = 0; t < KT; ++t) acts.w[off + t] *= mk[t];
 }
 
+// One query row (row = b * Nq + n) of te_attention_forward: its out [H][Dh] and dx [Dx] (inv_n: 1 /
+// the task's present keys; swx: Dx floats of scratch).
+void forward_row(const Args& a, int64_t row, float inv_n, Scratch& s, std::vector<float>& swx, float* OUT, float* DX) {
+  const Acts& acts = s.tile_acts;
+  const int64_t b = row / a.Nq, n = row % a.Nq;
+  const int64_t last = row_alpha(a, b, n, s, acts, false);
+  for (int64_t h = 0; h < a.H; ++h)  // out = alpha v
+    weighted_sum(s.alpha.data() + h * a.Nk, a.v + (b * a.H + h) * a.Nk * a.Dh, last, a.Dh,
+                 OUT + ((b * a.H + h) * a.Nq + n) * a.Dh);
+  if (!a.has_phi) return;
+  // dx = (1/N) sum_m w_m (x_q - x_m) = (x_q sum_m w_m - sum_m w_m x_m) / N
+  float sw = 0.f;
+  std::fill(swx.begin(), swx.end(), 0.f);
+  for (int64_t m0 = 0; m0 < last; m0 += KT) {
+    phi_tile(a, b, m0, s, acts, 0);
+    for (int64_t t = 0; t < KT; ++t) sw += acts.w[t];
+    for (int64_t d = 0; d < a.Dx; ++d) {
+      const float* xk = a.xkT + (b * a.Dx + d) * a.Nk + m0;
+      for (int64_t t = 0; t < KT; ++t) swx[d] += acts.w[t] * xk[t];
+    }
+  }
+  const float* xqn = a.xq + row * a.Dx;
+  for (int64_t d = 0; d < a.Dx; ++d) DX[row * a.Dx + d] = (xqn[d] * sw - swx[d]) * inv_n;
+}
+
 float present(const Args& a, int64_t b) {
   float n = 0.f;
   for (int64_t m = 0; m < a.Nk; ++m) n += a.mask[b * a.Nk + m];
@@ -181,32 +206,19 @@ std::vector<torch::Tensor> te_attention_forward(std::vector<torch::Tensor> input
   float *OUT = out.data_ptr<float>(), *DX = dx.data_ptr<float>();
   std::vector<float> inv_n(a.B);  // 1 / present keys per task, once rather than once per row
   for (int64_t b = 0; b < a.B; ++b) inv_n[b] = 1.f / present(a, b);
-  at::parallel_for(0, a.B * a.Nq, 8, [&](int64_t begin, int64_t end) {
+  // The wanted rows, dealt out in turn (row i to share i % shares): a task's rows cost alike (its
+  // keys), tasks do not, so contiguous ranges left one thread waiting on a longer task's rows (the
+  // demo's fine-tuning: 4 tasks on 2 threads). Rows are independent: any split gives the same floats.
+  std::vector<int64_t> wanted;
+  for (int64_t row = 0; row < a.B * a.Nq; ++row)
+    if (a.mask_q[row] != 0.f) wanted.push_back(row);
+  const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), wanted.size() / 8));
+  at::parallel_for(0, shares, 1, [&](int64_t begin, int64_t end) {
     Scratch s(a, false);
-    const Acts& acts = s.tile_acts;
     std::vector<float> swx(a.Dx);
-    for (int64_t row = begin; row < end; ++row) {
-      if (a.mask_q[row] == 0.f) continue;
-      const int64_t b = row / a.Nq, n = row % a.Nq;
-      const int64_t last = row_alpha(a, b, n, s, acts, false);
-      for (int64_t h = 0; h < a.H; ++h)  // out = alpha v
-        weighted_sum(s.alpha.data() + h * a.Nk, a.v + (b * a.H + h) * a.Nk * a.Dh, last, a.Dh,
-                     OUT + ((b * a.H + h) * a.Nq + n) * a.Dh);
-      if (!a.has_phi) continue;
-      // dx = (1/N) sum_m w_m (x_q - x_m) = (x_q sum_m w_m - sum_m w_m x_m) / N
-      float sw = 0.f;
-      std::fill(swx.begin(), swx.end(), 0.f);
-      for (int64_t m0 = 0; m0 < last; m0 += KT) {
-        phi_tile(a, b, m0, s, acts, 0);
-        for (int64_t t = 0; t < KT; ++t) sw += acts.w[t];
-        for (int64_t d = 0; d < a.Dx; ++d) {
-          const float* xk = a.xkT + (b * a.Dx + d) * a.Nk + m0;
-          for (int64_t t = 0; t < KT; ++t) swx[d] += acts.w[t] * xk[t];
-        }
-      }
-      const float* xqn = a.xq + (b * a.Nq + n) * a.Dx;
-      for (int64_t d = 0; d < a.Dx; ++d) DX[(b * a.Nq + n) * a.Dx + d] = (xqn[d] * sw - swx[d]) * inv_n[b];
-    }
+    for (int64_t share = begin; share < end; ++share)
+      for (int64_t i = share; i < static_cast<int64_t>(wanted.size()); i += shares)
+        forward_row(a, wanted[i], inv_n[wanted[i] / a.Nq], s, swx, OUT, DX);
   });
   return {out, dx};
 }

@@ -70,3 +70,40 @@ def test_spd_solve_runs_on_the_kernel_in_float32_with_autograd_s_gradients(monke
     theirs = torch.autograd.grad(torch.cholesky_solve(r64, torch.linalg.cholesky(sym(k64))), (k64, r64), g.double())
     for x, y in zip(ours, theirs):
         assert float((x.double() - y).norm() / y.norm()) < 1e-4
+
+
+needs_covariance_kernel = pytest.mark.skipif(not cpu_build.can_build(),
+                                             reason="no C++ compiler or ninja to build the kernel")
+
+
+@needs_covariance_kernel
+@pytest.mark.parametrize("kernel", ["gaussian", "exponential", "matern32"])
+@pytest.mark.parametrize("k", [13, 64])
+def test_the_covariance_kernel_builds_and_differentiates_as_float64_autograd(kernel, k):
+    """The kriging head's neighbour covariances on the compiled kernel (float32): the matrices and
+    their gradients against autograd through the plain chain of steps in float64, absent
+    neighbours included, a neighbour count that is not a multiple of the kernel's eight lanes too."""
+    from geonp.models.kriging_linalg import JITTER, NeighbourCovariance, correlation
+
+    g = torch.Generator().manual_seed(4)
+    ok = (torch.rand(2, 9, k, generator=g) > 0.2).float()
+    scaled = torch.randn(2, 9, k, 3, generator=g) * ok[..., None]
+    sill, nugget = torch.rand(2, 9, generator=g) + 0.5, torch.rand(2, 9, generator=g) * 0.1
+    grad = torch.randn(2, 9, k, k, generator=g)
+
+    def plain(scaled, sill, nugget):
+        diff = scaled[..., :, None, :] - scaled[..., None, :, :]
+        pair = ok.double()[..., :, None] * ok.double()[..., None, :]
+        cov = sill[..., None, None] * correlation(diff.square().sum(-1), kernel) * pair
+        return cov + torch.diag_embed((nugget[..., None] + JITTER) * ok.double() + (1 - ok.double()))
+
+    assert kriging_linalg._covariance_kernel(scaled, sill, nugget, ok) is not None  # float32 runs compiled
+    ours_in = [t.clone().requires_grad_() for t in (scaled, sill, nugget)]
+    ours = NeighbourCovariance.apply(*ours_in, ok, kernel)
+    ours_grads = torch.autograd.grad(ours, ours_in, grad)
+    theirs_in = [t.double().requires_grad_() for t in (scaled, sill, nugget)]
+    theirs = plain(*theirs_in)
+    theirs_grads = torch.autograd.grad(theirs, theirs_in, grad.double())
+    assert float((ours.double() - theirs).abs().max()) < 1e-5
+    for x, y in zip(ours_grads, theirs_grads):
+        assert float((x.double() - y).norm() / y.norm()) < 1e-5

@@ -28,6 +28,7 @@ import torch
 KERNELS = {
     "te_attention": ("te_attention_cpu.cpp", "the fused TE attention kernel", []),
     "spd": ("spd_cpu.cpp", "the kriging head's solver kernel", []),
+    "covariance": ("covariance_cpu.cpp", "the kriging head's covariance kernel", []),
     "neighbours": ("neighbours_cpu.cpp", "the neighbour search kernel", ["-ffp-contract=off"]),
 }
 _FOLDER = Path(__file__).with_name("kernels")

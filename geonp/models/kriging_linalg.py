@@ -43,6 +43,17 @@ def _correlation_slope(d2: torch.Tensor, corr: torch.Tensor, kernel: str) -> tor
     return -1.5 * corr / (1 + math.sqrt(3) * d)  # matern32: (1 + sqrt3 d) exp(-sqrt3 d)
 
 
+#: The covariance families' numbers in the ``covariance`` kernel (kernels/covariance_cpu.cpp).
+FAMILIES = {"gaussian": 0, "exponential": 1, "matern32": 2}
+
+
+def _covariance_kernel(*tensors: torch.Tensor):
+    """The compiled ``covariance`` kernel where it runs on these (float32 CPU tensors) and is built, else None."""
+    if any(t.device.type != "cpu" or t.dtype != torch.float32 for t in tensors):
+        return None
+    return cpu_build.kernel("covariance")
+
+
 class NeighbourCovariance(torch.autograd.Function):
     """The neighbours' covariance matrix of each target, with the backward pass written out.
 
@@ -50,13 +61,27 @@ class NeighbourCovariance(torch.autograd.Function):
     ``ok [B, Nt, K]`` (1 present, 0 absent) -> ``K [B, Nt, K, K]``: ``sill * corr(|s_i - s_j|^2)``
     between present neighbours, ``nugget + jitter`` added on their diagonal, a unit diagonal and
     no tie for absent ones (their weight then solves to 0). Autograd through the same chain of
-    elementwise steps made and kept a dozen ``K x K`` tensors per target; this keeps two.
+    elementwise steps made and kept a dozen ``K x K`` tensors per target; this keeps two. On the
+    CPU in float32 the ``covariance`` kernel (``kernels/covariance_cpu.cpp``) builds each matrix in
+    one pass and recomputes what the backward pass needs, keeping none: in the demo's te-pt-tnp fill
+    (Intel Xeon, 2 threads, cProfile) 0.48 s forward and 0.12 s backward against 1.66 s and 0.56 s
+    for the chain below, which runs on a GPU, in float64 and where the kernel cannot be built.
     """
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float32)  # kriging in float32 under autocast
     def forward(ctx, scaled: torch.Tensor, sill: torch.Tensor, nugget: torch.Tensor, ok: torch.Tensor,
                 kernel: str) -> torch.Tensor:
+        ctx.kernel = kernel
+        compiled = _covariance_kernel(scaled, sill, nugget, ok)
+        ctx.compiled = compiled is not None
+        if compiled is not None:  # one pass per matrix; the backward recomputes what it needs
+            lead = scaled.shape[:-2]
+            k_ = scaled.shape[-2]
+            flat = [t.reshape(-1, *t.shape[len(lead):]).contiguous() for t in (scaled, sill, nugget, ok)]
+            ctx.save_for_backward(*flat[:2], flat[3])
+            ctx.lead = lead
+            return compiled.forward(*flat, FAMILIES[kernel]).view(*lead, k_, k_)
         # Squared distances as |a|^2 + |b|^2 - 2 a.b: one batched matmul, no [.., K, K, Dx] tensor
         # (offsets are centred on the target, so the cancellation is small).
         norm = scaled.square().sum(-1)  # [B, Nt, K]
@@ -64,7 +89,6 @@ class NeighbourCovariance(torch.autograd.Function):
         corr = correlation(d2, kernel).mul_(ok[..., :, None]).mul_(ok[..., None, :])  # [B, Nt, K, K]
         k = corr * sill[..., None, None]
         k.diagonal(dim1=-2, dim2=-1).add_((nugget[..., None] + JITTER) * ok + (1 - ok))
-        ctx.kernel = kernel
         ctx.save_for_backward(scaled, sill, ok, d2, corr)
         return k
 
@@ -72,6 +96,12 @@ class NeighbourCovariance(torch.autograd.Function):
     @torch.amp.custom_bwd(device_type="cuda")
     @torch.autograd.function.once_differentiable
     def backward(ctx, g: torch.Tensor) -> tuple:
+        if ctx.compiled:
+            scaled, sill, ok = ctx.saved_tensors
+            g_scaled, g_sill, g_nugget = cpu_build.kernel("covariance").backward(
+                g.reshape(-1, *g.shape[-2:]).contiguous(), scaled, sill, ok, FAMILIES[ctx.kernel])
+            return (g_scaled.view(*ctx.lead, *scaled.shape[-2:]), g_sill.view(ctx.lead), g_nugget.view(ctx.lead),
+                    None, None)
         scaled, sill, ok, d2, corr = ctx.saved_tensors
         g_sill = (g * corr).sum((-2, -1))
         g_nugget = (g.diagonal(dim1=-2, dim2=-1) * ok).sum(-1)

@@ -82,13 +82,15 @@ needs_covariance_kernel = pytest.mark.skipif(not cpu_build.can_build(),
 def test_the_covariance_kernel_builds_and_differentiates_as_float64_autograd(kernel, k):
     """The kriging head's neighbour covariances on the compiled kernel (float32): the matrices and
     their gradients against autograd through the plain chain of steps in float64, absent
-    neighbours included, a neighbour count that is not a multiple of the kernel's eight lanes too."""
+    neighbours included, a neighbour count that is not a multiple of the kernel's eight lanes and a
+    sill broadcast over the tasks too."""
     from geonp.models.kriging_linalg import JITTER, NeighbourCovariance, correlation
 
     g = torch.Generator().manual_seed(4)
     ok = (torch.rand(2, 9, k, generator=g) > 0.2).float()
     scaled = torch.randn(2, 9, k, 3, generator=g) * ok[..., None]
-    sill, nugget = torch.rand(2, 9, generator=g) + 0.5, torch.rand(2, 9, generator=g) * 0.1
+    # sill [1, 9] broadcast over the tasks, as a head's parameters for a batch can be
+    sill, nugget = torch.rand(1, 9, generator=g) + 0.5, torch.rand(2, 9, generator=g) * 0.1
     grad = torch.randn(2, 9, k, k, generator=g)
 
     def plain(scaled, sill, nugget):

@@ -76,9 +76,13 @@ class NeighbourCovariance(torch.autograd.Function):
         compiled = _covariance_kernel(scaled, sill, nugget, ok)
         ctx.compiled = compiled is not None
         if compiled is not None:  # one pass per matrix; the backward recomputes what it needs
-            lead = scaled.shape[:-2]
-            k_ = scaled.shape[-2]
-            flat = [t.reshape(-1, *t.shape[len(lead):]).contiguous() for t in (scaled, sill, nugget, ok)]
+            # The leading dims broadcast (a head's parameters [1, Nt] serve every task); the kernel
+            # takes one of each per system. Gradients come back at the broadcast shape, which
+            # autograd sums to each input's own.
+            lead = torch.broadcast_shapes(scaled.shape[:-2], sill.shape, nugget.shape, ok.shape[:-1])
+            k_, dim = scaled.shape[-2:]
+            flat = [t.expand(*lead, *tail).reshape(-1, *tail).contiguous()
+                    for t, tail in ((scaled, (k_, dim)), (sill, ()), (nugget, ()), (ok, (k_,)))]
             ctx.save_for_backward(*flat[:2], flat[3])
             ctx.lead = lead
             return compiled.forward(*flat, FAMILIES[kernel]).view(*lead, k_, k_)

@@ -89,6 +89,8 @@ torch::Tensor covariance_forward(torch::Tensor scaled, torch::Tensor sill, torch
                                  int64_t family) {
   check(scaled, 3, "scaled"); check(sill, 1, "sill"); check(nugget, 1, "nugget"); check(ok, 2, "ok");
   const int64_t s = scaled.size(0), k = scaled.size(1), d = scaled.size(2);
+  TORCH_CHECK(sill.size(0) == s && nugget.size(0) == s && ok.size(0) == s && ok.size(1) == k,
+              "covariance_cpu: sill, nugget [S] and ok [S, K] must match scaled [S, K, D]");
   auto out = torch::empty({s, k, k}, scaled.options());
   const float *SC = scaled.data_ptr<float>(), *SILL = sill.data_ptr<float>(), *NUG = nugget.data_ptr<float>();
   const float* OK = ok.data_ptr<float>();
@@ -116,6 +118,8 @@ std::vector<torch::Tensor> covariance_backward(torch::Tensor g, torch::Tensor sc
                                                torch::Tensor ok, int64_t family) {
   check(g, 3, "g"); check(scaled, 3, "scaled"); check(sill, 1, "sill"); check(ok, 2, "ok");
   const int64_t s = scaled.size(0), k = scaled.size(1), d = scaled.size(2);
+  TORCH_CHECK(g.size(0) == s && g.size(1) == k && g.size(2) == k && sill.size(0) == s && ok.size(0) == s &&
+              ok.size(1) == k, "covariance_cpu: g [S, K, K], sill [S] and ok [S, K] must match scaled [S, K, D]");
   auto g_scaled = torch::empty_like(scaled);
   auto g_sill = torch::empty_like(sill);
   auto g_nugget = torch::empty_like(sill);

@@ -1,8 +1,9 @@
 """geonp's compiled CPU kernels: C++ sources under ``kernels/``, built on first use.
 
-Three kernels: ``te_attention`` (the fused TE attention of :mod:`geonp.models.te_fused`),
+Four kernels: ``te_attention`` (the fused TE attention of :mod:`geonp.models.te_fused`),
 ``spd`` (the local kriging head's many small positive definite solves,
-:mod:`geonp.models.kriging_linalg`) and ``neighbours`` (each query's nearest keys, overall or by
+:mod:`geonp.models.kriging_linalg`), ``covariance`` (those systems' covariance matrices and
+their gradients, the same module) and ``neighbours`` (each query's nearest keys, overall or by
 quadrant, :func:`geonp.models.local_attention.nearest_neighbours`). Each is compiled with
 ``torch.utils.cpp_extension`` the first time a process asks for it (needs a C++ compiler and
 ``ninja``), cached under ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``), and

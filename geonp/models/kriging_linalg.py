@@ -73,13 +73,14 @@ class NeighbourCovariance(torch.autograd.Function):
     def forward(ctx, scaled: torch.Tensor, sill: torch.Tensor, nugget: torch.Tensor, ok: torch.Tensor,
                 kernel: str) -> torch.Tensor:
         ctx.kernel = kernel
-        compiled = _covariance_kernel(scaled, sill, nugget, ok)
+        compiled = _covariance_kernel(scaled, sill, nugget, ok) if scaled.shape[-2] else None
         ctx.compiled = compiled is not None
         if compiled is not None:  # one pass per matrix; the backward recomputes what it needs
             # The leading dims broadcast (a head's parameters [1, Nt] serve every task); the kernel
             # takes one of each per system. Gradients come back at the broadcast shape, which
-            # autograd sums to each input's own.
-            lead = torch.broadcast_shapes(scaled.shape[:-2], sill.shape, nugget.shape, ok.shape[:-1])
+            # autograd sums to each input's own. NumPy's rule (see batch_shape: torch's imports SymPy).
+            lead = np.broadcast_shapes(tuple(scaled.shape[:-2]), tuple(sill.shape), tuple(nugget.shape),
+                                       tuple(ok.shape[:-1]))
             k_, dim = scaled.shape[-2:]
             flat = [t.expand(*lead, *tail).reshape(-1, *tail).contiguous()
                     for t, tail in ((scaled, (k_, dim)), (sill, ()), (nugget, ()), (ok, (k_,)))]

@@ -6,7 +6,7 @@ quiet cores).
 
 Each run is the console command in a fresh process (``python -m geonp demo``: Python's start, the
 imports, the three fills, the map and the exit all count), into a temporary folder. The C++ kernels
-are built first, once, as a user's first run on a machine does (about a minute and a half, not
+are built first, once, as a user's first run on a machine does (about two minutes, not
 counted: it happens once per machine). Reported per run: wall time, peak resident memory of the
 demo's process, and the demo's own figures (``summary.json``: each model's fill time, te-pt-tnp's
 scores, which must not change when the code only gets faster); the table's figure is the median.

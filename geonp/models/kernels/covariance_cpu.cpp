@@ -91,6 +91,7 @@ torch::Tensor covariance_forward(torch::Tensor scaled, torch::Tensor sill, torch
   const int64_t s = scaled.size(0), k = scaled.size(1), d = scaled.size(2);
   TORCH_CHECK(sill.size(0) == s && nugget.size(0) == s && ok.size(0) == s && ok.size(1) == k,
               "covariance_cpu: sill, nugget [S] and ok [S, K] must match scaled [S, K, D]");
+  TORCH_CHECK(family >= 0 && family <= 2, "covariance_cpu: family must be 0, 1 or 2, got ", family);
   auto out = torch::empty({s, k, k}, scaled.options());
   const float *SC = scaled.data_ptr<float>(), *SILL = sill.data_ptr<float>(), *NUG = nugget.data_ptr<float>();
   const float* OK = ok.data_ptr<float>();
@@ -120,6 +121,7 @@ std::vector<torch::Tensor> covariance_backward(torch::Tensor g, torch::Tensor sc
   const int64_t s = scaled.size(0), k = scaled.size(1), d = scaled.size(2);
   TORCH_CHECK(g.size(0) == s && g.size(1) == k && g.size(2) == k && sill.size(0) == s && ok.size(0) == s &&
               ok.size(1) == k, "covariance_cpu: g [S, K, K], sill [S] and ok [S, K] must match scaled [S, K, D]");
+  TORCH_CHECK(family >= 0 && family <= 2, "covariance_cpu: family must be 0, 1 or 2, got ", family);
   auto g_scaled = torch::empty_like(scaled);
   auto g_sill = torch::empty_like(sill);
   auto g_nugget = torch::empty_like(sill);

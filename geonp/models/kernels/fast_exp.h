@@ -13,7 +13,7 @@ namespace {
 // exp(x) for x <= 0 to 2e-7 relative (about 2 float rounding steps), in a form the compiler
 // vectorises (std::exp is a scalar libm call): exp(x) = 2^n exp(r), |r| <= ln(2) / 2, exp(r) by
 // its degree-6 Taylor polynomial. Below -87 (and at -inf) it returns 2^-126 * exp(r) ~ 1e-38:
-// callers multiply by the mask, so absent keys get exactly 0.
+// callers multiply by their masks, so absent keys get exactly 0 (present pairs far apart ~1e-38).
 inline float exp_nonpositive(float x) {
   x = std::max(x, -87.f);
   const float n = std::floor(x * 1.44269504f + 0.5f);

@@ -1,6 +1,6 @@
 // The inner loops of the fused TE attention kernel (te_attention_cpu.cpp, which includes this
 // file once): a layer of the pair MLPs on one tile of keys, the q.k dot products, the value sum,
-// a vectorisable exp, row reductions and the weight-gradient sums of the backward pass. Where the
+// row reductions and the weight-gradient sums of the backward pass (the exp is fast_exp.h's). Where the
 // compiler targets AVX2 and FMA the four hottest are written in intrinsics (see the kernel's
 // header comment); the plain loops serve every other CPU.
 #pragma once

@@ -174,6 +174,50 @@ def test_gather_rows_broadcasts_one_index_over_the_batch():
     assert torch.equal(gather_rows(t, index), torch.stack([t[0, [3, 0]], t[1, [3, 0]]])[:, None])
 
 
+def test_rows_reached_marks_every_wanted_querys_valid_neighbours_and_no_other_row():
+    from geonp.models.local_attention import rows_reached
+
+    index = torch.tensor([[[0, 2], [2, 2], [4, 1]], [[3, 3], [0, 1], [1, 0]]])  # [2, 3, 2], repeats
+    valid = torch.tensor([[[True, True], [True, False], [True, False]], [[True, False], [False, True], [True, True]]])
+    mask_q = torch.tensor([[True, True, False], [True, True, True]])
+    assert rows_reached(index, valid, 5, mask_q).tolist() == [[True, False, True, False, False],
+                                                                [True, True, False, True, False]]
+    assert rows_reached(index, valid, 5)[0].tolist() == [True, False, True, False, True]  # every query wanted
+
+
+@pytest.mark.skipif(not cpu_build.can_build(), reason="no C++ compiler or ninja to build the kernel")
+def test_the_last_context_update_skips_rows_no_target_reaches_and_changes_no_float(monkeypatch, one_thread):
+    """te-pt-tnp computes its last layer's context tokens only where some wanted target has them as
+    neighbours (the fused kernel skips the others): predictions and every gradient are the same
+    floats as when every context row is computed."""
+    xc, yc, xt, mask_c = random_tasks(b=3, nc=40, nt=11, dx=2, seed=3)
+    mask_t = torch.ones(3, 11, dtype=torch.bool)
+    mask_t[1, 6:] = False
+    model = local_model(k=3, kriging={"neighbours": 4}).train()
+    with torch.no_grad():  # location updates on, so dx reaches the result too
+        for module in model.modules():
+            if hasattr(module, "loc_mlp") and module.loc_mlp is not None:
+                torch.nn.init.normal_(module.loc_mlp[-1].weight, std=0.3)
+    results, reached = [], []
+
+    def every_row(index, valid, num_rows, mask_q=None):
+        reached.append(int(local_attention.rows_reached(index, valid, num_rows, mask_q).sum()))
+        return torch.ones(index.shape[0], num_rows, dtype=torch.bool)
+
+    import geonp.models.tnp as tnp
+
+    for patch in (False, True):
+        if patch:
+            monkeypatch.setattr(tnp, "rows_reached", every_row)
+        model.zero_grad()
+        dist = model(xc, yc, xt, mask_c, mask_t)
+        (-(dist.log_prob(torch.ones_like(dist.loc))[..., 0] * mask_t).sum()).backward()
+        results.append([dist.loc[mask_t].detach(), dist.scale[mask_t].detach()]
+                       + [p.grad.clone() for p in model.parameters() if p.grad is not None])
+    assert reached[0] < int(mask_c.sum())  # rows were skipped
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
 def test_quadrant_kriging_keeps_translation_equivariance_and_padding():
     xc, yc, xt, mask_c = random_tasks(dx=3)
     model = local_model(dx=3, k=4, kriging={"neighbours": 8, "quadrant_dims": [1, 2]})

@@ -160,6 +160,26 @@ def gather_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return rows.view(*flat.shape, *t.shape[2:])
 
 
+def rows_reached(index: torch.Tensor, valid: torch.Tensor, num_rows: int,
+                 mask_q: torch.Tensor | None = None) -> torch.Tensor:
+    """Which of ``num_rows`` key rows some wanted query has among its neighbours: ``[B, N]`` bool.
+
+    Args:
+        index, valid: ``[B, Q, K]`` neighbour indices and their validity (:func:`nearest_neighbours`).
+        num_rows: ``N``, the key rows indexed.
+        mask_q: ``[B, Q]`` bool, the queries that matter (a padded batch's padding is False), or
+            None for all.
+
+    A layer whose outputs reach the result only through these neighbours need compute no other row
+    (te-pt-tnp's last context update: 20% of the context rows in the demo's fine-tuning windows,
+    15% in its fill)."""
+    wanted = valid if mask_q is None else valid & mask_q[..., None]  # [B, Q, K]
+    # Rows not wanted write into a spare column N, so every write is True and duplicates agree.
+    cols = torch.where(wanted, index, num_rows).flatten(1)  # [B, Q * K]
+    reached = torch.zeros(index.shape[0], num_rows + 1, dtype=torch.bool, device=index.device)
+    return reached.scatter_(1, cols, True)[:, :num_rows]
+
+
 class TELocalAttentionBlock(nn.Module):
     """Pre-norm residual block: queries attend to their gathered nearest keys, then an MLP.
 

@@ -34,7 +34,7 @@ from geonp.models.base import NeuralProcess, check_inputs
 from geonp.models.catalog import register
 from geonp.models.layers import mlp
 from geonp.models.likelihood import GaussianHead
-from geonp.models.local_attention import TELocalAttentionBlock, nearest_neighbours
+from geonp.models.local_attention import TELocalAttentionBlock, nearest_neighbours, rows_reached
 from geonp.models.local_kriging import KrigingConfig, LocalKriging
 from geonp.models.te_attention import DEFAULT_BLOCK_ELEMS, TEAttentionBlock
 
@@ -349,13 +349,21 @@ class TEPTTNP(_TETransformerNP):
         u = self.pseudo.expand(xc.shape[0], -1, -1)  # [B, M, Dz]
         v = self.initial_pseudo_locations(zc, xc, mask_c)  # [B, M, Dx]
         all_u = torch.ones(u.shape[:2], dtype=torch.bool, device=u.device)
+        last = len(self.to_pseudo) - 1
         for i, (to_u, to_c, to_t) in enumerate(zip(self.to_pseudo, self.to_context, self.to_target)):
             u, v = to_u(u, v, zc, xc, mask_c)
-            zc_new, xc_new = to_c(zc, xc, u, v, all_u, mask_c)
+            # The last layer's context tokens reach the result only as some target's neighbours
+            # (none without local attention): the fused kernel computes just those rows and skips
+            # the others like padding. (to_c runs before to_t in every layer: the order in which
+            # autograd sums the gradients u and v receive, which training's rounding follows.)
+            wanted_c = mask_c
+            if i == last:
+                wanted_c = mask_c & rows_reached(*near_t, zc.shape[1], mask_t) if near_t is not None else None
+            if wanted_c is not None:
+                zc, xc = to_c(zc, xc, u, v, all_u, wanted_c)
             zt, xt = to_t(zt, xt, u, v, all_u, mask_t)
             if near_t is not None:
-                zt = self.target_local[i](zt, xt, zc_new, xc_new, *near_t)
-            zc, xc = zc_new, xc_new
+                zt = self.target_local[i](zt, xt, zc, xc, *near_t)
         return zt
 
     def _kriging_head(self, zt: torch.Tensor, xc: torch.Tensor, yc: torch.Tensor, xt: torch.Tensor,

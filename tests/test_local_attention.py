@@ -218,6 +218,37 @@ def test_the_last_context_update_skips_rows_no_target_reaches_and_changes_no_flo
     assert all(torch.equal(a, b) for a, b in zip(*results))
 
 
+def test_local_attention_of_the_wanted_queries_alone_gives_their_values_and_gradients():
+    """``mask_q``: the block packs the wanted queries of every task into one (keys of all tasks,
+    indices shifted); their outputs and the gradients of a loss on them match those of the block
+    run on every query (rounding: sums over other row counts), and the other rows get the MLP
+    branch alone."""
+    from geonp.models.local_attention import TELocalAttentionBlock
+
+    torch.manual_seed(4)
+    block = TELocalAttentionBlock(16, 2, 8, 2, 12)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    xc, _, xt, mask_c = random_tasks(b=3, nc=20, nt=9, dx=2, seed=2)
+    index, valid = nearest_neighbours(xt, xc, mask_c, 5)
+    mask_q = torch.rand(3, 9, generator=torch.Generator().manual_seed(1)) < 0.6
+    mask_q[2] = False  # a task with no wanted query
+    zq, zk = torch.randn(3, 9, 16), torch.randn(3, 20, 16)
+    results = []
+    for wanted in (None, mask_q):
+        zq_, zk_ = zq.clone().requires_grad_(), zk.clone().requires_grad_()
+        block.zero_grad()
+        out = block(zq_, xt, zk_, xc, index, valid, wanted)
+        out[mask_q].square().sum().backward()
+        results.append([out[mask_q], zq_.grad, zk_.grad] + [p.grad.clone() for p in block.parameters()])
+        if wanted is not None:
+            rest = zq[~mask_q]
+            torch.testing.assert_close(out[~mask_q], rest + block.ff(block.norm_ff(rest)), atol=0, rtol=0)
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
 def test_quadrant_kriging_keeps_translation_equivariance_and_padding():
     xc, yc, xt, mask_c = random_tasks(dx=3)
     model = local_model(dx=3, k=4, kriging={"neighbours": 8, "quadrant_dims": [1, 2]})

@@ -170,15 +170,18 @@ def predict_windows(model: NeuralProcess, tasks: list[WindowTask], device: torch
                     batch_size: int = 16) -> list[tuple[np.ndarray, np.ndarray]]:
     """Predictive mean and 1-sigma ``([Nt], [Nt])`` per window, in the variable's units.
 
-    Windows are sorted by size before batching so padding stays small; the order of the
-    returned list follows ``tasks``.
+    Windows are sorted by their number of targets (then of context cells) before batching, so
+    padding stays small where it costs most: the fused attention kernel skips padded rows, but
+    local attention and the kriging head compute every target row. Sorted by context first, 61%
+    of the demo's target rows were padding and its windows took 6.8-7.0 s; by targets first 32%,
+    5.6-6.1 s (2 threads). The order of the returned list follows ``tasks``.
     """
     if model.supports_gridded:
         gridded = _predict_gridded(model, tasks, device, batch_size)
         if gridded is not None:
             return gridded
     out: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(tasks)
-    order = sorted(range(len(tasks)), key=lambda i: (tasks[i].yc.size, tasks[i].targets.size))
+    order = sorted(range(len(tasks)), key=lambda i: (tasks[i].targets.size, tasks[i].yc.size))
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
         b = collate_windows([tasks[i] for i in chunk], device)

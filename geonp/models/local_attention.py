@@ -207,13 +207,33 @@ class TELocalAttentionBlock(nn.Module):
             nn.init.zeros_(layer.bias)
 
     def forward(self, z: torch.Tensor, x: torch.Tensor, kv: torch.Tensor, x_kv: torch.Tensor,
-                index: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+                index: torch.Tensor, valid: torch.Tensor, mask_q: torch.Tensor | None = None) -> torch.Tensor:
         """``z [B, Nq, Dz], x [B, Nq, Dx], kv [B, Nk, Dz], x_kv [B, Nk, Dx]``, ``index/valid [B, Nq, K]``
-        -> updated query tokens ``[B, Nq, Dz]``."""
-        z = z + self._attend(self.norm_q(z), x, self.norm_kv(kv), x_kv, index, valid)
+        -> updated query tokens ``[B, Nq, Dz]``.
+
+        ``mask_q [B, Nq]`` (optional) marks the queries that matter: only those attend (the others,
+        a batch's padding, get the MLP branch alone); a query row's result never depends on another's."""
+        zq = self.norm_q(z)
+        if mask_q is None or bool(mask_q.all()):
+            z = z + self._attend(zq, x, self.norm_kv(kv), x_kv, index, valid)
+        else:
+            z = z + self._attend_wanted(zq, x, self.norm_kv(kv), x_kv, index, valid, mask_q)
         return z + self.ff(self.norm_ff(z))
 
+    def _attend_wanted(self, zq, xq, zk, xk, index, valid, mask_q) -> torch.Tensor:
+        """``_attend`` of the wanted queries alone, packed into one task whose keys are every task's
+        keys (indices shifted to their task's rows); zeros at the other rows. Padding was 42% of the
+        target rows in the demo's fine-tuning batches, and the per-pair MLP runs on every row given."""
+        b, nk, _ = zk.shape
+        rows = mask_q.nonzero(as_tuple=True)  # (task [P], query [P])
+        packed_index = (index[rows] + rows[0][:, None] * nk)[None]  # [1, P, K]: rows of the B x Nk keys
+        out = self._attend(zq[rows][None], xq[rows][None], zk.reshape(1, b * nk, -1), xk.reshape(1, b * nk, -1),
+                           packed_index, valid[rows][None])  # [1, P, Dz]
+        return zq.new_zeros(zq.shape).index_put(rows, out[0])  # [B, Nq, Dz]
+
     def _attend(self, zq, xq, zk, xk, index, valid) -> torch.Tensor:
+        """``zq [B, Nq, Dz], xq [B, Nq, Dx], zk [B, Nk, Dz], xk [B, Nk, Dx]``, ``index/valid [B, Nq, K]``
+        -> attention output ``[B, Nq, Dz]``."""
         a = self.attn
         h, dh = a.num_heads, a.head_dim
         b, nq, _ = zq.shape

@@ -363,7 +363,7 @@ class TEPTTNP(_TETransformerNP):
                 zc, xc = to_c(zc, xc, u, v, all_u, wanted_c)
             zt, xt = to_t(zt, xt, u, v, all_u, mask_t)
             if near_t is not None:
-                zt = self.target_local[i](zt, xt, zc, xc, *near_t)
+                zt = self.target_local[i](zt, xt, zc, xc, *near_t, mask_t)
         return zt
 
     def _kriging_head(self, zt: torch.Tensor, xc: torch.Tensor, yc: torch.Tensor, xt: torch.Tensor,

@@ -109,3 +109,51 @@ def test_the_covariance_kernel_builds_and_differentiates_as_float64_autograd(ker
     assert float((ours.double() - theirs).abs().max()) < 1e-5
     for x, y in zip(ours_grads, theirs_grads):
         assert float((x.double() - y).norm() / y.norm()) < 1e-5
+
+
+@pytest.mark.parametrize("drift, prior", [(False, "none"), (True, "none"), (True, "empirical")])
+def test_the_head_solves_the_real_targets_alone_as_each_window_alone(drift, prior):
+    """``mask_t`` with padding: the head packs the real targets of every window into one task (keys
+    of all windows, indices shifted) and solves only theirs, each window's slope prior pooled over
+    its own real targets; their mean, log variance and the gradients of a loss on them match those
+    of each window alone without padding (rounding only), a window without real targets beside
+    them, and padding rows hold finite copies."""
+    from geonp.models.local_attention import nearest_neighbours
+    from geonp.models.local_kriging import LocalKriging
+
+    g = torch.Generator().manual_seed(3)
+    xc, xt = torch.rand(4, 25, 2, generator=g) * 5, torch.rand(4, 9, 2, generator=g) * 5
+    drift_c, drift_t = (xc[..., :1].cos(), xt[..., :1].cos()) if drift else (None, None)
+    yc = torch.sin(xc.sum(-1, keepdim=True))
+    if drift:  # each window its own relation to the covariate, so each pools its own prior
+        yc = yc + torch.tensor([0.5, -1.0, 2.0, 1.0])[:, None, None] * drift_c
+    mask_c = torch.ones(4, 25, dtype=torch.bool)
+    mask_c[0, 18:] = False
+    mask_t = torch.rand(4, 9, generator=g) < 0.7
+    mask_t[1] = False  # a window with no real target
+    index, valid = nearest_neighbours(xt, xc, mask_c, 8)
+    torch.manual_seed(0)
+    head = LocalKriging(8, 2, "exponential", slope_prior=prior)
+    with torch.no_grad():
+        head.covariance[-1].weight.normal_(std=0.3)
+    zt = torch.randn(4, 9, 8)
+
+    def run(windows):
+        z = zt.clone().requires_grad_()
+        head.zero_grad()
+        outs = []
+        for b, real in windows:  # one call per entry: (window slice, target selection)
+            args = [z[b][:, real], xt[b][:, real], xc[b], yc[b], index[b][:, real], valid[b][:, real]]
+            args += [None, None] if not drift else [drift_t[b][:, real], drift_c[b]]
+            mean, log_var = head(*args, mask_t[b][:, real] if real is Ellipsis else None)
+            assert torch.isfinite(mean).all() and torch.isfinite(log_var).all()
+            keep = mask_t[b][:, real]
+            outs.append((mean[keep], log_var[keep]))
+        mean, log_var = (torch.cat(o) for o in zip(*outs))
+        (mean.square().sum() + log_var.sum()).backward()
+        return [mean, log_var, z.grad] + [p.grad.clone() for p in head.parameters()]
+
+    alone = run([(slice(b, b + 1), mask_t[b]) for b in range(4) if mask_t[b].any()])
+    batched = run([(slice(None), ...)])
+    for a, b in zip(alone, batched):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

@@ -180,6 +180,23 @@ def rows_reached(index: torch.Tensor, valid: torch.Tensor, num_rows: int,
     return reached.scatter_(1, cols, True)[:, :num_rows]
 
 
+def pack_wanted(mask_q: torch.Tensor, index: torch.Tensor,
+                num_keys: int) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The wanted queries of every task as one task, for per-query work that padding would waste.
+
+    Args:
+        mask_q: ``[B, Q]`` bool, the queries that matter.
+        index: ``[B, Q, K]`` their neighbours' indices among each task's ``num_keys`` keys.
+
+    Returns:
+        ``rows``, ``(task [P], query [P])`` of the ``P`` wanted queries (``t[rows]`` packs a
+        ``[B, Q, ...]`` tensor to ``[P, ...]``), and their neighbours' indices ``[1, P, K]`` among the
+        ``B * num_keys`` keys of every task (``keys.reshape(1, B * num_keys, ...)``).
+    """
+    rows = mask_q.nonzero(as_tuple=True)
+    return rows, (index[rows] + rows[0][:, None] * num_keys)[None]
+
+
 class TELocalAttentionBlock(nn.Module):
     """Pre-norm residual block: queries attend to their gathered nearest keys, then an MLP.
 
@@ -225,8 +242,7 @@ class TELocalAttentionBlock(nn.Module):
         keys (indices shifted to their task's rows); zeros at the other rows. Padding was 42% of the
         target rows in the demo's fine-tuning batches, and the per-pair MLP runs on every row given."""
         b, nk, _ = zk.shape
-        rows = mask_q.nonzero(as_tuple=True)  # (task [P], query [P])
-        packed_index = (index[rows] + rows[0][:, None] * nk)[None]  # [1, P, K]: rows of the B x Nk keys
+        rows, packed_index = pack_wanted(mask_q, index, nk)  # (task [P], query [P]), [1, P, K]
         out = self._attend(zq[rows][None], xq[rows][None], zk.reshape(1, b * nk, -1), xk.reshape(1, b * nk, -1),
                            packed_index, valid[rows][None])  # [1, P, Dz]
         return zq.new_zeros(zq.shape).index_put(rows, out[0])  # [B, Nq, Dz]

@@ -53,7 +53,7 @@ from torch import nn
 
 from geonp.models.kriging_linalg import NeighbourCovariance, correlation, spd_solve
 from geonp.models.layers import mlp
-from geonp.models.local_attention import gather_rows
+from geonp.models.local_attention import gather_rows, pack_wanted
 
 #: Initial covariance: lengthscale per kernel (input units; 8 cells per unit in infill windows),
 #: sill, nugget. The rough kernels start long: with an exponential kernel and 64 neighbours, 2 units
@@ -163,6 +163,19 @@ def variance_gap(gap: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return gap * (1 + w.square().sum(-1))
 
 
+def _spreader(mask_t: torch.Tensor, rows: tuple[torch.Tensor, torch.Tensor]):
+    """``[1, P, ...]`` results of the packed real targets (``rows``, :func:`pack_wanted`) -> ``[B, Nt, ...]``:
+    each real target's own, and at a padding row a copy of a real target's (its window's first, or
+    any), so that every later step solves a well-posed system there; padding is never read."""
+    b, nt = mask_t.shape
+    count = rows[0].numel()
+    position = torch.zeros(b, nt, dtype=torch.long, device=mask_t.device)
+    position[rows] = torch.arange(count, device=mask_t.device)
+    first = (mask_t.sum(1).cumsum(0) - mask_t.sum(1)).clamp(max=count - 1)  # [B]: a window's first real target
+    source = torch.where(mask_t, position, first[:, None])  # [B, Nt]
+    return lambda t: t[0][source]
+
+
 class LocalKriging(nn.Module):
     """``(zt [B, Nt, Dz], xt [B, Nt, Dx], xc [B, Nc, Dx], yc [B, Nc, Dy], index/valid [B, Nt, K])``
     -> ``(mean [B, Nt, Dy], log variance [B, Nt, 1])`` of ordinary kriging on each target's neighbours.
@@ -207,14 +220,36 @@ class LocalKriging(nn.Module):
         slopes' prior (``slope_prior``); ``nugget_share [B, Nt]``: each target's nugget as a share
         of sill + nugget, the scene's own (:func:`geonp.variogram.step_nugget_shares`), in place of
         the predicted nugget in the weights (None, or a negative share for a target: the predicted
-        one); the log variance stays that
-        of the network's covariance (:func:`variance_gap`)."""
+        one); the log variance stays that of the network's covariance (:func:`variance_gap`).
+
+        Where ``mask_t`` marks padding, each target's system is formed and solved for the real
+        targets alone (packed as one task: padding was 42% of the target rows in the demo's
+        fine-tuning batches); the padding rows get copies of a real target's results."""
+        spread = None
+        if mask_t is not None and bool(mask_t.any()) and not bool(mask_t.all()):
+            rows, index = pack_wanted(mask_t, index, xc.shape[1])
+            b, nc = xc.shape[:2]
+            zt, xt, valid = zt[rows][None], xt[rows][None], valid[rows][None]
+            xc, yc = xc.reshape(1, b * nc, -1), yc.reshape(1, b * nc, -1)
+            if drift_c is not None:
+                drift_t, drift_c = drift_t[rows][None], drift_c.reshape(1, b * nc, -1)
+            if nugget_share is not None:
+                nugget_share = nugget_share[rows][None]
+            spread = _spreader(mask_t, rows)
         if drift_c is None:
-            return self._sliced(zt, xt, xc, yc, index, valid, nugget_share=nugget_share)
+            mean, log_var = self._sliced(zt, xt, xc, yc, index, valid, nugget_share=nugget_share)
+            return (mean, log_var) if spread is None else (spread(mean), spread(log_var))
         parts = self._sliced(zt, xt, xc, yc, index, valid, drift_t, drift_c, nugget_share)
         if self.slope_prior == "none":  # each target's slopes from its neighbours alone
-            return self._drift_solution(parts, self.drift_ridge)
-        return self._drift_solution(parts, *self._slope_prior(parts, mask_t))
+            prior, centre = self.drift_ridge, None
+        else:  # pooled over each window's real targets (no gradient: spread padded only here)
+            prior, centre = self._slope_prior(parts if spread is None else {
+                key: spread(value.detach()) for key, value in parts.items()}, mask_t)
+            if spread is not None:  # each packed target's window's
+                centre = centre[rows[0]][None]  # [1, P', P, Dy]
+                prior = prior[rows[0], 0][None] if torch.is_tensor(prior) else prior  # [1, P', P]
+        mean, log_var = self._drift_solution(parts, prior, centre)
+        return (mean, log_var) if spread is None else (spread(mean), spread(log_var))
 
     def _sliced(self, zt: torch.Tensor, xt: torch.Tensor, xc: torch.Tensor, yc: torch.Tensor,
                 index: torch.Tensor, valid: torch.Tensor, drift_t: torch.Tensor | None = None,
@@ -302,8 +337,9 @@ class LocalKriging(nn.Module):
         """``(mean [B, Nt, Dy], log variance [B, Nt, 1])`` of :meth:`_drift_parts`' systems with a
         Gaussian prior on the slopes: precision ``prior``, a float (a share of each slope's own
         precision, scale-free; ``drift_ridge`` keeps a flat covariate solvable) or a tensor
-        ``[B, 1, P]`` of absolute precisions per window, added to the ridge of no prior
-        (``drift_ridge`` of each slope's own); mean ``centre [B, P, Dy]`` (None: 0). The
+        ``[B, 1, P]`` of absolute precisions per window (or ``[B, Nt, P]`` per target), added to the
+        ridge of no prior (``drift_ridge`` of each slope's own); mean ``centre [B, P, Dy]`` per window
+        or ``[B, Nt, P, Dy]`` per target (None: 0). The
         intercept is the ordinary-kriging constraint and never has a prior. Solved in float32 with
         autocast off, as the covariance and its solve are. With prior precision
         ``R`` the weights are those of Bayesian kriging (``F^T K^-1 F`` becomes ``F^T K^-1 F + R``),
@@ -328,8 +364,10 @@ class LocalKriging(nn.Module):
             lagrange = torch.linalg.solve(gram + torch.diag_embed(ridge), (f * a[..., None]).sum(-2) - f_star)
             w = a - (kf * lagrange[..., None, :]).sum(-1)  # [B, Nt, K]
             mean = torch.einsum("btk,btky->bty", w, parts["yg"])  # [B, Nt, Dy]
-            if centre is not None:
-                mean = mean - torch.einsum("btk,btkp,bpy->bty", w, f[..., 1:], centre.float())
+            if centre is not None:  # one per window [B, P, Dy] or per target [B, Nt, P, Dy]
+                per_target = centre if centre.dim() == 4 else centre[:, None]
+                drift_w = torch.einsum("btk,btkp->btp", w, f[..., 1:])  # [B, Nt, P]
+                mean = mean - (drift_w[..., None] * per_target.float()).sum(-2)
         var = parts["c0"] - (w * parts["k_tn"]).sum(-1) - lagrange[..., 0]  # [B, Nt]
         if "gap" in parts:
             var = var - variance_gap(parts["gap"], w)

@@ -171,10 +171,11 @@ def predict_windows(model: NeuralProcess, tasks: list[WindowTask], device: torch
     """Predictive mean and 1-sigma ``([Nt], [Nt])`` per window, in the variable's units.
 
     Windows are sorted by their number of targets (then of context cells) before batching, so
-    padding stays small where it costs most: the fused attention kernel skips padded rows, but
-    local attention and the kriging head compute every target row. Sorted by context first, 61%
-    of the demo's target rows were padding and its windows took 6.8-7.0 s; by targets first 32%,
-    5.6-6.1 s (2 threads). The order of the returned list follows ``tasks``.
+    padding stays small where it costs most: the fused attention kernel skips padded rows, but the
+    token-wise layers around it compute every row. Sorted by context first, 61% of the demo's
+    target rows were padding and its windows took 6.8-7.0 s; by targets first 32%, 5.6-6.1 s
+    (2 threads; measured before local attention and the kriging head packed their real targets).
+    The order of the returned list follows ``tasks``.
     """
     if model.supports_gridded:
         gridded = _predict_gridded(model, tasks, device, batch_size)

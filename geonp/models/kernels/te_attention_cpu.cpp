@@ -25,7 +25,6 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -223,11 +222,34 @@ std::vector<torch::Tensor> te_attention_forward(std::vector<torch::Tensor> input
   return {out, dx};
 }
 
+// The backward's batches dealt to threads by their work (wanted rows x present keys), the
+// largest first, each to the least loaded thread: contiguous ranges left one of 2 threads with
+// 1.17x the even share in the demo's fine-tuning (4 tasks of unequal sizes), this split 1.07x.
+std::vector<std::vector<int64_t>> batch_shares(const Args& a) {
+  std::vector<std::pair<double, int64_t>> work;  // (cost, batch)
+  for (int64_t b = 0; b < a.B; ++b) {
+    double rows = 0.;
+    for (int64_t n = 0; n < a.Nq; ++n) rows += a.mask_q[b * a.Nq + n] != 0.f;
+    if (rows > 0.) work.emplace_back(rows * present(a, b), b);
+  }
+  std::stable_sort(work.begin(), work.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), work.size()));
+  std::vector<std::vector<int64_t>> shares(threads);
+  std::vector<double> load(threads, 0.);
+  for (const auto& [cost, b] : work) {
+    const int64_t t = std::min_element(load.begin(), load.end()) - load.begin();
+    shares[t].push_back(b);
+    load[t] += cost;
+  }
+  return shares;
+}
+
 // Gradients of te_attention_forward with respect to its inputs 0-4 and 6-19 (all but the two
 // masks), in that order, given those of its outputs (g_out [B,H,Nq,Dh], g_dx [B,Nq,Dx]). Skipped
 // query rows send no gradient: their outputs reach no valid result, so their gradients are zero.
-// Batches are split over threads, so the key-side gradients of a batch have one writer; the
-// weight gradients are summed per thread and then across threads, in batch order.
+// Whole batches go to threads, so the key-side gradients of a batch have one writer; each batch
+// sums its own weight gradients, and these are added up in batch order at the end: the same
+// floats whatever the thread count or the split.
 std::vector<torch::Tensor> te_attention_backward(std::vector<torch::Tensor> inputs, bool has_phi,
                                                  torch::Tensor g_out, torch::Tensor g_dx) {
   const Args a = make_args(inputs, has_phi);
@@ -245,133 +267,131 @@ std::vector<torch::Tensor> te_attention_backward(std::vector<torch::Tensor> inpu
   const std::vector<float> v1T = transposed(a.v1, J, H), v2T = transposed(a.v2, J, J);
   enum { WD, W2, B2, W3, B3, HE, V1, C1, V2, C2, V3, C3 };  // the weight gradients, in input order 8..19
   const int64_t wsize[] = {J * H, J * J, J, H * J, H, H, J * H, J, J * J, J, J, 1};
-  std::mutex lock;
-  std::vector<std::pair<int64_t, std::vector<std::vector<float>>>> partials;  // (first batch, weight gradients)
-  at::parallel_for(0, a.B, 1, [&](int64_t begin, int64_t end) {
+  std::vector<std::vector<std::vector<float>>> partials(a.B);  // each batch's weight gradients
+  const std::vector<std::vector<int64_t>> shares = batch_shares(a);
+  at::parallel_for(0, static_cast<int64_t>(shares.size()), 1, [&](int64_t begin, int64_t end) {
     Scratch s(a, true);
     const Acts& r = s.row_acts;
-    std::vector<std::vector<float>> acc;
-    for (int64_t size : wsize) acc.emplace_back(size, 0.f);
     // One row's gradients: d alpha (then d logit) [H][Nk], two hidden layers [J][Nk], d dots
     // [H][Nk], d w [Nk].
     std::vector<float> dalpha(H * Nk), d2(J * Nk), d1(J * Nk), ddots(H * Nk), dw(Nk);
-    for (int64_t b = begin; b < end; ++b) {
-      const float inv_n = 1.f / present(a, b);
-      const float* mk = a.mask + b * Nk;
-      for (int64_t n = 0; n < a.Nq; ++n) {
-        if (a.mask_q[b * a.Nq + n] == 0.f) continue;
-        const int64_t last = row_alpha(a, b, n, s, r, true);
-        const float* xqn = a.xq + (b * a.Nq + n) * Dx;
-        float* gxq = GXQ + (b * a.Nq + n) * Dx;
-        // out = alpha v: d alpha and d v.
-        for (int64_t h = 0; h < H; ++h) {
-          // Restrict pointers, the two sums in loops of their own: with one loop over both and
-          // pointers that might alias, GCC vectorised neither.
-          const float* __restrict go = GO + ((b * H + h) * a.Nq + n) * Dh;
-          const float* __restrict vh = a.v + (b * H + h) * Nk * Dh;
-          float* __restrict gv = GV + (b * H + h) * Nk * Dh;
-          const float* __restrict ah = s.alpha.data() + h * Nk;
-          float* __restrict da = dalpha.data() + h * Nk;
-          for (int64_t m = 0; m < last; ++m) {
-            float dot = 0.f;
-            for (int64_t e = 0; e < Dh; ++e) dot += go[e] * vh[m * Dh + e];
-            da[m] = dot;
-          }
-          for (int64_t m = 0; m < last; ++m)
-            for (int64_t e = 0; e < Dh; ++e) gv[m * Dh + e] += ah[m] * go[e];
-        }
-        if (a.has_phi) {  // back through dx and phi into d alpha
-          const float* gdx = GDX + (b * a.Nq + n) * Dx;
-          for (int64_t m0 = 0; m0 < last; m0 += KT) phi_tile(a, b, m0, s, r, m0);
-          std::fill(dw.begin(), dw.begin() + last, 0.f);
-          for (int64_t d = 0; d < Dx; ++d) {
-            const float g = gdx[d] * inv_n;
-            const float* xk = a.xkT + (b * Dx + d) * Nk;
-            float* gxk = GXKT + (b * Dx + d) * Nk;
-            gxq[d] += g * row_sum(r.w, last);
+    for (int64_t share = begin; share < end; ++share)  // one share a thread, as parallel_for splits them
+      for (int64_t b : shares[share]) {
+        std::vector<std::vector<float>>& acc = partials[b];
+        for (int64_t size : wsize) acc.emplace_back(size, 0.f);
+        const float inv_n = 1.f / present(a, b);
+        const float* mk = a.mask + b * Nk;
+        for (int64_t n = 0; n < a.Nq; ++n) {
+          if (a.mask_q[b * a.Nq + n] == 0.f) continue;
+          const int64_t last = row_alpha(a, b, n, s, r, true);
+          const float* xqn = a.xq + (b * a.Nq + n) * Dx;
+          float* gxq = GXQ + (b * a.Nq + n) * Dx;
+          // out = alpha v: d alpha and d v.
+          for (int64_t h = 0; h < H; ++h) {
+            // Restrict pointers, the two sums in loops of their own: with one loop over both and
+            // pointers that might alias, GCC vectorised neither.
+            const float* __restrict go = GO + ((b * H + h) * a.Nq + n) * Dh;
+            const float* __restrict vh = a.v + (b * H + h) * Nk * Dh;
+            float* __restrict gv = GV + (b * H + h) * Nk * Dh;
+            const float* __restrict ah = s.alpha.data() + h * Nk;
+            float* __restrict da = dalpha.data() + h * Nk;
             for (int64_t m = 0; m < last; ++m) {
-              dw[m] += g * (xqn[d] - xk[m]);
-              gxk[m] -= g * r.w[m];
+              float dot = 0.f;
+              for (int64_t e = 0; e < Dh; ++e) dot += go[e] * vh[m * Dh + e];
+              da[m] = dot;
+            }
+            for (int64_t m = 0; m < last; ++m)
+              for (int64_t e = 0; e < Dh; ++e) gv[m * Dh + e] += ah[m] * go[e];
+          }
+          if (a.has_phi) {  // back through dx and phi into d alpha
+            const float* gdx = GDX + (b * a.Nq + n) * Dx;
+            for (int64_t m0 = 0; m0 < last; m0 += KT) phi_tile(a, b, m0, s, r, m0);
+            std::fill(dw.begin(), dw.begin() + last, 0.f);
+            for (int64_t d = 0; d < Dx; ++d) {
+              const float g = gdx[d] * inv_n;
+              const float* xk = a.xkT + (b * Dx + d) * Nk;
+              float* gxk = GXKT + (b * Dx + d) * Nk;
+              gxq[d] += g * row_sum(r.w, last);
+              for (int64_t m = 0; m < last; ++m) {
+                dw[m] += g * (xqn[d] - xk[m]);
+                gxk[m] -= g * r.w[m];
+              }
+            }
+            for (int64_t m = 0; m < last; ++m) dw[m] *= mk[m];
+            outer_rows(dw.data(), r.g2, 1, J, Nk, last, acc[V3].data());
+            acc[C3][0] += row_sum(dw.data(), last);
+            for (int64_t i = 0; i < J; ++i) {  // locals: GCC reloaded a.v3 and the rows for every key
+              const float v3i = a.v3[i];
+              const float* __restrict g2i = r.g2 + i * Nk;
+              const float* __restrict dwp = dw.data();
+              float* __restrict d2i = d2.data() + i * Nk;
+              for (int64_t m = 0; m < last; ++m) d2i[m] = g2i[m] > 0.f ? v3i * dwp[m] : 0.f;
+            }
+            outer_rows(d2.data(), r.g1, J, J, Nk, last, acc[V2].data());
+            for (int64_t i = 0; i < J; ++i) acc[C2][i] += row_sum(d2.data() + i * Nk, last);
+            row_layer(v2T.data(), d2.data(), d1.data(), r.g1, J, J, Nk, last);
+            outer_rows(d1.data(), s.alpha.data(), J, H, Nk, last, acc[V1].data());
+            for (int64_t j = 0; j < J; ++j) acc[C1][j] += row_sum(d1.data() + j * Nk, last);
+            for (int64_t m0 = 0; m0 < last; m0 += KT)  // d alpha += V1^T d g1
+              tile_layer(v1T.data(), nullptr, d1.data() + m0, Nk, dalpha.data() + m0, Nk, dalpha.data() + m0, Nk, H,
+                         J, false);
+          }
+          // Softmax: d logit = alpha (d alpha - sum_m alpha d alpha), zero at absent keys.
+          for (int64_t h = 0; h < H; ++h) {
+            float* dl = dalpha.data() + h * Nk;
+            const float* ah = s.alpha.data() + h * Nk;
+            const float dot = row_dot(ah, dl, last);
+            for (int64_t m = 0; m < last; ++m) dl[m] = ah[m] * (dl[m] - dot);
+          }
+          // Back through rho: its output layer and the distance prior ...
+          outer_rows(dalpha.data(), r.h2, H, J, Nk, last, acc[W3].data());
+          for (int64_t h = 0; h < H; ++h) {
+            acc[B3][h] += row_sum(dalpha.data() + h * Nk, last);
+            acc[HE][h] -= row_dot(dalpha.data() + h * Nk, r.dist2, last);
+          }
+          for (int64_t m = 0; m < last; ++m) {
+            float g_dist2 = 0.f;
+            for (int64_t h = 0; h < H; ++h) g_dist2 -= dalpha[h * Nk + m] * a.he[h];
+            for (int64_t d = 0; d < Dx; ++d) {
+              const float g = 2.f * g_dist2 * (xqn[d] - a.xkT[(b * Dx + d) * Nk + m]);
+              gxq[d] += g;
+              GXKT[(b * Dx + d) * Nk + m] -= g;
             }
           }
-          for (int64_t m = 0; m < last; ++m) dw[m] *= mk[m];
-          outer_rows(dw.data(), r.g2, 1, J, Nk, last, acc[V3].data());
-          acc[C3][0] += row_sum(dw.data(), last);
-          for (int64_t i = 0; i < J; ++i) {  // locals: GCC reloaded a.v3 and the rows for every key
-            const float v3i = a.v3[i];
-            const float* __restrict g2i = r.g2 + i * Nk;
-            const float* __restrict dwp = dw.data();
-            float* __restrict d2i = d2.data() + i * Nk;
-            for (int64_t m = 0; m < last; ++m) d2i[m] = g2i[m] > 0.f ? v3i * dwp[m] : 0.f;
+          // ... its hidden layers ...
+          row_layer(w3T.data(), dalpha.data(), d2.data(), r.h2, J, H, Nk, last);
+          outer_rows(d2.data(), r.h1, J, J, Nk, last, acc[W2].data());
+          for (int64_t i = 0; i < J; ++i) acc[B2][i] += row_sum(d2.data() + i * Nk, last);
+          row_layer(w2T.data(), d2.data(), d1.data(), r.h1, J, J, Nk, last);
+          // ... and its first layer: W_dots dots + pq - (W_x xk), with dots = q . k.
+          outer_rows(d1.data(), r.dots, J, H, Nk, last, acc[WD].data());
+          float* gpq = GPQ + (b * a.Nq + n) * J;
+          float* gnpk = GNPKT + b * J * Nk;
+          for (int64_t j = 0; j < J; ++j) {
+            gpq[j] += row_sum(d1.data() + j * Nk, last);
+            for (int64_t m = 0; m < last; ++m) gnpk[j * Nk + m] += d1[j * Nk + m];
           }
-          outer_rows(d2.data(), r.g1, J, J, Nk, last, acc[V2].data());
-          for (int64_t i = 0; i < J; ++i) acc[C2][i] += row_sum(d2.data() + i * Nk, last);
-          row_layer(v2T.data(), d2.data(), d1.data(), r.g1, J, J, Nk, last);
-          outer_rows(d1.data(), s.alpha.data(), J, H, Nk, last, acc[V1].data());
-          for (int64_t j = 0; j < J; ++j) acc[C1][j] += row_sum(d1.data() + j * Nk, last);
-          for (int64_t m0 = 0; m0 < last; m0 += KT)  // d alpha += V1^T d g1
-            tile_layer(v1T.data(), nullptr, d1.data() + m0, Nk, dalpha.data() + m0, Nk, dalpha.data() + m0, Nk, H,
-                       J, false);
-        }
-        // Softmax: d logit = alpha (d alpha - sum_m alpha d alpha), zero at absent keys.
-        for (int64_t h = 0; h < H; ++h) {
-          float* dl = dalpha.data() + h * Nk;
-          const float* ah = s.alpha.data() + h * Nk;
-          const float dot = row_dot(ah, dl, last);
-          for (int64_t m = 0; m < last; ++m) dl[m] = ah[m] * (dl[m] - dot);
-        }
-        // Back through rho: its output layer and the distance prior ...
-        outer_rows(dalpha.data(), r.h2, H, J, Nk, last, acc[W3].data());
-        for (int64_t h = 0; h < H; ++h) {
-          acc[B3][h] += row_sum(dalpha.data() + h * Nk, last);
-          acc[HE][h] -= row_dot(dalpha.data() + h * Nk, r.dist2, last);
-        }
-        for (int64_t m = 0; m < last; ++m) {
-          float g_dist2 = 0.f;
-          for (int64_t h = 0; h < H; ++h) g_dist2 -= dalpha[h * Nk + m] * a.he[h];
-          for (int64_t d = 0; d < Dx; ++d) {
-            const float g = 2.f * g_dist2 * (xqn[d] - a.xkT[(b * Dx + d) * Nk + m]);
-            gxq[d] += g;
-            GXKT[(b * Dx + d) * Nk + m] -= g;
-          }
-        }
-        // ... its hidden layers ...
-        row_layer(w3T.data(), dalpha.data(), d2.data(), r.h2, J, H, Nk, last);
-        outer_rows(d2.data(), r.h1, J, J, Nk, last, acc[W2].data());
-        for (int64_t i = 0; i < J; ++i) acc[B2][i] += row_sum(d2.data() + i * Nk, last);
-        row_layer(w2T.data(), d2.data(), d1.data(), r.h1, J, J, Nk, last);
-        // ... and its first layer: W_dots dots + pq - (W_x xk), with dots = q . k.
-        outer_rows(d1.data(), r.dots, J, H, Nk, last, acc[WD].data());
-        float* gpq = GPQ + (b * a.Nq + n) * J;
-        float* gnpk = GNPKT + b * J * Nk;
-        for (int64_t j = 0; j < J; ++j) {
-          gpq[j] += row_sum(d1.data() + j * Nk, last);
-          for (int64_t m = 0; m < last; ++m) gnpk[j * Nk + m] += d1[j * Nk + m];
-        }
-        row_layer(wdT.data(), d1.data(), ddots.data(), nullptr, H, J, Nk, last);
-        for (int64_t h = 0; h < H; ++h) {
-          const float* qh = a.q + ((b * H + h) * a.Nq + n) * Dh;
-          float* gq = GQ + ((b * H + h) * a.Nq + n) * Dh;
-          const float* kh = a.kT + (b * H + h) * Dh * Nk;
-          float* gk = GKT + (b * H + h) * Dh * Nk;
-          const float* dd = ddots.data() + h * Nk;
-          for (int64_t e = 0; e < Dh; ++e) {
-            gq[e] += row_dot(dd, kh + e * Nk, last);
-            for (int64_t m = 0; m < last; ++m) gk[e * Nk + m] += dd[m] * qh[e];
+          row_layer(wdT.data(), d1.data(), ddots.data(), nullptr, H, J, Nk, last);
+          for (int64_t h = 0; h < H; ++h) {
+            const float* qh = a.q + ((b * H + h) * a.Nq + n) * Dh;
+            float* gq = GQ + ((b * H + h) * a.Nq + n) * Dh;
+            const float* kh = a.kT + (b * H + h) * Dh * Nk;
+            float* gk = GKT + (b * H + h) * Dh * Nk;
+            const float* dd = ddots.data() + h * Nk;
+            for (int64_t e = 0; e < Dh; ++e) {
+              gq[e] += row_dot(dd, kh + e * Nk, last);
+              for (int64_t m = 0; m < last; ++m) gk[e * Nk + m] += dd[m] * qh[e];
+            }
           }
         }
       }
-    }
-    std::lock_guard<std::mutex> guard(lock);
-    partials.emplace_back(begin, std::move(acc));
   });
-  // Summed in batch order, not in the order threads finish: the same inputs and thread count
-  // give the same gradients bit for bit, so a resumed training run stays exact.
-  std::sort(partials.begin(), partials.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  // Summed in batch order, not in the order threads finish: the same inputs give the same
+  // gradients bit for bit on any number of threads, so a resumed training run stays exact.
   for (const auto& part : partials)
-    for (size_t w = 0; w < part.second.size(); ++w) {
+    for (size_t w = 0; w < part.size(); ++w) {
       float* g = grads[7 + w].data_ptr<float>();
-      for (int64_t i = 0; i < wsize[w]; ++i) g[i] += part.second[w][i];
+      for (int64_t i = 0; i < wsize[w]; ++i) g[i] += part[w][i];
     }
   return grads;
 }

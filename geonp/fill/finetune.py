@@ -44,6 +44,25 @@ def head_parameters(model: NeuralProcess) -> list[torch.nn.Parameter]:
     return params
 
 
+def upper_parameters(model: NeuralProcess) -> list[torch.nn.Parameter]:
+    """``model``'s parameters but those of its token embedding, what the first layer reads beside it
+    (te-pt-tnp's pseudo-tokens and their initial locations) and the first entry of each list of
+    encoder layers: ValueError for a model without such lists. Frozen, they need no gradient, so a
+    step's backward pass stops at the second layer."""
+    layer_lists = [name for name, module in model.named_children() if isinstance(module, torch.nn.ModuleList)]
+    if not layer_lists:
+        raise ValueError(f"fit scope 'upper': {type(model).__name__} has no list of encoder layers; "
+                         "use scope 'all'")
+    lower = {*LOWER_MODULES, *(f"{name}.0" for name in layer_lists)}
+    return [p for name, p in model.named_parameters()
+            if name.split(".")[0] not in lower and ".".join(name.split(".")[:2]) not in lower]
+
+
+#: What the first layer reads, by attribute name, that ``FitOptions(scope="upper")`` keeps frozen
+#: with it: the token embedding, te-pt-tnp's pseudo-tokens, their initial locations and Eq. 11's maps.
+LOWER_MODULES = ("embed", "pseudo", "pseudo_offset", "init_q", "init_k")
+
+
 #: :class:`FieldWindows` reads fields into memory whole, once, while their cells add up to at
 #: most this many (128 MB as float64); the others a window's slab at a time. Each read of a lazy
 #: array costs about 2 ms of dask's bookkeeping: the demo's 311 slab reads were 0.6 s of its 16 s fill.
@@ -123,8 +142,9 @@ def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, device
     losses: list[float] = []
     torch.manual_seed(seed)  # as a training run seeds before it starts: whatever draws from torch follows the seed
     tuned = copy.deepcopy(model).to(device).for_training()  # training mode, blocks sized for the device
-    if options.scope == "head":  # frozen weights get no gradient, and Adam leaves them be
-        fitted = {id(p) for p in head_parameters(tuned)}
+    if options.scope != "all":  # frozen weights get no gradient, and Adam leaves them be
+        chosen = head_parameters(tuned) if options.scope == "head" else upper_parameters(tuned)
+        fitted = {id(p) for p in chosen}
         for p in tuned.parameters():
             p.requires_grad_(id(p) in fitted)
     opt = PlainAdamW(tuned.parameters(), options.lr)  # Adam, without torch.optim's import of torch._dynamo

@@ -22,8 +22,9 @@ from typing import Any
 NUGGET_CHOICES = ("auto", "scene", "model")
 #: ``--history`` choices (:mod:`geonp.fill.history_check`): check it per field, always use it, never.
 HISTORY_CHOICES = ("auto", "use", "none")
-#: What fine-tuning may change (``FitOptions.scope``): every weight, or the head's alone.
-FIT_SCOPES = ("all", "head")
+#: What fine-tuning may change (``FitOptions.scope``): every weight, all but the first layer and
+#: what comes before it, or the head's alone.
+FIT_SCOPES = ("all", "upper", "head")
 
 
 #: The nugget check's first draw of windows (``FillOptions.check_windows`` None).
@@ -69,10 +70,12 @@ class FitOptions:
             coverage is in range in 76 of 120 distance bins against the shipped row's 69, but the
             rule still rejects it: RMSE x0.9944 [0.9816, 1.0041], CRPS x0.9924 [0.9784, 1.0028],
             ersst#0 RMSE x1.021 [1.002, 1.045].
-        scope: which weights fine-tuning changes (:data:`FIT_SCOPES`): ``"all"``, or ``"head"``, the parts after the
-            encoder (:data:`geonp.fill.finetune.HEAD_MODULES`: the kriging head, the decoder, the
-            likelihood), the encoder frozen, so that a step runs no backward pass through the
-            attention (about a fifth of an ``"all"`` step's time on the demo).
+        scope: which weights fine-tuning changes (:data:`FIT_SCOPES`): ``"all"``; ``"upper"``, all
+            but the token embedding and the encoder's first layer (:func:`geonp.fill.finetune.
+            upper_parameters`), so that a step's backward pass stops before that layer; or
+            ``"head"``, the parts after the encoder (:data:`geonp.fill.finetune.HEAD_MODULES`: the
+            kriging head, the decoder, the likelihood), the encoder frozen, so that a step runs no
+            backward pass through the attention (about a fifth of an ``"all"`` step's time on the demo).
     """
 
     steps: int = 30

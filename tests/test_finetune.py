@@ -158,8 +158,31 @@ def test_head_scope_changes_the_head_alone(tiny_checkpoint, one_thread):
     assert changed and all(k.split(".")[0] in HEAD_MODULES for k in changed)
     assert any(k.startswith("decoder.") for k in changed)
     assert all(q.requires_grad for q in tuned.parameters())
-    with pytest.raises(ValueError, match="fit scope must be one of all, head"):
+    with pytest.raises(ValueError, match="fit scope must be one of all, upper, head"):
         FitOptions(scope="encoder")
+
+
+def test_upper_scope_leaves_the_first_layer_and_what_it_reads_as_they_were(tiny_checkpoint, one_thread):
+    """``scope="upper"``: the token embedding, the pseudo-tokens, Eq. 11's maps and every layer list's
+    first entry stay as they were, bit for bit; the later layers and the head move; a model without
+    layer lists is refused in one line."""
+    import pytest
+
+    from geonp.fill.finetune import LOWER_MODULES, upper_parameters
+    from geonp.models import build
+
+    p = _plan(tiny_checkpoint)
+    before = {k: v.clone() for k, v in p.choice.model.state_dict().items()}
+    tuned = finetune(p.choice.model, p.fields, p.spec, CPU, FitOptions(steps=3, batch_size=4, scope="upper"), 3)
+    changed = {k for k, v in tuned.state_dict().items() if not torch.equal(v, before[k])}
+    lists = {name for name, module in tuned.named_children() if isinstance(module, torch.nn.ModuleList)}
+    assert {"to_pseudo", "to_context", "to_target"} <= lists
+    lower = lambda k: k.split(".")[0] in LOWER_MODULES or k.split(".")[0] in lists and k.split(".")[1] == "0"  # noqa: E731
+    assert changed and not any(lower(k) for k in changed)
+    assert any(k.startswith("to_pseudo.1.") for k in changed) and any(k.startswith("decoder.") for k in changed)
+    assert all(q.requires_grad for q in tuned.parameters())
+    with pytest.raises(ValueError, match="fit scope 'upper': CNP has no list of encoder layers"):
+        upper_parameters(build("cnp", 1, 1))
 
 
 def test_plain_adamw_updates_as_torch_adamw_bit_for_bit():

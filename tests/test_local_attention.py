@@ -247,6 +247,14 @@ def test_local_attention_of_the_wanted_queries_alone_gives_their_values_and_grad
             torch.testing.assert_close(out[~mask_q], rest + block.ff(block.norm_ff(rest)), atol=0, rtol=0)
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    with torch.no_grad():  # no wanted query anywhere: every row gets the MLP branch alone
+        out = block(zq, xt, zk, xc, index, valid, torch.zeros_like(mask_q))
+        torch.testing.assert_close(out, zq + block.ff(block.norm_ff(zq)), atol=0, rtol=0)
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # as training on a GPU runs it
+            mixed = block(zq, xt, zk, xc, index, valid, mask_q)
+            unpacked = block(zq, xt, zk, xc, index, valid)
+    assert mixed.dtype == unpacked.dtype
+    torch.testing.assert_close(mixed[mask_q], unpacked[mask_q], atol=0.1, rtol=0.05)
 
 
 def test_quadrant_kriging_keeps_translation_equivariance_and_padding():

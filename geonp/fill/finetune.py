@@ -46,9 +46,9 @@ def head_parameters(model: NeuralProcess) -> list[torch.nn.Parameter]:
 
 def upper_parameters(model: NeuralProcess) -> list[torch.nn.Parameter]:
     """``model``'s parameters but those of its token embedding, what the first layer reads beside it
-    (te-pt-tnp's pseudo-tokens and their initial locations) and the first entry of each list of
-    encoder layers: ValueError for a model without such lists. Frozen, they need no gradient, so a
-    step's backward pass stops at the second layer."""
+    (te-pt-tnp's pseudo-tokens and their initial locations) and the first entry of each of its
+    top-level layer lists (the transformer NPs' encoder layers): ValueError for a model without
+    such lists. Frozen, they need no gradient, so a step's backward pass stops at the second layer."""
     layer_lists = [name for name, module in model.named_children() if isinstance(module, torch.nn.ModuleList)]
     if not layer_lists:
         raise ValueError(f"fit scope 'upper': {type(model).__name__} has no list of encoder layers; "
@@ -130,12 +130,13 @@ def finetune(model: NeuralProcess, fields: list[Field], spec: WindowSpec, device
     training steps are (:func:`geonp.train_step.optimizer_step`). ``options.wide_clouds``: share of
     windows whose clouds span the whole view (see :func:`~geonp.tasks.training.training_window`);
     ``options.own_gaps``: share of windows hidden under the input's own gaps from elsewhere (see
-    :class:`FieldWindows`); ``options.scope``: every weight, or the head's alone
-    (:data:`HEAD_MODULES`). Windows come from fields held in memory up to
-    :data:`IN_MEMORY_CELLS` cells in all, from a larger cube a slab at a time, so memory does not
-    grow with the cube. Deterministic for a given seed: the first ``n`` steps of a longer run are
-    an ``n``-step run, so ``on_step(step, model, loss)`` (called after every step, ``model`` in
-    training mode) can take snapshots for a fine-tuning curve in one run. ``model`` is unchanged.
+    :class:`FieldWindows`); ``options.scope``: every weight, all but the first layer and what it
+    reads (:func:`upper_parameters`), or the head's alone (:data:`HEAD_MODULES`). Windows come from
+    fields held in memory up to :data:`IN_MEMORY_CELLS` cells in all, from a larger cube a slab at
+    a time, so memory does not grow with the cube. Deterministic for a given seed: the first ``n``
+    steps of a longer run are an ``n``-step run, so ``on_step(step, model, loss)`` (called after
+    every step, ``model`` in training mode) can take snapshots for a fine-tuning curve in one run.
+    ``model`` is unchanged.
     """
     options = FitOptions() if options is None else options
     every = max(1, options.steps // 5)

@@ -243,9 +243,12 @@ class TELocalAttentionBlock(nn.Module):
         target rows in the demo's fine-tuning batches, and the per-pair MLP runs on every row given."""
         b, nk, _ = zk.shape
         rows, packed_index = pack_wanted(mask_q, index, nk)  # (task [P], query [P]), [1, P, K]
+        if rows[0].numel() == 0:  # no wanted query at all
+            return torch.zeros_like(zq)
         out = self._attend(zq[rows][None], xq[rows][None], zk.reshape(1, b * nk, -1), xk.reshape(1, b * nk, -1),
                            packed_index, valid[rows][None])  # [1, P, Dz]
-        return zq.new_zeros(zq.shape).index_put(rows, out[0])  # [B, Nq, Dz]
+        # In the output's dtype (bfloat16 under autocast), as the unpacked sum z + out promotes it.
+        return zq.new_zeros(zq.shape, dtype=out.dtype).index_put(rows, out[0])  # [B, Nq, Dz]
 
     def _attend(self, zq, xq, zk, xk, index, valid) -> torch.Tensor:
         """``zq [B, Nq, Dz], xq [B, Nq, Dx], zk [B, Nk, Dz], xk [B, Nk, Dx]``, ``index/valid [B, Nq, K]``

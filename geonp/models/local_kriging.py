@@ -242,7 +242,7 @@ class LocalKriging(nn.Module):
         parts = self._sliced(zt, xt, xc, yc, index, valid, drift_t, drift_c, nugget_share)
         if self.slope_prior == "none":  # each target's slopes from its neighbours alone
             prior, centre = self.drift_ridge, None
-        else:  # pooled over each window's real targets (no gradient: spread padded only here)
+        else:  # pooled over each window's real targets (no gradient: spread padded only for it)
             prior, centre = self._slope_prior(parts if spread is None else {
                 key: spread(value.detach()) for key, value in parts.items()}, mask_t)
             if spread is not None:  # each packed target's window's
@@ -364,10 +364,11 @@ class LocalKriging(nn.Module):
             lagrange = torch.linalg.solve(gram + torch.diag_embed(ridge), (f * a[..., None]).sum(-2) - f_star)
             w = a - (kf * lagrange[..., None, :]).sum(-1)  # [B, Nt, K]
             mean = torch.einsum("btk,btky->bty", w, parts["yg"])  # [B, Nt, Dy]
-            if centre is not None:  # one per window [B, P, Dy] or per target [B, Nt, P, Dy]
-                per_target = centre if centre.dim() == 4 else centre[:, None]
+            if centre is not None and centre.dim() == 3:  # one per window [B, P, Dy]
+                mean = mean - torch.einsum("btk,btkp,bpy->bty", w, f[..., 1:], centre.float())
+            elif centre is not None:  # one per (packed) target [B, Nt, P, Dy]
                 drift_w = torch.einsum("btk,btkp->btp", w, f[..., 1:])  # [B, Nt, P]
-                mean = mean - (drift_w[..., None] * per_target.float()).sum(-2)
+                mean = mean - (drift_w[..., None] * centre.float()).sum(-2)
         var = parts["c0"] - (w * parts["k_tn"]).sum(-1) - lagrange[..., 0]  # [B, Nt]
         if "gap" in parts:
             var = var - variance_gap(parts["gap"], w)

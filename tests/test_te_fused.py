@@ -153,6 +153,36 @@ def test_fused_gradients_match_the_python_fast_path(update_locations, distance_p
         torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-4)
 
 
+@needs_kernel
+def test_pairs_far_apart_flush_inside_the_kernel_and_the_caller_keeps_its_denormals():
+    """Softmax weights of far pairs sit at the exp floor (~1e-38) and their products below it:
+    denormals, which the kernel flushes to zero (flush_denormals.h: each took a microcode assist).
+    Gradients still match the Python path, and the calling thread's float mode is as it was."""
+    tiny = torch.tensor([1e-38])
+    if (tiny * 0.5).item() == 0.0:
+        pytest.skip("this thread already flushes denormals")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # the kernel's loop on this very thread
+        torch.manual_seed(4)
+        layer = TEAttention(16, 4, 4, 3, 12, distance_prior=True)
+        with torch.no_grad():
+            layer.log_lengthscale.fill_(-2.0)  # short lengthscales: most pairs' prior below -87
+        results = []
+        for backend in ("fast", "fused"):
+            zq, xq, zk, xk, mask = (t.clone().requires_grad_(t.is_floating_point()) for t in layer_inputs(9, 37, 3))
+            layer.zero_grad()
+            with attention_backend(layer, backend):
+                out, x = layer(zq, xq, zk, xk, mask)
+                (out.sum() + x.sum()).backward()
+            results.append([p.grad.clone() for p in layer.parameters() if p.grad is not None] + [zq.grad, zk.grad])
+        for a, b in zip(*results):
+            torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-4)
+        assert (tiny * 0.5).item() > 0.0  # denormals survive outside the kernel
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_without_the_kernel_the_python_path_runs(monkeypatch):
     monkeypatch.setattr(te_fused, "cpu_kernel", lambda: None)
     layer = TEAttention(16, 4, 4, 2, 12)

@@ -154,33 +154,50 @@ def test_fused_gradients_match_the_python_fast_path(update_locations, distance_p
 
 
 @needs_kernel
-def test_pairs_far_apart_flush_inside_the_kernel_and_the_caller_keeps_its_denormals():
+def test_far_pairs_give_the_python_paths_gradients_with_denormals_flushed():
     """Softmax weights of far pairs sit at the exp floor (~1e-38) and their products below it:
     denormals, which the kernel flushes to zero (flush_denormals.h: each took a microcode assist).
-    Gradients still match the Python path, and the calling thread's float mode is as it was."""
-    tiny = torch.tensor([1e-38])
-    if (tiny * 0.5).item() == 0.0:
-        pytest.skip("this thread already flushes denormals")
-    threads = torch.get_num_threads()
+    The gradients still match the Python path's."""
+    torch.manual_seed(4)
+    layer = TEAttention(16, 4, 4, 3, 12, distance_prior=True)
+    with torch.no_grad():
+        layer.log_lengthscale.fill_(-2.0)  # short lengthscales: most pairs' prior below -87
+    results = []
+    for backend in ("fast", "fused"):
+        zq, xq, zk, xk, mask = (t.clone().requires_grad_(t.is_floating_point()) for t in layer_inputs(9, 37, 3))
+        layer.zero_grad()
+        with attention_backend(layer, backend):
+            out, x = layer(zq, xq, zk, xk, mask)
+            (out.sum() + x.sum()).backward()
+        results.append([p.grad.clone() for p in layer.parameters() if p.grad is not None] + [zq.grad, zk.grad])
+    for a, b in zip(*results):
+        torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-4)
+
+
+@needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_kernel_reads_denormals_as_zero_and_the_callers_threads_keep_them(threads):
+    """Inside the kernel a denormal value counts as zero; outside it, on the calling thread and
+    PyTorch's other threads alike, denormals are as they were (each thread restores its register)."""
+    tiny = torch.full((1 << 20,), 1e-38)  # large enough for PyTorch to split the product over threads
+    if not (tiny * 0.5 > 0).all():
+        pytest.skip("this process already flushes denormals")
+    before = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)  # the kernel's loop on this very thread
-        torch.manual_seed(4)
-        layer = TEAttention(16, 4, 4, 3, 12, distance_prior=True)
-        with torch.no_grad():
-            layer.log_lengthscale.fill_(-2.0)  # short lengthscales: most pairs' prior below -87
-        results = []
-        for backend in ("fast", "fused"):
-            zq, xq, zk, xk, mask = (t.clone().requires_grad_(t.is_floating_point()) for t in layer_inputs(9, 37, 3))
-            layer.zero_grad()
-            with attention_backend(layer, backend):
-                out, x = layer(zq, xq, zk, xk, mask)
-                (out.sum() + x.sum()).backward()
-            results.append([p.grad.clone() for p in layer.parameters() if p.grad is not None] + [zq.grad, zk.grad])
-        for a, b in zip(*results):
-            torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-4)
-        assert (tiny * 0.5).item() > 0.0  # denormals survive outside the kernel
-    finally:
         torch.set_num_threads(threads)
+        torch.manual_seed(5)
+        layer = TEAttention(16, 4, 4, 3, 12)
+        g = torch.Generator().manual_seed(6)
+        q, k = torch.randn(2, 4, 9, 4, generator=g), torch.randn(2, 4, 37, 4, generator=g)
+        v = torch.full((2, 4, 37, 4), 1e-39)  # denormal values: the attention-weighted sum is ~1e-39
+        xq, xk = torch.randn(2, 9, 3, generator=g), torch.randn(2, 37, 3, generator=g)
+        with torch.no_grad():
+            out, _ = te_fused.fused_attention(layer.logit_mlp, layer.loc_mlp, layer.log_lengthscale, q, k, v, xq, xk,
+                                              torch.ones(2, 37, dtype=torch.bool))
+        assert v.sum() > 0 and (out == 0).all()  # PyTorch keeps them; the kernel read them as zero
+        assert (tiny * 0.5 > 0).all()  # and left every thread's float mode as it found it
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_without_the_kernel_the_python_path_runs(monkeypatch):

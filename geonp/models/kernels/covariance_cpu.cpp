@@ -99,7 +99,7 @@ torch::Tensor covariance_forward(torch::Tensor scaled, torch::Tensor sill, torch
   const float* OK = ok.data_ptr<float>();
   float* OUT = out.data_ptr<float>();
   at::parallel_for(0, s, 16, [&](int64_t begin, int64_t end) {
-    const FlushDenormals flush;  // flush_denormals.h
+    const FlushDenormals flush;  // denormals cost a microcode assist each: flush_denormals.h
     std::vector<float> st(d * k), norm(k), d2(k);
     for (int64_t t = begin; t < end; ++t) {
       transpose(SC + t * k * d, k, d, st.data(), norm.data());
@@ -132,7 +132,7 @@ std::vector<torch::Tensor> covariance_backward(torch::Tensor g, torch::Tensor sc
   const float* OK = ok.data_ptr<float>();
   float *GS = g_scaled.data_ptr<float>(), *GSILL = g_sill.data_ptr<float>(), *GNUG = g_nugget.data_ptr<float>();
   at::parallel_for(0, s, 16, [&](int64_t begin, int64_t end) {
-    const FlushDenormals flush;  // flush_denormals.h
+    const FlushDenormals flush;  // denormals cost a microcode assist each: flush_denormals.h
     std::vector<float> st(d * k), norm(k), d2(k), corr(k), both(k), ones(k, 1.f);
     for (int64_t t = begin; t < end; ++t) {
       transpose(SC + t * k * d, k, d, st.data(), norm.data());

@@ -17,8 +17,6 @@
 #include <limits>
 #include <vector>
 
-#include "flush_denormals.h"
-
 namespace {
 
 constexpr float INF = std::numeric_limits<float>::infinity();
@@ -75,7 +73,6 @@ std::vector<torch::Tensor> nearest(torch::Tensor xq, torch::Tensor xk, torch::Te
   int64_t* IDX = index.data_ptr<int64_t>();
   float* D = dist.data_ptr<float>();
   at::parallel_for(0, b * nq, 16, [&](int64_t begin, int64_t end) {
-    const FlushDenormals flush;  // flush_denormals.h
     std::vector<float> diff(dx);
     for (int64_t row = begin; row < end; ++row) {
       const int64_t t = row / nq;

@@ -125,7 +125,7 @@ std::vector<torch::Tensor> factor_solve(torch::Tensor k, torch::Tensor r, bool k
   vec* P = keep_factor ? reinterpret_cast<vec*>(packed.data_ptr<float>()) : nullptr;
   int32_t* INFO = info.data_ptr<int32_t>();
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
-    const FlushDenormals flush;  // flush_denormals.h
+    const FlushDenormals flush;  // denormals cost a microcode assist each: flush_denormals.h
     std::vector<vec> own(P ? 0 : size), inv(n), y(n * m);
     for (int64_t g = begin; g < end; ++g) {
       const int64_t s0 = g * LANES, count = std::min(LANES, s - s0);
@@ -158,7 +158,7 @@ torch::Tensor factor_substitute(torch::Tensor packed, torch::Tensor r) {
   const float* R = r.data_ptr<float>();
   float* X = x.data_ptr<float>();
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
-    const FlushDenormals flush;  // flush_denormals.h
+    const FlushDenormals flush;  // denormals cost a microcode assist each: flush_denormals.h
     std::vector<vec> inv(n), y(n * m);
     for (int64_t g = begin; g < end; ++g) {
       const int64_t s0 = g * LANES, count = std::min(LANES, s - s0);

@@ -214,7 +214,7 @@ std::vector<torch::Tensor> te_attention_forward(std::vector<torch::Tensor> input
     if (a.mask_q[row] != 0.f) wanted.push_back(row);
   const int64_t shares = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), wanted.size() / 8));
   at::parallel_for(0, shares, 1, [&](int64_t begin, int64_t end) {
-    const FlushDenormals flush;  // flush_denormals.h
+    const FlushDenormals flush;  // denormals cost a microcode assist each: flush_denormals.h
     Scratch s(a, false);
     std::vector<float> swx(a.Dx);
     for (int64_t share = begin; share < end; ++share)
@@ -272,7 +272,7 @@ std::vector<torch::Tensor> te_attention_backward(std::vector<torch::Tensor> inpu
   std::vector<std::vector<std::vector<float>>> partials(a.B);  // each batch's weight gradients
   const std::vector<std::vector<int64_t>> shares = batch_shares(a);
   at::parallel_for(0, static_cast<int64_t>(shares.size()), 1, [&](int64_t begin, int64_t end) {
-    const FlushDenormals flush;  // flush_denormals.h
+    const FlushDenormals flush;  // denormals cost a microcode assist each: flush_denormals.h
     Scratch s(a, true);
     const Acts& r = s.row_acts;
     // One row's gradients: d alpha (then d logit) [H][Nk], two hidden layers [J][Nk], d dots

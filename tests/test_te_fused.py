@@ -124,6 +124,18 @@ def test_fused_models_predict_as_the_python_path_far_from_the_origin(name):
     torch.testing.assert_close(fast.scale, slow.scale, atol=1e-5, rtol=1e-5)
 
 
+def backend_gradients(layer: TEAttention, backend: str) -> list[torch.Tensor]:
+    """Every parameter's gradient and those of the tokens and locations, through both outputs of
+    ``layer`` on ``layer_inputs(9, 37, 3)`` (random output weights, the same for every backend)."""
+    zq, xq, zk, xk, mask = (t.clone().requires_grad_(t.is_floating_point()) for t in layer_inputs(9, 37, 3))
+    layer.zero_grad()
+    with attention_backend(layer, backend):  # the backward pass recomputes with the same implementation
+        out, x = layer(zq, xq, zk, xk, mask)
+        g = torch.Generator().manual_seed(2)
+        (out * torch.randn(out.shape, generator=g)).sum().add((x * torch.randn(x.shape, generator=g)).sum()).backward()
+    return [p.grad.clone() for p in layer.parameters() if p.grad is not None] + [zq.grad, xq.grad, zk.grad, xk.grad]
+
+
 @needs_kernel
 @pytest.mark.parametrize("update_locations, distance_prior", [(True, True), (False, False)])
 def test_fused_gradients_match_the_python_fast_path(update_locations, distance_prior, monkeypatch):
@@ -136,18 +148,7 @@ def test_fused_gradients_match_the_python_fast_path(update_locations, distance_p
     calls = []
     apply = te_fused._Kernel.apply
     monkeypatch.setattr(te_fused._Kernel, "apply", lambda *a: calls.append(1) or apply(*a))
-    results = []
-    for backend in ("fast", "fused"):
-        zq, xq, zk, xk, mask = (t.clone().requires_grad_(t.is_floating_point()) for t in layer_inputs(9, 37, 3))
-        layer.zero_grad()
-        with attention_backend(layer, backend):  # the backward pass recomputes with the same implementation
-            out, x = layer(zq, xq, zk, xk, mask)
-            g = torch.Generator().manual_seed(2)
-            (out * torch.randn(out.shape, generator=g)).sum().add((x * torch.randn(x.shape, generator=g)).sum()
-                                                                  ).backward()
-        results.append([p.grad.clone() for p in layer.parameters() if p.grad is not None] +
-                       [zq.grad, xq.grad, zk.grad, xk.grad])
-    slow, fast = results
+    slow, fast = backend_gradients(layer, "fast"), backend_gradients(layer, "fused")
     assert calls == [1] and len(slow) == len(fast)
     for a, b in zip(slow, fast):
         torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-4)
@@ -162,15 +163,7 @@ def test_far_pairs_give_the_python_paths_gradients_with_denormals_flushed():
     layer = TEAttention(16, 4, 4, 3, 12, distance_prior=True)
     with torch.no_grad():
         layer.log_lengthscale.fill_(-2.0)  # short lengthscales: most pairs' prior below -87
-    results = []
-    for backend in ("fast", "fused"):
-        zq, xq, zk, xk, mask = (t.clone().requires_grad_(t.is_floating_point()) for t in layer_inputs(9, 37, 3))
-        layer.zero_grad()
-        with attention_backend(layer, backend):
-            out, x = layer(zq, xq, zk, xk, mask)
-            (out.sum() + x.sum()).backward()
-        results.append([p.grad.clone() for p in layer.parameters() if p.grad is not None] + [zq.grad, zk.grad])
-    for a, b in zip(*results):
+    for a, b in zip(backend_gradients(layer, "fast"), backend_gradients(layer, "fused")):
         torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-4)
 
 

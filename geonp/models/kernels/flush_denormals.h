@@ -7,10 +7,11 @@
 // kernels that exponentiate make them as a matter of course: exp_nonpositive gives ~1e-38 for
 // pairs far apart, and the softmax weights, the products with them and the gradients through
 // them are smaller still. On the demo's captured fine-tuning calls (2 threads) they made the
-// fused TE kernel's backward twice as slow (4.33-4.39 s against 2.07-2.13 s flushed). The
-// neighbour search exponentiates nothing and must match PyTorch's distances exactly: no guard there. Flushed, such values count as zero: a term of 1e-38 beside the others is
-// already below their rounding, so results move by nothing that matters (the tests hold the
-// kernels to their PyTorch references as before).
+// fused TE kernel's backward twice as slow (4.33-4.39 s against 2.07-2.13 s flushed). Flushed,
+// such values count as zero: a term of 1e-38 beside the others is already below their rounding,
+// so results move by nothing that matters (the tests hold the kernels to their PyTorch references
+// as before). The neighbour search exponentiates nothing and must match PyTorch's distances
+// exactly: no guard there.
 #pragma once
 
 #if defined(__SSE__) || defined(__x86_64__) || defined(_M_X64)

@@ -109,15 +109,16 @@ def test_valid_area_deterministic_and_input_untouched():
 
 
 def test_a_long_stack_takes_lanczos_and_fills_as_the_dense_eigendecomposition_does(monkeypatch):
-    """Past DENSE_EOF_STEPS the EOFs come from ARPACK (only the k leading ones); the fill is the
-    dense eigh's to rounding, the same in every call, and a Lanczos that fails falls back to eigh."""
+    """Past DENSE_EOF_STEPS, without the warm start, every iteration's EOFs come from ARPACK (only
+    the k leading ones); the fill is the dense eigh's to rounding, the same in every call, and a
+    Lanczos that fails falls back to eigh."""
     from geonp.tasks import dineof as module
 
     truth, given = low_rank_stack(steps=module.DENSE_EOF_STEPS + 22, rows=12, cols=14)
     calls = []
     real_eigsh = module.eigsh
     monkeypatch.setattr(module, "eigsh", lambda *a, **k: calls.append(k["k"]) or real_eigsh(*a, **k))
-    lanczos, again = dineof(given), dineof(given)
+    lanczos, again = dineof(given, warm_start=False), dineof(given, warm_start=False)
     assert calls and max(calls) >= lanczos.modes >= 3  # the modes loop ran on Lanczos
     np.testing.assert_array_equal(lanczos.held_out, again.held_out)  # a fixed start vector
     dense = dineof(given, dense_steps=10_000)
@@ -129,7 +130,37 @@ def test_a_long_stack_takes_lanczos_and_fills_as_the_dense_eigendecomposition_do
         raise module.ArpackNoConvergence("no convergence", np.zeros(0), np.zeros((0, 0)))
 
     monkeypatch.setattr(module, "eigsh", fails)
-    np.testing.assert_allclose(dineof(given).held_out, dense.held_out, atol=1e-9)  # falls back to eigh
+    np.testing.assert_allclose(dineof(given, warm_start=False).held_out, dense.held_out, atol=1e-9)  # eigh
+
+
+def test_a_long_stack_carries_its_eofs_from_one_iteration_to_the_next(monkeypatch):
+    """Past DENSE_EOF_STEPS (warm start, the default) Lanczos runs once per number of modes, for
+    ``k + EOF_OVERSAMPLE`` vectors, and block iteration carries them on: the same modes and a fill
+    within a small fraction of how far the fresh-Lanczos fill itself stops from its limit, the same
+    limit where both iterate to convergence, the same result in every call, and eigh's start where
+    Lanczos fails."""
+    from geonp.tasks import dineof as module
+
+    _, given = low_rank_stack(steps=module.DENSE_EOF_STEPS + 22, rows=12, cols=14)
+    calls, converges = [], []
+    real_eigsh, real_converge = module.eigsh, module._converge
+    monkeypatch.setattr(module, "eigsh", lambda *a, **k: calls.append(k["k"]) or real_eigsh(*a, **k))
+    monkeypatch.setattr(module, "_converge", lambda *a: converges.append(a[2]) or real_converge(*a))
+    warm, again = dineof(given), dineof(given)
+    assert calls == [k + module.EOF_OVERSAMPLE for k in converges]  # one Lanczos start per call, no more
+    np.testing.assert_array_equal(warm.held_out, again.held_out)
+    fresh = dineof(given, warm_start=False)
+    assert warm.modes == fresh.modes >= 3 and warm.cv_rmse.keys() == fresh.cv_rmse.keys()
+    own = np.nanmax(np.abs(fresh.held_out - dineof(given, tol=1e-5, warm_start=False).held_out))
+    assert np.nanmax(np.abs(warm.held_out - fresh.held_out)) < 0.02 * own  # own: 1.8 (field spread 3)
+    limit = {w: dineof(given, tol=1e-8, max_iter=3000, max_modes=warm.modes, warm_start=w) for w in (True, False)}
+    np.testing.assert_allclose(limit[True].held_out, limit[False].held_out, atol=1e-5)
+
+    def fails(*args, **kwargs):
+        raise module.ArpackNoConvergence("no convergence", np.zeros(0), np.zeros((0, 0)))
+
+    monkeypatch.setattr(module, "eigsh", fails)
+    np.testing.assert_allclose(dineof(given).held_out, warm.held_out, atol=1e-9)  # the span from eigh
 
 
 @pytest.mark.parametrize("dense_steps", [10_000, 4])  # dense eigh, and Lanczos past 4 steps
@@ -159,7 +190,7 @@ def test_dineof_iterates_on_one_blas_thread_and_as_the_masked_update_did(monkeyp
         assert blas_threads() == {2}
     assert seen_threads and all(s == {1} for s in seen_threads)
 
-    def masked(work, unknown, k, tol, max_iter, dense_steps):  # the update as it was written before
+    def masked(work, unknown, k, tol, max_iter, dense_steps, warm_start):  # the update as it was written before
         work = work.copy()
         with one_blas_thread():
             for _ in range(max_iter):

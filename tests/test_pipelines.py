@@ -216,7 +216,7 @@ def test_device_agreement_says_when_there_is_no_gpu(monkeypatch, tmp_path):
     assert np.isnan(cube.sst.values[:, 8:16, 10:22]).all()
 
 
-def test_dineof_speed_compares_both_paths_and_names_a_missing_file(monkeypatch, tmp_path):
+def test_dineof_speed_compares_the_paths_and_names_a_missing_file(monkeypatch, tmp_path):
     from geonp.tasks import dineof as module
     from pipelines.benchmarks import dineof_speed
 
@@ -229,20 +229,29 @@ def test_dineof_speed_compares_both_paths_and_names_a_missing_file(monkeypatch, 
     yy, xx = np.mgrid[0:8, 0:9]
     stack = np.sin(t / 7.0) * np.cos(yy / 3.0) + np.cos(t / 11.0) * np.sin(xx / 4.0)
     stack = stack + rng.normal(0, 0.05, stack.shape)
+    truth = stack.copy()
     stack[rng.random(stack.shape) < 0.2] = np.nan
     calls = []
     real_eigsh = module.eigsh
     monkeypatch.setattr(module, "eigsh", lambda *a, **k: calls.append(1) or real_eigsh(*a, **k))
     row = dineof_speed.compare("toy", stack, np.ones((8, 9), bool), np.random.default_rng(1).bit_generator.state,
-                               list(dineof_speed.PATHS), 2)
+                               list(dineof_speed.PATHS), 2, truth)
     assert calls  # Lanczos ran
-    dense_modes, lanczos_modes, fill_threads_modes = row["modes"].split(" / ")  # the columns' order
-    assert row["steps"] == len(t) and row["max_diff"] < 1e-9 and dense_modes == lanczos_modes == fill_threads_modes
-    assert all(row[k] is not None for k in ("eigh_s", "lanczos_s", "fill_threads_s")) and row["threads"] == 2
+    modes = row["modes"].split(" / ")  # the columns' order: eigh, lanczos, block, block-fill-threads
+    rmse = [float(x) for x in row["hidden_rmse"].split(" / ")]
+    assert row["steps"] == len(t) and len(set(modes)) == 1 and len(rmse) == 4 and row["shipped"] == "block"
+    assert 0 < row["max_diff"] < 0.01  # the block iteration's fill beside fresh eigendecompositions'
+    assert max(rmse) < 0.1 and max(rmse) - min(rmse) < 1e-3  # noise 0.05: every path fills the gaps to it
+    assert all(row[k] is not None for k in ("eigh_s", "lanczos_s", "block_s", "block_threads_s"))
+    assert row["threads"] == 2
     only = dineof_speed.compare("toy", stack, np.ones((8, 9), bool), np.random.default_rng(1).bit_generator.state,
-                                ["lanczos"], 2)
-    assert only["eigh_s"] is None and only["fill_threads_s"] is None and only["max_diff"] is None
-    assert "| – |" in dineof_speed._table([only])  # a path not run: a dash
+                                ["block"], 2)
+    assert only["eigh_s"] is None and only["lanczos_s"] is None and only["max_diff"] is None
+    assert only["hidden_rmse"] is None
+    table = dineof_speed._table([{**only, "commit": "x"}, {k: v for k, v in row.items() if k not in (
+        "block_s", "block_threads_s", "shipped", "hidden_rmse")} | {"fill_threads_s": 3.0}])
+    assert "| – |" in table  # a path not run: a dash
+    assert "| 3.0 | – | – | lanczos |" in table  # a row from before the block iteration: Lanczos shipped
 
 
 def test_fill_speed_reports_the_median_of_repeated_runs_and_every_run():

@@ -26,7 +26,7 @@ takes ``k + EOF_OVERSAMPLE`` vectors from ARPACK's Lanczos (``scipy.sparse.linal
 products ``X^T (X v)`` without forming ``X^T X``), and every later one carries them on by one step
 of block (subspace) iteration, ``qr(X^T X B)``, the ``k`` leading taken from their span
 (Rayleigh-Ritz). The gaps move a little each iteration, and so does the span: one block step
-tracks it: on the two hourly months a training run reads, 3.8 and 2.0 times faster than a fresh
+tracks it: on the two hourly months a training run reads, 3.4 and 2.0 times faster than a fresh
 Lanczos (to machine precision) in every iteration, the same modes kept and the held-out predictions'
 RMSE at hidden cells the same to four digits (``pipelines/results/dineof_speed_cpu.md``). Memory is
 ``X`` itself, in float64: the stack must fit in memory.
@@ -116,7 +116,7 @@ def dineof(
         warm_start: False: a long stack's EOFs from a fresh Lanczos in every iteration, the code
             before the block iteration and its reference (``pipelines/benchmarks/dineof_speed.py``:
             the held-out predictions within 0.035 K of it on an hourly ERA5 month, whose own
-            iterations stop 1.65 K from a fivefold tighter tolerance's; 3.8 times the time).
+            iterations stop 1.65 K from a fivefold tighter tolerance's; 3.4 times the time).
 
     Returns:
         Reconstruction: the filled stack, its 1-sigma, the held-out predictions and the modes kept.

@@ -23,13 +23,12 @@ per iteration, far below a full SVD of ``X``. A long stack (an hourly month: 744
 minutes in those eigendecompositions, of which an iteration needs only the ``k`` leading vectors,
 and hardly different ones from the iteration before: there the first iteration of each ``k``
 takes ``k + EOF_OVERSAMPLE`` vectors from ARPACK's Lanczos (``scipy.sparse.linalg.eigsh``, from
-products ``X^T (X v)`` without forming ``X^T X``), and every later one carries them on by one step
-of block (subspace) iteration, ``qr(X^T X B)``, the ``k`` leading taken from their span
-(Rayleigh-Ritz). The gaps move a little each iteration, and so does the span: one block step
-tracks it: on the two hourly months a training run reads, 3.4 and 2.0 times faster than a fresh
-Lanczos (to machine precision) in every iteration, the same modes kept and the held-out predictions'
-RMSE at hidden cells the same to four digits (``pipelines/results/dineof_speed_cpu.md``). Memory is
-``X`` itself, in float64: the stack must fit in memory.
+products ``X^T (X v)`` without forming ``X^T X``), and every later one carries them on by block
+(subspace) iteration, ``qr(X^T X B)``, the ``k`` leading taken from their span (Rayleigh-Ritz),
+until they are as settled as :data:`EOF_RESIDUAL` asks: a few steps where fresh Lanczos needs
+tens of products, and the same fill as fresh Lanczos to a thousandth of a kelvin
+(``pipelines/results/dineof_speed_cpu.md``). Memory is ``X`` itself, in float64: the stack must
+fit in memory.
 
 The 1-sigma of a filled cell is the cross-validation RMSE of the bin of its distance to the
 nearest observed cell of its step (bins of :data:`SIGMA_BINS`, made non-decreasing): a cell deep
@@ -59,6 +58,13 @@ DENSE_EOF_STEPS = 128
 #: vectors wider than the one sought converges at the rate of the ``k + p + 1``-th eigenvalue against
 #: the ``k``-th, not the ``k + 1``-th (the usual oversampling of randomised subspace methods, 10).
 EOF_OVERSAMPLE = 10
+#: How settled the block iteration's EOFs must be before an iteration uses them: every leading
+#: Ritz pair's residual ``|X^T X v - theta v|`` at most this share of the largest eigenvalue. Under
+#: heavy gaps DINEOF carries a small error of its EOFs a long way: on fill_speed's hourly ERA5 cube
+#: (85% clouds) residuals of 1e-6 left the fill 0.12 K (rms) from fresh Lanczos', 1e-8 0.001 K.
+EOF_RESIDUAL = 1e-8
+#: Block steps an iteration takes at most before it falls back to a fresh eigendecomposition.
+MAX_BLOCK_STEPS = 50
 
 
 @dataclass
@@ -235,8 +241,7 @@ def _converge(work: np.ndarray, unknown: np.ndarray, k: int, tol: float, max_ite
 
     Up to ``dense_steps`` steps (and without ``warm_start``) each iteration's EOFs come afresh from
     :func:`_leading_eofs`. Beyond, a basis ``B [T, k + EOF_OVERSAMPLE]`` from Lanczos starts the
-    call and one block-iteration step per iteration, on the matrix as the gaps left it, carries it
-    on: ``B <- qr(X^T (X B))``. The ``k`` EOFs are the leading Ritz vectors of the span.
+    call and :func:`_carried_eofs` carries it from one iteration to the next.
     """
     if unknown.shape != work.shape:
         raise ValueError(f"dineof: unknown mask {unknown.shape} does not match the matrix {work.shape}")
@@ -255,7 +260,7 @@ def _converge(work: np.ndarray, unknown: np.ndarray, k: int, tol: float, max_ite
     width = k + EOF_OVERSAMPLE
     block = warm_start and steps > dense_steps and 2 * width < steps
     # Many small products and ARPACK's BLAS-2 steps: one BLAS thread (geonp.threads.one_blas_thread);
-    # the block products too, 11.3 s against 13.3 s on two threads for an hourly ERA5 month.
+    # the block products too (pipelines/results/dineof_speed_cpu.md: one thread against the fill's).
     with one_blas_thread():
         basis = _leading_eofs(work, width, dense_steps) if block else None  # [T, width]
         for _ in range(max_iter):
@@ -263,21 +268,42 @@ def _converge(work: np.ndarray, unknown: np.ndarray, k: int, tol: float, max_ite
                 lead = _leading_eofs(work, k, dense_steps)  # [T, k]: the k leading temporal EOFs
                 scores = work @ lead  # [N, k]
             else:
-                projected = work @ basis  # [N, width]
-                ritz = np.linalg.eigh(projected.T @ projected)[1][:, -k:]  # [width, k], ascending: last k lead
-                lead, scores = basis @ ritz, projected @ ritz  # [T, k], [N, k] (= work @ lead)
+                lead, scores, basis = _carried_eofs(work, basis, k, dense_steps)
             rebuilt = (scores @ lead.T).take(at)  # [n unknown]
             change = rebuilt - current
             flat[at] = rebuilt
             current = rebuilt
             if np.sqrt(np.mean(change**2)) < tol:
                 break
-            if basis is not None:
-                # X B afresh, not the product above from before the gaps moved: reusing it saves one
-                # product in three, but on the hourly ERA5 month under 85% clouds it moved DINEOF's
-                # RMSE 1.1% from the fresh-Lanczos fill's, against 0.2% this way.
-                basis = np.linalg.qr(work.T @ (work @ basis))[0]
     return work
+
+
+def _carried_eofs(work: np.ndarray, basis: np.ndarray, k: int,
+                  dense_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ``k`` leading temporal EOFs of ``work [N, T]`` from ``basis [T, m]`` (orthonormal, near
+    their span), by block iteration until every leading Ritz pair's residual is below
+    :data:`EOF_RESIDUAL` of the largest eigenvalue (a fresh :func:`_leading_eofs` after
+    :data:`MAX_BLOCK_STEPS`). Returns ``(lead [T, k], work @ lead [N, k], basis one step on [T, m])``.
+
+    One step costs two products with ``work`` and gives the residual for free: the step's
+    ``X^T X B`` times the Ritz vectors is ``X^T X v``. Fewer steps would be faster: one step an
+    iteration, however settled, was 3.4 times faster than fresh Lanczos on a history fold of an
+    hourly ERA5 month, but under 85% clouds it moved te-pt-tnp's RMSE on that month by x1.0065
+    [1.0003, 1.0131] (days resampled) through the DINEOF covariate; settled, the fill is fresh
+    Lanczos' own.
+    """
+    for _ in range(MAX_BLOCK_STEPS):
+        projected = work @ basis  # [N, m]
+        power = work.T @ projected  # [T, m]: X^T X B
+        theta, vectors = np.linalg.eigh(basis.T @ power)  # ascending: the last k lead
+        ritz, theta = vectors[:, -k:], theta[-k:]  # [m, k], [k]
+        lead = basis @ ritz  # [T, k]
+        residual = np.linalg.norm(power @ ritz - lead * theta, axis=0)  # [k]
+        basis = np.linalg.qr(power)[0]
+        if residual.max() <= EOF_RESIDUAL * max(float(theta[-1]), 0.0):
+            return lead, projected @ ritz, basis
+    lead = _leading_eofs(work, k, dense_steps)
+    return lead, work @ lead, basis
 
 
 def _leading_eofs(work: np.ndarray, k: int, dense_steps: int) -> np.ndarray:

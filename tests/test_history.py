@@ -167,6 +167,28 @@ def test_a_long_stack_carries_its_eofs_from_one_iteration_to_the_next(monkeypatc
     np.testing.assert_array_equal(dineof(given).held_out, fresh.held_out)
 
 
+def test_carried_eofs_settle_on_the_leading_span_from_a_nearby_basis():
+    """One call of the block iteration: from a basis near the leading span it returns the k
+    leading eigenvectors' span of X^T X (as eigh finds it), ``work @ lead`` as its scores and a
+    basis still orthonormal; a matrix of zeros settles at once."""
+    from geonp.tasks import dineof as module
+
+    rng = np.random.default_rng(3)
+    k, width = 4, 4 + module.EOF_OVERSAMPLE
+    work = rng.normal(size=(80, 50)) @ np.diag(0.8 ** np.arange(50))  # [N, T], a decaying spectrum
+    exact = np.linalg.eigh(work.T @ work)[1]  # ascending
+    start = np.linalg.qr(exact[:, -width:] + 0.05 * rng.normal(size=(50, width)))[0]  # near, not on, the span
+    lead, scores, basis = module._carried_eofs(work, start, k, 128)
+    top = exact[:, -k:]
+    np.testing.assert_allclose(lead @ lead.T, top @ top.T, atol=1e-6)  # the same projector
+    np.testing.assert_allclose(scores, work @ lead, atol=1e-10)
+    np.testing.assert_allclose(basis.T @ basis, np.eye(width), atol=1e-12)
+    np.testing.assert_allclose(lead.T @ lead, np.eye(k), atol=1e-12)
+    zeros = np.zeros_like(work)
+    lead0, scores0, _ = module._carried_eofs(zeros, start, k, 128)
+    assert lead0.shape == (50, k) and not scores0.any()
+
+
 @pytest.mark.parametrize("dense_steps", [10_000, 4])  # dense eigh, and Lanczos past 4 steps
 def test_dineof_iterates_on_one_blas_thread_and_as_the_masked_update_did(monkeypatch, dense_steps):
     """The iterations run with one BLAS thread (whatever the count outside, which comes back after)

@@ -61,7 +61,8 @@ EOF_OVERSAMPLE = 10
 #: How settled the block iteration's EOFs must be before an iteration uses them: every leading
 #: Ritz pair's residual ``|X^T X v - theta v|`` at most this share of the largest eigenvalue. Under
 #: heavy gaps DINEOF carries a small error of its EOFs a long way: on fill_speed's hourly ERA5 cube
-#: (85% clouds) residuals of 1e-6 left the fill 0.12 K (rms) from fresh Lanczos', 1e-8 0.001 K.
+#: (85% clouds) residuals of 1e-6 left the fill 0.12 K (rms) from fresh Lanczos', 1e-8 0.001 K
+#: (scratch runs of DINEOF on that cube, 2026-11-30; fresh Lanczos there 75.0 s, 1e-8 55.5 s).
 EOF_RESIDUAL = 1e-8
 #: Block steps an iteration takes at most before it falls back to a fresh eigendecomposition.
 MAX_BLOCK_STEPS = 50
@@ -117,12 +118,12 @@ def dineof(
         cv_low: each step hides at least this share of its observed cells for cross-validation.
         cv_high: and at most this share.
         dense_steps: up to this many steps the EOFs come from a dense eigendecomposition in every
-            iteration; beyond, from Lanczos and a block iteration warm-started from the iteration
-            before (:func:`_converge`).
+            iteration; beyond, from Lanczos: with ``warm_start``, once per convergence and carried
+            on by block iteration (:func:`_converge`), without it in every iteration.
         warm_start: False: a long stack's EOFs from a fresh Lanczos in every iteration, the code
             before the block iteration and its reference (``pipelines/benchmarks/dineof_speed.py``:
-            the held-out predictions within 0.035 K of it on an hourly ERA5 month, whose own
-            iterations stop 1.65 K from a fivefold tighter tolerance's; 3.4 times the time).
+            the held-out predictions within 3e-5 K of it on a history fold of each hourly month;
+            1.5 times the block iteration's time on ERA5's, 0.8 times on the smaller WFDE5's).
 
     Returns:
         Reconstruction: the filled stack, its 1-sigma, the held-out predictions and the modes kept.
@@ -239,9 +240,10 @@ def _converge(work: np.ndarray, unknown: np.ndarray, k: int, tol: float, max_ite
     reconstruction: a new C-ordered array, ``work`` itself untouched. Holds the unknown entries' flat
     indices (8 bytes each) for the call.
 
-    Up to ``dense_steps`` steps (and without ``warm_start``) each iteration's EOFs come afresh from
-    :func:`_leading_eofs`. Beyond, a basis ``B [T, k + EOF_OVERSAMPLE]`` from Lanczos starts the
-    call and :func:`_carried_eofs` carries it from one iteration to the next.
+    Up to ``dense_steps`` steps (and without ``warm_start``, or where ``k + EOF_OVERSAMPLE`` is half
+    the steps or more) each iteration's EOFs come afresh from :func:`_leading_eofs`. Beyond, a
+    basis ``B [T, k + EOF_OVERSAMPLE]`` from Lanczos starts the call and :func:`_carried_eofs`
+    carries it from one iteration to the next.
     """
     if unknown.shape != work.shape:
         raise ValueError(f"dineof: unknown mask {unknown.shape} does not match the matrix {work.shape}")
@@ -260,7 +262,9 @@ def _converge(work: np.ndarray, unknown: np.ndarray, k: int, tol: float, max_ite
     width = k + EOF_OVERSAMPLE
     block = warm_start and steps > dense_steps and 2 * width < steps
     # Many small products and ARPACK's BLAS-2 steps: one BLAS thread (geonp.threads.one_blas_thread);
-    # the block products too (pipelines/results/dineof_speed_cpu.md: one thread against the fill's).
+    # the block products too: on the two hourly months' folds 35.0 s against 37.3 s with the fill's
+    # two threads (faster on ERA5's larger steps, slower on WFDE5's; dineof_speed_cpu.md), and a
+    # fill beside other work is not slowed by threads waiting on each other.
     with one_blas_thread():
         basis = _leading_eofs(work, width, dense_steps) if block else None  # [T, width]
         for _ in range(max_iter):
@@ -283,7 +287,8 @@ def _carried_eofs(work: np.ndarray, basis: np.ndarray, k: int,
     """The ``k`` leading temporal EOFs of ``work [N, T]`` from ``basis [T, m]`` (orthonormal, near
     their span), by block iteration until every leading Ritz pair's residual is below
     :data:`EOF_RESIDUAL` of the largest eigenvalue (a fresh :func:`_leading_eofs` after
-    :data:`MAX_BLOCK_STEPS`). Returns ``(lead [T, k], work @ lead [N, k], basis one step on [T, m])``.
+    :data:`MAX_BLOCK_STEPS`). Returns ``(lead [T, k], work @ lead [N, k], basis [T, m])``, the basis
+    one step past the one ``lead`` came from (fifty steps on where it fell back).
 
     One step costs two products with ``work`` and gives the residual for free: the step's
     ``X^T X B`` times the Ritz vectors is ``X^T X v``. Fewer steps would be faster: one step an
@@ -310,9 +315,9 @@ def _leading_eofs(work: np.ndarray, k: int, dense_steps: int) -> np.ndarray:
     """The ``k`` leading temporal EOFs of ``work [N, T]``: eigenvectors of ``X^T X``, ``[T, k]``.
 
     Up to ``dense_steps`` steps (or ``k`` past half of them) a dense ``eigh``; beyond,
-    ARPACK's Lanczos on ``v -> X^T (X v)``, which finds ``k`` vectors, not ``T``: about four times
-    faster on an hourly month of ERA5, the fill the same to rounding
-    (``pipelines/results/dineof_speed_cpu.md``). Its start vector is fixed, not ARPACK's random
+    ARPACK's Lanczos on ``v -> X^T (X v)``, which finds ``k`` vectors, not ``T``: 2 to 4 times
+    faster than ``eigh`` in every iteration on an hourly month of ERA5, 15 on one of WFDE5, the fill
+    the same to rounding (``pipelines/results/dineof_speed_cpu.md``). Its start vector is fixed, not ARPACK's random
     one, so the same stack gives the same EOFs in any process; a Lanczos that does not converge
     falls back to ``eigh``. Only the span of the vectors is used, so their signs and order do not
     matter.

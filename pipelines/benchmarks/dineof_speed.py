@@ -10,9 +10,10 @@ each with a third of its steps' cells hidden as one history fold hides them
 :func:`geonp.tasks.dineof.dineof` once per path: ``eigh``, every iteration's EOFs from a dense
 ``numpy.linalg.eigh`` of ``X^T X`` (``dense_steps`` past the stack's length); ``lanczos``, from a
 fresh ARPACK Lanczos in every iteration (``warm_start=False``, the code before 2026-11-30's
-block iteration); ``block``, as shipped: Lanczos once per number of modes, then one step of block
-iteration per iteration; ``block-fill-threads``, as shipped but with its iterations on the BLAS
-threads a fill configures (:func:`geonp.threads.configure`: every usable core) instead of one
+block iteration); ``block``, as shipped: Lanczos once at the start of each convergence, then block
+iteration until the EOFs settle (:data:`geonp.tasks.dineof.EOF_RESIDUAL`); ``block-fill-threads``,
+as shipped but with its iterations on the BLAS threads a fill configures
+(:func:`geonp.threads.configure`: every usable core) instead of one
 (:func:`geonp.threads.one_blas_thread`). Every path runs with the threads a fill sets. Reports each
 one's wall time, the modes kept, the largest difference of the held-out predictions (the covariate
 a model reads) from the shipped path's, in the field's units, and each path's RMSE at the fold's
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fields", nargs="+", default=list(FIELDS), choices=list(FIELDS))
     parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=PATHS,
-                        help="which ways to fill each stack (lanczos, the shipped one, always runs)")
+                        help="which ways to fill each stack (block, the shipped one, always runs)")
     parser.add_argument("--out", type=Path, default=OUT, help="results path without suffix (default: %(default)s)")
     args = parser.parse_args(argv)
     threads = configure()  # as a fill does

@@ -21,9 +21,10 @@ The temporal EOFs are the leading eigenvectors of the ``T x T`` Gram matrix ``X^
 counted in tens and cells in hundreds of thousands, ``numpy.linalg.eigh`` of it costs ``cells * T^2``
 per iteration, far below a full SVD of ``X``. A long stack (an hourly month: 744 steps) would spend
 minutes in those eigendecompositions, of which an iteration needs only the ``k`` leading vectors,
-and hardly different ones from the iteration before: there the first iteration of each ``k``
-takes ``k + EOF_OVERSAMPLE`` vectors from ARPACK's Lanczos (``scipy.sparse.linalg.eigsh``, from
-products ``X^T (X v)`` without forming ``X^T X``), and every later one carries them on by block
+and hardly different ones from the iteration before: there each convergence (one per number of
+modes, in the cross-validation and again in the final fill) starts from ``k + EOF_OVERSAMPLE``
+vectors of ARPACK's Lanczos (``scipy.sparse.linalg.eigsh``, from
+products ``X^T (X v)`` without forming ``X^T X``), and every iteration carries them on by block
 (subspace) iteration, ``qr(X^T X B)``, the ``k`` leading taken from their span (Rayleigh-Ritz),
 until they are as settled as :data:`EOF_RESIDUAL` asks: a few steps where fresh Lanczos needs
 tens of products, and the same fill as fresh Lanczos to a thousandth of a kelvin

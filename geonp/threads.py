@@ -51,8 +51,9 @@ def one_blas_thread() -> Iterator[None]:
 
     For a loop of many small BLAS calls, such as ARPACK's Lanczos iterations and their
     matrix-vector products, where a second thread costs more in waking and waiting than it saves:
-    on 2 cores, DINEOF of a history fold of ERA5's hourly month over the UK (744 x 33 x 49) took
-    65.1 s with a fill's two BLAS threads and 21.3 s with one on an AMD EPYC
+    on 2 cores, DINEOF of a history fold of ERA5's hourly month over the UK (744 x 33 x 49), with a
+    fresh Lanczos in every iteration, took 65.1 s with a fill's two BLAS threads and 21.3 s with one
+    on an AMD EPYC
     (``pipelines/results/dineof_speed_cpu.md``; not measured on more cores). The limit is the
     whole process's (BLAS pools are), so threads that enter it together share it: it is set when
     the first enters and restored when the last leaves. Each first entry scans the loaded

@@ -36,7 +36,7 @@ def test_a_long_stack_takes_lanczos_and_fills_as_the_dense_eigendecomposition_do
 
 
 def test_a_long_stack_carries_its_eofs_from_one_iteration_to_the_next(monkeypatch):
-    """Past DENSE_EOF_STEPS (warm start, the default) Lanczos runs once per number of modes, for
+    """Past DENSE_EOF_STEPS (warm start, the default) Lanczos runs once per convergence, for
     ``k + EOF_OVERSAMPLE`` vectors, and block iteration carries them on, settled to EOF_RESIDUAL:
     the same modes and fill as fresh Lanczos in every iteration to a ten-thousandth of how far that
     fill stops from a tighter tolerance's, the same limit, the same result in every call, eigh's

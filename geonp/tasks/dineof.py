@@ -26,10 +26,9 @@ modes, in the cross-validation and again in the final fill) starts from ``k + EO
 vectors of ARPACK's Lanczos (``scipy.sparse.linalg.eigsh``, from
 products ``X^T (X v)`` without forming ``X^T X``), and every iteration carries them on by block
 (subspace) iteration, ``qr(X^T X B)``, the ``k`` leading taken from their span (Rayleigh-Ritz),
-until they are as settled as :data:`EOF_RESIDUAL` asks: a few steps where fresh Lanczos needs
-tens of products, and the same fill as fresh Lanczos to a thousandth of a kelvin
-(``pipelines/results/dineof_speed_cpu.md``). Memory is ``X`` itself, in float64: the stack must
-fit in memory.
+until they are as settled as :data:`EOF_RESIDUAL` asks: the same fill as fresh Lanczos to 3e-5 K
+on a history fold of each hourly month (``pipelines/results/dineof_speed_cpu.md``). Memory is
+``X`` itself, in float64: the stack must fit in memory.
 
 The 1-sigma of a filled cell is the cross-validation RMSE of the bin of its distance to the
 nearest observed cell of its step (bins of :data:`SIGMA_BINS`, made non-decreasing): a cell deep
@@ -57,13 +56,15 @@ MIN_STEPS = 3
 DENSE_EOF_STEPS = 128
 #: Vectors a long stack's block iteration carries beyond the ``k`` EOFs it needs: a span a few
 #: vectors wider than the one sought converges at the rate of the ``k + p + 1``-th eigenvalue against
-#: the ``k``-th, not the ``k + 1``-th (the usual oversampling of randomised subspace methods, 10).
+#: the ``k``-th, not the ``k + 1``-th (``p`` this number; 10, the usual oversampling of randomised
+#: subspace methods).
 EOF_OVERSAMPLE = 10
 #: How settled the block iteration's EOFs must be before an iteration uses them: every leading
 #: Ritz pair's residual ``|X^T X v - theta v|`` at most this share of the largest eigenvalue. Under
 #: heavy gaps DINEOF carries a small error of its EOFs a long way: on fill_speed's hourly ERA5 cube
 #: (85% clouds) residuals of 1e-6 left the fill 0.12 K (rms) from fresh Lanczos', 1e-8 0.001 K
-#: (scratch runs of DINEOF on that cube, 2026-11-30; fresh Lanczos there 75.0 s, 1e-8 55.5 s).
+#: (scratch runs of DINEOF on that cube alone, 2026-11-30; fresh Lanczos there 75.0 s, 1e-8 55.5 s,
+#: in the fill of the cube 73.9 and 52.7 s).
 EOF_RESIDUAL = 1e-8
 #: Block steps an iteration takes at most before it falls back to a fresh eigendecomposition.
 MAX_BLOCK_STEPS = 50
@@ -241,8 +242,8 @@ def _converge(work: np.ndarray, unknown: np.ndarray, k: int, tol: float, max_ite
     reconstruction: a new C-ordered array, ``work`` itself untouched. Holds the unknown entries' flat
     indices (8 bytes each) for the call.
 
-    Up to ``dense_steps`` steps (and without ``warm_start``, or where ``k + EOF_OVERSAMPLE`` is half
-    the steps or more) each iteration's EOFs come afresh from :func:`_leading_eofs`. Beyond, a
+    Up to ``dense_steps`` steps, or without ``warm_start``, or where ``k + EOF_OVERSAMPLE`` is half
+    the steps or more, each iteration's EOFs come afresh from :func:`_leading_eofs`. Beyond, a
     basis ``B [T, k + EOF_OVERSAMPLE]`` from Lanczos starts the call and :func:`_carried_eofs`
     carries it from one iteration to the next.
     """
@@ -264,8 +265,8 @@ def _converge(work: np.ndarray, unknown: np.ndarray, k: int, tol: float, max_ite
     block = warm_start and steps > dense_steps and 2 * width < steps
     # Many small products and ARPACK's BLAS-2 steps: one BLAS thread (geonp.threads.one_blas_thread);
     # the block products too: on the two hourly months' folds 35.0 s against 37.3 s with the fill's
-    # two threads (faster on ERA5's larger steps, slower on WFDE5's; dineof_speed_cpu.md), and a
-    # fill beside other work is not slowed by threads waiting on each other.
+    # two threads (two threads win on ERA5's larger steps and lose on WFDE5's; dineof_speed_cpu.md),
+    # and a fill beside other work is not slowed by threads waiting on each other.
     with one_blas_thread():
         basis = _leading_eofs(work, width, dense_steps) if block else None  # [T, width]
         for _ in range(max_iter):
@@ -289,14 +290,14 @@ def _carried_eofs(work: np.ndarray, basis: np.ndarray, k: int,
     their span), by block iteration until every leading Ritz pair's residual is below
     :data:`EOF_RESIDUAL` of the largest eigenvalue (a fresh :func:`_leading_eofs` after
     :data:`MAX_BLOCK_STEPS`). Returns ``(lead [T, k], work @ lead [N, k], basis [T, m])``, the basis
-    one step past the one ``lead`` came from (fifty steps on where it fell back).
+    one step past the one ``lead`` came from (:data:`MAX_BLOCK_STEPS` steps on where it fell back).
 
     One step costs two products with ``work`` and gives the residual for free: the step's
     ``X^T X B`` times the Ritz vectors is ``X^T X v``. Fewer steps would be faster: one step an
-    iteration, however settled, was 3.4 times faster than fresh Lanczos on a history fold of an
-    hourly ERA5 month, but under 85% clouds it moved te-pt-tnp's RMSE on that month by x1.0065
-    [1.0003, 1.0131] (days resampled) through the DINEOF covariate; settled, the fill is fresh
-    Lanczos' own.
+    iteration, whether or not the EOFs had settled, was 3.4 times faster than fresh Lanczos on a
+    history fold of an hourly ERA5 month, but under 85% clouds it moved te-pt-tnp's RMSE on that
+    month by x1.0065 [1.0003, 1.0131] (days resampled; scratch runs against the fresh path,
+    2026-11-30) through the DINEOF covariate; settled, the fill is fresh Lanczos' own.
     """
     for _ in range(MAX_BLOCK_STEPS):
         projected = work @ basis  # [N, m]
@@ -316,12 +317,12 @@ def _leading_eofs(work: np.ndarray, k: int, dense_steps: int) -> np.ndarray:
     """The ``k`` leading temporal EOFs of ``work [N, T]``: eigenvectors of ``X^T X``, ``[T, k]``.
 
     Up to ``dense_steps`` steps (or ``k`` past half of them) a dense ``eigh``; beyond,
-    ARPACK's Lanczos on ``v -> X^T (X v)``, which finds ``k`` vectors, not ``T``: 2 to 4 times
-    faster than ``eigh`` in every iteration on an hourly month of ERA5, 15 on one of WFDE5, the fill
-    the same to rounding (``pipelines/results/dineof_speed_cpu.md``). Its start vector is fixed, not ARPACK's random
-    one, so the same stack gives the same EOFs in any process; a Lanczos that does not converge
-    falls back to ``eigh``. Only the span of the vectors is used, so their signs and order do not
-    matter.
+    ARPACK's Lanczos on ``v -> X^T (X v)``, which finds ``k`` vectors, not ``T``: in every
+    iteration 2.1 times faster than ``eigh`` on an hourly month of ERA5 (Intel Xeon, 2 threads; 4.0
+    on an AMD EPYC, 1 thread) and 15 times on one of WFDE5, the fill the same to rounding
+    (``pipelines/results/dineof_speed_cpu.md``). Its start vector is fixed, not ARPACK's random one,
+    so the same stack gives the same EOFs in any process; a Lanczos that does not converge falls
+    back to ``eigh``. Only the span of the vectors is used, so their signs and order do not matter.
     """
     steps = work.shape[1]
     if steps > dense_steps and 2 * k < steps:

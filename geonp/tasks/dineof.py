@@ -262,7 +262,7 @@ def _converge(work: np.ndarray, unknown: np.ndarray, k: int, tol: float, max_ite
     current = flat[at]
     steps = work.shape[1]
     width = k + EOF_OVERSAMPLE
-    block = warm_start and steps > dense_steps and 2 * width < steps
+    block = warm_start and _lanczos_applies(steps, width, dense_steps)
     # Many small products and ARPACK's BLAS-2 steps: one BLAS thread (geonp.threads.one_blas_thread);
     # the block products too: on the two hourly months' folds 35.0 s against 37.3 s with the fill's
     # two threads (two threads win on ERA5's larger steps and lose on WFDE5's; dineof_speed_cpu.md),
@@ -325,7 +325,7 @@ def _leading_eofs(work: np.ndarray, k: int, dense_steps: int) -> np.ndarray:
     back to ``eigh``. Only the span of the vectors is used, so their signs and order do not matter.
     """
     steps = work.shape[1]
-    if steps > dense_steps and 2 * k < steps:
+    if _lanczos_applies(steps, k, dense_steps):
         product = LinearOperator((steps, steps), matvec=lambda v: work.T @ (work @ v), dtype=np.float64)
         start = np.random.default_rng(steps).standard_normal(steps)
         try:
@@ -333,6 +333,13 @@ def _leading_eofs(work: np.ndarray, k: int, dense_steps: int) -> np.ndarray:
         except ArpackNoConvergence:
             pass
     return np.linalg.eigh(work.T @ work)[1][:, -k:]  # ascending eigenvalues: the last k lead
+
+
+def _lanczos_applies(steps: int, k: int, dense_steps: int) -> bool:
+    """Whether ``k`` leading EOFs of a ``steps``-step stack come from Lanczos (past ``dense_steps``
+    steps, and ``k`` under half of them), not a dense ``eigh``: one rule for the fresh EOFs of
+    :func:`_leading_eofs` and the block iteration's start in :func:`_converge`."""
+    return steps > dense_steps and 2 * k < steps
 
 
 def _sigma_by_distance(errors: np.ndarray, distance: np.ndarray) -> list[tuple[float, float]]:

@@ -1,7 +1,7 @@
 #!/bin/bash
 # The GPU rows of the speed benchmarks (issue 54, item 5), in one call on a lent GPU machine:
-# te-pt-tnp with its defaults on fill_speed's cases (demo, scene150k, stack, cube1m), then the
-# fill of a 10 GB cube (infill_benchmark --device cuda; 2 GB when too little time is left).
+# te-pt-tnp with its defaults on fill_speed's cases (demo, scene150k, stack, then the million-gap
+# cube1m after a profile of its first 192 hours), then checks and a 2 GB (or 10 GB) cube with the rest.
 # Each table joins $OUT/results.tar as soon as it is written, so a call cut short keeps what ran.
 #
 #   GEONP_COMMIT=$(git rev-parse --short HEAD) bash pipelines/benchmarks/on_gpu.sh SECONDS
@@ -41,10 +41,12 @@ keep() {
   [ ${#kept[@]} -gt 0 ] && tar -cf "$out/results.tar" -C pipelines/results "${kept[@]}"
 }
 
-# The three cases that fit in a call first; then where the time goes (cProfile) on the 150k-cell
-# scene and on the million-gap cube's first 192 hours, the CPU/CUDA agreement of the same fill (the
-# CPU side uses geonp's C++ kernels, which the GPU never does), then the whole million-gap cube with
-# what is left but 150 s, which the last step (a 2 GB cube, or 10 GB) gets. Logs go to one file.
+# The three cases that fit in a call first; then where the million-gap cube's time goes (cProfile
+# of its first 192 hours) and the whole million-gap cube with what is left but 150 s (it never
+# finished in a call before, so it comes before the checks already measured once); then, with the
+# time left, the cProfile of the 150k-cell scene and the CPU/CUDA agreement of the same fill (the
+# CPU side uses geonp's C++ kernels, which the GPU never does), and last a 2 GB (or 10 GB) cube.
+# Logs go to one file.
 run_case() {  # CASE [SECONDS TO LEAVE FOR WHAT FOLLOWS]
   [ "$(left)" -lt $(( 60 + ${2:-0} )) ] && return
   echo "== fill_speed $1 ($(left) s left)"
@@ -55,22 +57,22 @@ run_case() {  # CASE [SECONDS TO LEAVE FOR WHAT FOLLOWS]
 }
 log=$out/on_gpu.log
 for case in demo scene150k stack; do run_case "$case"; done
-if [ "$(left)" -gt 150 ]; then
-  echo "== profile_fill scene150k ($(left) s left)"
-  timeout 120 python3 -m pipelines.experiments.profile_fill --case scene150k --device cuda >> "$log" 2>&1
-  echo "exit $?"; keep fill_profile_cuda_scene150k.md
-fi
 if [ "$(left)" -gt 200 ]; then  # where the million-gap cube's time goes: its first 192 hours
   echo "== profile_fill cube1m --steps 192 ($(left) s left)"
   timeout 150 python3 -m pipelines.experiments.profile_fill --case cube1m --steps 192 --device cuda >> "$log" 2>&1
   echo "exit $?"; keep fill_profile_cuda_cube1m_192steps.md
+fi
+run_case cube1m 150  # leaves the checks below their time
+if [ "$(left)" -gt 150 ]; then
+  echo "== profile_fill scene150k ($(left) s left)"
+  timeout 120 python3 -m pipelines.experiments.profile_fill --case scene150k --device cuda >> "$log" 2>&1
+  echo "exit $?"; keep fill_profile_cuda_scene150k.md
 fi
 if [ "$(left)" -gt 150 ]; then
   echo "== device_agreement ($(left) s left)"
   timeout 120 python3 -m pipelines.benchmarks.device_agreement >> "$log" 2>&1
   echo "exit $?"; keep device_agreement.md device_agreement.json
 fi
-run_case cube1m 150  # leaves the 2 GB cube its time
 
 # The 10 GB cube: about 120 s to write on one core, then the fill; 2 GB when that will not fit.
 size=10; [ "$(left)" -lt 330 ] && size=2

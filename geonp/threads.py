@@ -40,6 +40,8 @@ WAIT_POLICY = "PASSIVE"
 SPIN_COUNT = "1000"
 
 
+_chosen: int | None = None  # the count configure() (or share_cores) set in this process
+
 _blas_lock = threading.Lock()
 _blas_users = 0  # threads inside one_blas_thread; the pools are restored when the last one leaves
 _blas_limit = None  # threadpoolctl's limit, set by the first thread in
@@ -140,4 +142,23 @@ def configure(threads: int | None = None) -> int:
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
     threadpool_limits(n)
+    global _chosen
+    _chosen = n
     return n
+
+
+def share_cores(threads: int) -> None:
+    """A worker process's share of the cores (``threads``): its BLAS and OpenMP pools sized to it and
+    :func:`chosen_threads` answering it, without importing torch."""
+    from threadpoolctl import threadpool_limits
+
+    global _chosen
+    threadpool_limits(threads)
+    _chosen = threads
+
+
+def chosen_threads() -> int:
+    """The threads geonp's numeric work may use here: what :func:`configure` or :func:`share_cores`
+    set in this process, else :func:`usable_cores`. Work split into independent parts (a stack's
+    history folds) runs on this many Python threads."""
+    return _chosen if _chosen is not None else usable_cores()

@@ -172,6 +172,54 @@ def test_a_folds_covariates_know_nothing_of_its_hidden_cells():
     assert np.abs(moved - whole).max() > 1.0
 
 
+def test_folds_are_drawn_as_one_after_another_would_be_and_the_same_on_any_threads(monkeypatch):
+    """history_folds draws every fold's hidden cells and DINEOF cross-validation cells first, in
+    the order the folds one after another drew them, then computes the folds on threads: the folds
+    equal, to the bit, those of the sequential loop (each fold's cells, then its DINEOF's draw from
+    the same generator), on one thread or three."""
+    import threading
+
+    import geonp.tasks.history as history
+    from geonp.tasks.history import FOLD_SEED, fold_hidden, history_covariates, history_folds
+
+    _, given = low_rank_stack(steps=9, rows=30, cols=34)
+    names = ["dineof", "nearest_steps"]
+    rng = np.random.default_rng(FOLD_SEED)
+    ok = np.ones(given.shape, bool)
+    expected = []
+    for f in range(3):  # the loop as it was before the folds ran side by side
+        hidden = fold_hidden(given, ok, f, 3, rng)
+        expected.append((hidden, history_covariates(np.where(hidden, np.nan, given), None, names, rng=rng)[0]))
+    workers = set()
+    computed = history.history_covariates
+
+    def recording(*args, **kwargs):
+        workers.add(threading.current_thread().name)
+        return computed(*args, **kwargs)
+
+    monkeypatch.setattr(history, "history_covariates", recording)
+    for threads in (1, 3):
+        workers.clear()
+        folds = history_folds(given, None, names, 3, threads=threads)
+        for fold, (hidden, covariates) in zip(folds, expected, strict=True):
+            assert (fold.hidden == hidden).all()
+            np.testing.assert_array_equal(fold.covariates, covariates)
+        assert all(name.startswith("geonp-fold") for name in workers) == (threads > 1)
+
+
+def test_dineof_takes_its_cross_validation_cells_drawn_beforehand():
+    from geonp.tasks.dineof import cross_validation_cells
+
+    _, given = low_rank_stack(steps=8, rows=24, cols=28)
+    drawn = dineof(given, rng=np.random.default_rng(5))
+    cv = cross_validation_cells(given, None, np.random.default_rng(5))
+    given_cells = dineof(given, rng=np.random.default_rng(99), cv_mask=cv)  # the generator draws nothing
+    np.testing.assert_array_equal(given_cells.mean, drawn.mean)
+    assert given_cells.cv_points == drawn.cv_points == int(cv.sum())
+    with pytest.raises(ValueError, match="cross-validation mask"):
+        dineof(given, cv_mask=cv[1:])
+
+
 def test_a_stack_without_history_has_none():
     from geonp.tasks.history import MIN_STEPS, has_history
 

@@ -49,6 +49,22 @@ def test_configure_sizes_torch_and_refuses_nonsense():
             threads.configure(bad)
 
 
+def test_chosen_threads_answer_what_configure_or_a_workers_share_set(monkeypatch):
+    monkeypatch.setattr(threads, "_chosen", None)
+    assert threads.chosen_threads() == threads.usable_cores()
+    before = torch.get_num_threads()
+    try:
+        threads.configure(1)
+        assert threads.chosen_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(None):  # share_cores sizes the pools for good: put them back after
+        threads.share_cores(3)
+        assert threads.chosen_threads() == 3
+
+
 def _blas_threads() -> set[int]:
     from threadpoolctl import threadpool_info
 

@@ -105,6 +105,7 @@ def dineof(
     cv_high: float = 0.15,
     dense_steps: int = DENSE_EOF_STEPS,
     warm_start: bool = True,
+    cv_mask: np.ndarray | None = None,
 ) -> Reconstruction:
     """Fill a stack of scenes by DINEOF.
 
@@ -126,6 +127,10 @@ def dineof(
             before the block iteration and its reference (``pipelines/benchmarks/dineof_speed.py``:
             the held-out predictions within 3e-5 K of it on a history fold of each hourly month;
             1.5 times the block iteration's time on ERA5's, 0.8 times on the smaller WFDE5's).
+        cv_mask: bool ``[T, R, C]``, the cross-validation cells drawn beforehand by
+            :func:`cross_validation_cells` (``rng`` then draws nothing); None: drawn here from ``rng``.
+            Drawn apart, several stacks' draws can come from one generator in turn and their
+            fills then run side by side (:func:`geonp.tasks.history.history_folds`).
 
     Returns:
         Reconstruction: the filled stack, its 1-sigma, the held-out predictions and the modes kept.
@@ -144,7 +149,10 @@ def dineof(
     steps_seen = int(observed.any(axis=(1, 2)).sum())
     if steps_seen < MIN_STEPS:
         raise ValueError(f"dineof needs at least {MIN_STEPS} steps with observed cells, got {steps_seen}")
-    rng = np.random.default_rng(0) if rng is None else rng
+    if cv_mask is None:
+        cv_mask = cross_validation_cells(values, ok, np.random.default_rng(0) if rng is None else rng, cv_low, cv_high)
+    elif cv_mask.shape != values.shape:
+        raise ValueError(f"cross-validation mask of shape {cv_mask.shape} does not match the stack {values.shape}")
 
     cells = ok.any(axis=0)  # [R, C]: the rows of the matrix
     truth = values[:, cells].T  # [N, T]
@@ -153,11 +161,6 @@ def dineof(
     spread = float(truth[seen].std()) or 1.0
     anomaly = np.where(seen, (truth - centre) / spread, 0.0)  # [N, T], standardised
 
-    # Cross-validation: observed cells hidden under other steps' real gaps, a repeated donor's moved
-    # (on a gap-free stack under one cloud every step would lose the same place, whose cells no mode
-    # can then be fitted to); synthetic clouds of a cover the shares accept where no step can donate.
-    cv_mask, _ = borrow_gaps(observed, ~np.isfinite(values) & ok, rng, low=cv_low, high=cv_high,
-                             cover=(cv_low + cv_high) / 2, min_observed=20, move_repeats=True)
     cv = cv_mask[:, cells].T  # [N, T]
     limit = max(1, min(max_modes, steps_seen - 1))
     work = np.where(cv, 0.0, anomaly)
@@ -206,6 +209,27 @@ def dineof(
     else:  # nothing could be hidden: the spread of the anomalies is the honest sigma
         std[gap] = spread
     return Reconstruction(mean, std, held_out, best_k, cv_rmse, sigma, int(cv.sum()))
+
+
+def cross_validation_cells(values: np.ndarray, valid: np.ndarray | None, rng: np.random.Generator,
+                           low: float = 0.02, high: float = 0.15) -> np.ndarray:
+    """The cells :func:`dineof` hides to choose its number of modes: bool ``[T, R, C]``.
+
+    Observed cells hidden under other steps' real gaps, a repeated donor's moved (on a gap-free
+    stack under one cloud every step would lose the same place, whose cells no mode can then be
+    fitted to); synthetic clouds of a cover the shares accept where no step can donate. Each step
+    hides ``low`` to ``high`` of its observed cells.
+
+    Args:
+        values: float ``[T, R, C]``, NaN (or +-inf) at gaps.
+        valid: bool ``[R, C]`` or ``[T, R, C]``, True where a value can exist; None: every cell.
+        rng: draws the donors, their offsets and the synthetic clouds.
+    """
+    ok = np.broadcast_to(np.ones(values.shape[1:], bool) if valid is None else np.asarray(valid, bool), values.shape)
+    observed = np.isfinite(values) & ok
+    mask, _ = borrow_gaps(observed, ~np.isfinite(values) & ok, rng, low=low, high=high,
+                          cover=(low + high) / 2, min_observed=20, move_repeats=True)
+    return mask
 
 
 def _leave_one_out(anomaly: np.ndarray, seen: np.ndarray, lead: np.ndarray, ridge: np.ndarray,

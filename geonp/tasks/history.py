@@ -9,6 +9,7 @@ targets as infill's is to a real gap.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,7 +19,8 @@ from geonp.tasks.cell_history import nearest_steps, other_steps_mean, other_step
 from geonp.tasks.clouds import borrow_gaps
 from geonp.tasks.coarse import coarse_trend
 from geonp.tasks.covariate_maps import MAX_HISTORY_CELLS, OWN_NUGGET, flat_covariates, flat_values
-from geonp.tasks.dineof import MIN_STEPS, dineof
+from geonp.tasks.dineof import MIN_STEPS, cross_validation_cells, dineof
+from geonp.threads import chosen_threads, one_blas_thread
 from geonp.variogram import drift_residuals, step_nugget_shares
 
 #: The covariates :func:`history_covariates` computes, by the names checkpoints record.
@@ -44,7 +46,8 @@ def no_history_words(why: str) -> str:
 
 def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list[str] | tuple[str, ...], *,
                        rng: np.random.Generator | None = None,
-                       max_cells: int = MAX_HISTORY_CELLS) -> tuple[np.ndarray, str]:
+                       max_cells: int = MAX_HISTORY_CELLS,
+                       cv_mask: np.ndarray | None = None) -> tuple[np.ndarray, str]:
     """What a field's own history predicts at each of its cells, as model covariates.
 
     Each covariate predicts a cell at a step from the *other* steps (at an observed cell its own
@@ -89,6 +92,8 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
         names: the covariates, in the order the model takes them.
         rng: as :func:`dineof`.
         max_cells: the largest field (time x rows x cols cells) whose history is computed.
+        cv_mask: DINEOF's cross-validation cells, drawn beforehand (:func:`dineof`'s ``cv_mask``);
+            None: drawn from ``rng``.
 
     Returns:
         ``(float32 [P, T, R, C], what)``: the maps (finite everywhere; where nothing predicts a
@@ -126,7 +131,7 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
             said.append(f"{name} not used ({lacking})")
             continue
         elif name == "dineof":
-            rec = dineof(values, valid, rng=rng)
+            rec = dineof(values, valid, rng=rng, cv_mask=cv_mask)
             pred = rec.held_out
             said.append(f"{COVARIATE_WORDS[name]}, {rec.modes} modes ({name})")
         else:
@@ -177,8 +182,8 @@ class HistoryFold:
 
 
 def history_folds(values: np.ndarray, valid: np.ndarray | None, names: list[str] | tuple[str, ...], folds: int, *,
-                  rng: np.random.Generator | None = None, low: float = FOLD_LOW, high: float = FOLD_HIGH
-                  ) -> list[HistoryFold]:
+                  rng: np.random.Generator | None = None, low: float = FOLD_LOW, high: float = FOLD_HIGH,
+                  threads: int | None = None) -> list[HistoryFold]:
     """``folds`` :class:`HistoryFold` of a stack; fold ``f`` hides cells in steps ``f, f + folds, ...``.
 
     Each hidden step loses ``low`` to ``high`` of its observed cells under another step's real gaps
@@ -192,6 +197,8 @@ def history_folds(values: np.ndarray, valid: np.ndarray | None, names: list[str]
         folds: how many folds (at least 1).
         rng: donor choice and DINEOF's cross-validation; default seed :data:`FOLD_SEED`.
         low, high: share of a hidden step's observed cells to hide.
+        threads: folds computed at once (default :func:`geonp.threads.chosen_threads`); the folds
+            are the same for any number.
 
     Returns:
         the folds, in order (at most one per step); a stack without a history
@@ -205,12 +212,28 @@ def history_folds(values: np.ndarray, valid: np.ndarray | None, names: list[str]
     if not has_history(values, valid):  # flat maps hide nothing: one view of the mean, no DINEOF
         flat, _ = history_covariates(values, valid, names)
         return [HistoryFold(np.zeros(values.shape, bool), flat)]
-    out = []
+    # Every random draw first, in the order one fold after another would make them (its hidden
+    # cells, then its DINEOF's cross-validation cells), so the folds are the same whatever runs them;
+    # then the folds' covariates, each a DINEOF of its own, side by side on the threads geonp may use
+    # (their linear algebra releases the GIL; one BLAS thread each, geonp.threads.one_blas_thread).
+    drawn = []
     for f in range(min(folds, len(values))):
         hidden = fold_hidden(values, ok, f, folds, rng, low=low, high=high)
-        covariates, _ = history_covariates(np.where(hidden, np.nan, values), valid, names, rng=rng)
-        out.append(HistoryFold(hidden, covariates))
-    return out
+        seen = np.where(hidden, np.nan, values)
+        uses_dineof = "dineof" in names and _without_history(seen, np.isfinite(seen) & ok) is None
+        drawn.append((hidden, seen, cross_validation_cells(seen, ok, rng) if uses_dineof else None))
+    threads = min(len(drawn), chosen_threads() if threads is None else threads)
+
+    def covariates_of(fold: tuple) -> HistoryFold:
+        hidden, seen, cv = fold
+        return HistoryFold(hidden, history_covariates(seen, valid, names, cv_mask=cv)[0])
+
+    if threads <= 1:
+        return [covariates_of(fold) for fold in drawn]
+    # The BLAS limit set here, in the calling thread: set first from a pool thread, OpenBLAS's count
+    # did not change for the others (geonp.threads.one_blas_thread).
+    with one_blas_thread(), ThreadPoolExecutor(threads, thread_name_prefix="geonp-fold") as pool:
+        return list(pool.map(covariates_of, drawn))
 
 
 def fold_hidden(values: np.ndarray, ok: np.ndarray, fold: int, folds: int, rng: np.random.Generator, *,

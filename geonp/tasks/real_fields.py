@@ -186,7 +186,8 @@ def _unpacked_array(a: Any) -> np.ndarray | None:
 
 
 def _share_cores(threads: int) -> None:
-    """A worker's BLAS and OpenMP threads, so that workers together use the cores once."""
-    from threadpoolctl import threadpool_limits
+    """A worker's BLAS and OpenMP threads (and its history folds' threads), so that workers together
+    use the cores once."""
+    from geonp.threads import share_cores
 
-    threadpool_limits(threads)
+    share_cores(threads)

@@ -153,6 +153,8 @@ def share_cores(threads: int) -> None:
     from threadpoolctl import threadpool_limits
 
     global _chosen
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a whole number >= 1, got {threads!r}")
     threadpool_limits(threads)
     _chosen = threads
 

@@ -10,8 +10,6 @@ scene's own nugget to te-pt-tnp's local kriging head: a low layer, importing not
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 from scipy.optimize import least_squares
 
@@ -77,8 +75,10 @@ def fit_grid_variogram(values: np.ndarray, variogram_model: str, max_lag: int = 
     every pair of observed cells of ``values [R, C]`` (NaN missing) along its rows, columns and
     diagonals up to ``max_lag`` cells apart (:func:`grid_semivariance`, :func:`fit_binned`); None
     when fewer than three distances have pairs."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # degenerate fits warn; the parameters are bounded anyway
+    # Degenerate fits overflow or divide by zero; the parameters are bounded anyway. numpy's errstate,
+    # not warnings.catch_warnings: history folds fit on several threads at once, and catch_warnings
+    # swaps the whole process's filters (overlapping threads left them silenced for good).
+    with np.errstate(all="ignore"):
         lag, gam, cnt = grid_semivariance(values, max_lag)
         if len(lag) < 3:
             return None

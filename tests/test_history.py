@@ -172,24 +172,34 @@ def test_a_folds_covariates_know_nothing_of_its_hidden_cells():
     assert np.abs(moved - whole).max() > 1.0
 
 
-def test_folds_are_drawn_as_one_after_another_would_be_and_the_same_on_any_threads(monkeypatch):
+@pytest.mark.parametrize("names, land", [(["dineof", "nearest_steps"], False),
+                                         (["dineof", "spread", "coarse", "nugget"], True),
+                                         (["nearest_steps", "mean"], False)])
+def test_folds_are_drawn_as_one_after_another_would_be_and_the_same_on_any_threads(monkeypatch, names, land):
     """history_folds draws every fold's hidden cells and DINEOF cross-validation cells first, in
     the order the folds one after another drew them, then computes the folds on threads: the folds
     equal, to the bit, those of the sequential loop (each fold's cells, then its DINEOF's draw from
-    the same generator), on one thread or three."""
+    the same generator), on one thread or three; with or without DINEOF among the covariates, with
+    a valid mask; the variogram fits of the ``nugget`` covariate on several threads leave the
+    process's warning filters as they were."""
     import threading
+    import warnings
 
     import geonp.tasks.history as history
     from geonp.tasks.history import FOLD_SEED, fold_hidden, history_covariates, history_folds
 
     _, given = low_rank_stack(steps=9, rows=30, cols=34)
-    names = ["dineof", "nearest_steps"]
+    valid = None
+    if land:  # a coast: the first columns can hold no value
+        valid = np.ones(given.shape[1:], bool)
+        valid[:, :5] = False
+        given[:, ~valid] = np.nan
     rng = np.random.default_rng(FOLD_SEED)
-    ok = np.ones(given.shape, bool)
+    ok = np.broadcast_to(np.ones(given.shape[1:], bool) if valid is None else valid, given.shape)
     expected = []
     for f in range(3):  # the loop as it was before the folds ran side by side
         hidden = fold_hidden(given, ok, f, 3, rng)
-        expected.append((hidden, history_covariates(np.where(hidden, np.nan, given), None, names, rng=rng)[0]))
+        expected.append((hidden, history_covariates(np.where(hidden, np.nan, given), valid, names, rng=rng)[0]))
     workers = set()
     computed = history.history_covariates
 
@@ -198,13 +208,15 @@ def test_folds_are_drawn_as_one_after_another_would_be_and_the_same_on_any_threa
         return computed(*args, **kwargs)
 
     monkeypatch.setattr(history, "history_covariates", recording)
+    filters = list(warnings.filters)
     for threads in (1, 3):
         workers.clear()
-        folds = history_folds(given, None, names, 3, threads=threads)
+        folds = history_folds(given, valid, names, 3, threads=threads)
         for fold, (hidden, covariates) in zip(folds, expected, strict=True):
             assert (fold.hidden == hidden).all()
             np.testing.assert_array_equal(fold.covariates, covariates)
         assert all(name.startswith("geonp-fold") for name in workers) == (threads > 1)
+    assert warnings.filters == filters
 
 
 def test_dineof_takes_its_cross_validation_cells_drawn_beforehand():
@@ -218,6 +230,9 @@ def test_dineof_takes_its_cross_validation_cells_drawn_beforehand():
     assert given_cells.cv_points == drawn.cv_points == int(cv.sum())
     with pytest.raises(ValueError, match="cross-validation mask"):
         dineof(given, cv_mask=cv[1:])
+    # Only observed cells can be hidden: a mask reaching into the gaps hides what it holds of them.
+    wider = dineof(given, rng=np.random.default_rng(99), cv_mask=cv | np.isnan(given))
+    np.testing.assert_array_equal(wider.mean, drawn.mean)
 
 
 def test_a_stack_without_history_has_none():

@@ -50,19 +50,23 @@ def test_configure_sizes_torch_and_refuses_nonsense():
 
 
 def test_chosen_threads_answer_what_configure_or_a_workers_share_set(monkeypatch):
+    from threadpoolctl import threadpool_limits
+
     monkeypatch.setattr(threads, "_chosen", None)
     assert threads.chosen_threads() == threads.usable_cores()
     before = torch.get_num_threads()
-    try:
-        threads.configure(1)
-        assert threads.chosen_threads() == 1
-    finally:
-        torch.set_num_threads(before)
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(None):  # share_cores sizes the pools for good: put them back after
+    # configure and share_cores size the pools for good: the pools put back as they were after.
+    with threadpool_limits(None):
+        try:
+            threads.configure(1)
+            assert threads.chosen_threads() == 1
+        finally:
+            torch.set_num_threads(before)
         threads.share_cores(3)
         assert threads.chosen_threads() == 3
+        for bad in (0, 1.5, True):
+            with pytest.raises(ValueError, match="threads"):
+                threads.share_cores(bad)
 
 
 def _blas_threads() -> set[int]:

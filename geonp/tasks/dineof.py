@@ -68,6 +68,8 @@ EOF_OVERSAMPLE = 10
 EOF_RESIDUAL = 1e-8
 #: Block steps an iteration takes at most before it falls back to a fresh eigendecomposition.
 MAX_BLOCK_STEPS = 50
+#: Share of each step's observed cells the cross-validation hides, at least and at most.
+CV_LOW, CV_HIGH = 0.02, 0.15
 
 
 @dataclass
@@ -101,8 +103,8 @@ def dineof(
     max_modes: int = 20,
     tol: float = 1e-3,
     max_iter: int = 300,
-    cv_low: float = 0.02,
-    cv_high: float = 0.15,
+    cv_low: float = CV_LOW,
+    cv_high: float = CV_HIGH,
     dense_steps: int = DENSE_EOF_STEPS,
     warm_start: bool = True,
     cv_mask: np.ndarray | None = None,
@@ -151,8 +153,9 @@ def dineof(
         raise ValueError(f"dineof needs at least {MIN_STEPS} steps with observed cells, got {steps_seen}")
     if cv_mask is None:
         cv_mask = cross_validation_cells(values, ok, np.random.default_rng(0) if rng is None else rng, cv_low, cv_high)
-    elif cv_mask.shape != values.shape:
-        raise ValueError(f"cross-validation mask of shape {cv_mask.shape} does not match the stack {values.shape}")
+    elif np.shape(cv_mask) != values.shape:
+        raise ValueError(f"cross-validation mask of shape {np.shape(cv_mask)} does not match the stack {values.shape}")
+    cv_mask = np.asarray(cv_mask, bool) & observed  # only observed cells can be hidden
 
     cells = ok.any(axis=0)  # [R, C]: the rows of the matrix
     truth = values[:, cells].T  # [N, T]
@@ -212,7 +215,7 @@ def dineof(
 
 
 def cross_validation_cells(values: np.ndarray, valid: np.ndarray | None, rng: np.random.Generator,
-                           low: float = 0.02, high: float = 0.15) -> np.ndarray:
+                           low: float = CV_LOW, high: float = CV_HIGH) -> np.ndarray:
     """The cells :func:`dineof` hides to choose its number of modes: bool ``[T, R, C]``.
 
     Observed cells hidden under other steps' real gaps, a repeated donor's moved (on a gap-free
@@ -224,6 +227,10 @@ def cross_validation_cells(values: np.ndarray, valid: np.ndarray | None, rng: np
         values: float ``[T, R, C]``, NaN (or +-inf) at gaps.
         valid: bool ``[R, C]`` or ``[T, R, C]``, True where a value can exist; None: every cell.
         rng: draws the donors, their offsets and the synthetic clouds.
+        low, high: as :func:`dineof`'s ``cv_low`` and ``cv_high``.
+
+    Returns:
+        True at the observed cells hidden.
     """
     ok = np.broadcast_to(np.ones(values.shape[1:], bool) if valid is None else np.asarray(valid, bool), values.shape)
     observed = np.isfinite(values) & ok

@@ -198,7 +198,7 @@ def history_folds(values: np.ndarray, valid: np.ndarray | None, names: list[str]
         rng: donor choice and DINEOF's cross-validation; default seed :data:`FOLD_SEED`.
         low, high: share of a hidden step's observed cells to hide.
         threads: folds computed at once (default :func:`geonp.threads.chosen_threads`); the folds
-            are the same for any number.
+            are the same for any number (each on one BLAS thread).
 
     Returns:
         the folds, in order (at most one per step); a stack without a history
@@ -215,25 +215,28 @@ def history_folds(values: np.ndarray, valid: np.ndarray | None, names: list[str]
     # Every random draw first, in the order one fold after another would make them (its hidden
     # cells, then its DINEOF's cross-validation cells), so the folds are the same whatever runs them;
     # then the folds' covariates, each a DINEOF of its own, side by side on the threads geonp may use
-    # (their linear algebra releases the GIL; one BLAS thread each, geonp.threads.one_blas_thread).
-    drawn = []
+    # (their linear algebra releases the GIL).
+    drawn: list[tuple[np.ndarray, np.ndarray | None]] = []  # per fold: hidden cells, DINEOF's cv cells
     for f in range(min(folds, len(values))):
         hidden = fold_hidden(values, ok, f, folds, rng, low=low, high=high)
         seen = np.where(hidden, np.nan, values)
-        uses_dineof = "dineof" in names and _without_history(seen, np.isfinite(seen) & ok) is None
-        drawn.append((hidden, seen, cross_validation_cells(seen, ok, rng) if uses_dineof else None))
-    threads = min(len(drawn), chosen_threads() if threads is None else threads)
+        # history_covariates runs DINEOF (the one draw it makes) exactly when this holds.
+        runs_dineof = "dineof" in names and _without_history(seen, np.isfinite(seen) & ok) is None
+        drawn.append((hidden, cross_validation_cells(seen, ok, rng) if runs_dineof else None))
+    threads = max(1, min(len(drawn), chosen_threads() if threads is None else threads))
 
-    def covariates_of(fold: tuple) -> HistoryFold:
-        hidden, seen, cv = fold
-        return HistoryFold(hidden, history_covariates(seen, valid, names, cv_mask=cv)[0])
+    def covariates_of(fold: tuple[np.ndarray, np.ndarray | None]) -> HistoryFold:
+        hidden, cv = fold  # the fold's stack rebuilt here: one per running thread in memory, not one per fold
+        return HistoryFold(hidden, history_covariates(np.where(hidden, np.nan, values), valid, names, cv_mask=cv)[0])
 
-    if threads <= 1:
-        return [covariates_of(fold) for fold in drawn]
-    # The BLAS limit set here, in the calling thread: set first from a pool thread, OpenBLAS's count
-    # did not change for the others (geonp.threads.one_blas_thread).
-    with one_blas_thread(), ThreadPoolExecutor(threads, thread_name_prefix="geonp-fold") as pool:
-        return list(pool.map(covariates_of, drawn))
+    # One BLAS thread on either path, so that the sums are the same whatever the number of threads
+    # (set in the calling thread: set first from a pool thread, OpenBLAS's count did not change for
+    # the others, geonp.threads.one_blas_thread).
+    with one_blas_thread():
+        if threads == 1:
+            return [covariates_of(fold) for fold in drawn]
+        with ThreadPoolExecutor(threads, thread_name_prefix="geonp-fold") as pool:
+            return list(pool.map(covariates_of, drawn))
 
 
 def fold_hidden(values: np.ndarray, ok: np.ndarray, fold: int, folds: int, rng: np.random.Generator, *,

@@ -22,6 +22,7 @@ import numpy as np
 from geonp.tasks.history import has_history, history_covariates
 from geonp.tasks.history import history_folds as history_folds_of
 from geonp.tasks.windows import canonical
+from geonp.threads import share_cores
 
 #: A prepared field: ``(values [T, R, C], valid [T, R, C], spread, history [P, T, R, C] or None,
 #: folds, elevation [R, C] or None)``, as :meth:`geonp.tasks.window_source.WindowSource` draws from.
@@ -147,7 +148,7 @@ def prepare_fields(entries: list[dict[str, Any]], folder: Path, dem: Path | None
     if workers <= 1:  # also no entries at all
         return [prepare_field(*job) for job in jobs]
     # Spawned, not forked: a fork of a process that already runs torch's threads can deadlock.
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_share_cores,
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=share_cores,
                              initargs=(max(1, cores // workers),)) as pool:
         return [_unpacked(field) for field in pool.map(_prepare_packed, *zip(*jobs))]
 
@@ -184,10 +185,3 @@ def _unpacked_array(a: Any) -> np.ndarray | None:
         return np.broadcast_to(a[1], a[2])
     return a
 
-
-def _share_cores(threads: int) -> None:
-    """A worker's BLAS and OpenMP threads (and its history folds' threads), so that workers together
-    use the cores once."""
-    from geonp.threads import share_cores
-
-    share_cores(threads)

@@ -62,7 +62,7 @@ if [ "$(left)" -gt 200 ]; then  # where the million-gap cube's time goes: its fi
   timeout 150 python3 -m pipelines.experiments.profile_fill --case cube1m --steps 192 --device cuda >> "$log" 2>&1
   echo "exit $?"; keep fill_profile_cuda_cube1m_192steps.md
 fi
-run_case cube1m 150  # leaves the checks below their time
+run_case cube1m 150  # 150 s left for what follows: one of the checks below at most
 if [ "$(left)" -gt 150 ]; then
   echo "== profile_fill scene150k ($(left) s left)"
   timeout 120 python3 -m pipelines.experiments.profile_fill --case scene150k --device cuda >> "$log" 2>&1

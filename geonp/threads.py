@@ -22,7 +22,9 @@ with its default threads 57.8 s and 61.1 s. 10,000 spins gained no more when qui
 99.6 s beside that job (``fill_speed`` rows), so more is worse on a shared machine.
 
 Loops of many small BLAS calls (DINEOF's iterations, the kriging baselines' small systems) run
-inside :func:`one_blas_thread`, where a second BLAS thread costs more in waking than it gives.
+inside :func:`one_blas_thread`, where a second BLAS thread costs more in waking than it gives; so
+do a stack's history folds when they run side by side on :func:`chosen_threads` Python threads
+(:func:`geonp.tasks.history.history_folds`), one core each and sums that do not depend on how many.
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ def one_blas_thread() -> Iterator[None]:
     fresh Lanczos in every iteration, took 65.1 s with a fill's two BLAS threads and 21.3 s with one
     on an AMD EPYC
     (``pipelines/results/dineof_speed_cpu.md``; not measured on more cores). The limit is the
-    whole process's (BLAS pools are), so threads that enter it together share it: it is set when
+    whole process's (BLAS pools are), so threads that enter it together share it (history folds
+    on a thread pool, :func:`geonp.tasks.history.history_folds`, enter it in the calling thread): it is set when
     the first enters and restored when the last leaves. Each first entry scans the loaded
     libraries (0.7 ms), so SciPy's is found whenever it was loaded.
     With this OpenBLAS (0.3.31) a count set from a thread other than the main one did not change

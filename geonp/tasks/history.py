@@ -10,6 +10,7 @@ targets as infill's is to a real gap.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -229,10 +230,11 @@ def history_folds(values: np.ndarray, valid: np.ndarray | None, names: list[str]
         hidden, cv = fold  # the fold's stack rebuilt here: one per running thread in memory, not one per fold
         return HistoryFold(hidden, history_covariates(np.where(hidden, np.nan, values), valid, names, cv_mask=cv)[0])
 
-    # One BLAS thread on either path, so that the sums are the same whatever the number of threads
-    # (set in the calling thread: set first from a pool thread, OpenBLAS's count did not change for
-    # the others, geonp.threads.one_blas_thread).
-    with one_blas_thread():
+    # Several folds: one BLAS thread on either path, so that the sums are the same whatever the
+    # number of threads (set in the calling thread: set first from a pool thread, OpenBLAS's count
+    # did not change for the others, geonp.threads.one_blas_thread). One fold takes one path anyway
+    # and keeps the process's BLAS threads for what runs outside DINEOF's iterations.
+    with one_blas_thread() if len(drawn) > 1 else nullcontext():
         if threads == 1:
             return [covariates_of(fold) for fold in drawn]
         with ThreadPoolExecutor(threads, thread_name_prefix="geonp-fold") as pool:

@@ -184,11 +184,13 @@ def test_a_backward_pass_outside_the_backend_block_recomputes_with_the_forward_b
         torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
-def test_checkpointed_row_blocks_give_torch_checkpoints_gradients_without_importing_dynamo():
-    """Row blocks recomputed in backward through the reentrant CheckpointFunction directly give the
-    gradients of ``torch.utils.checkpoint.checkpoint(use_reentrant=True)`` to the bit, and a
-    forward and backward pass never imports ``torch._dynamo`` (the public wrapper does at its first
-    call: seconds of a GPU fill's cold start). In a fresh process, since other tests may import it."""
+def test_checkpointed_row_blocks_give_torch_checkpoints_gradients_without_importing_dynamo_or_sympy():
+    """Row blocks recomputed in backward (``recomputed_in_backward``) give the gradients of
+    ``torch.utils.checkpoint.checkpoint(use_reentrant=True)`` to the bit, in float32 and under
+    bfloat16 autocast, and a forward and backward pass imports neither ``torch._dynamo`` (the
+    public wrapper does at its first call) nor SymPy (the shape check of the gradients that
+    PyTorch's CheckpointFunction passes on does): seconds of a GPU fill's cold start. In a fresh
+    process, since other tests may import them."""
     import subprocess
     import sys
 
@@ -202,18 +204,34 @@ g = torch.Generator().manual_seed(1)
 zq, xq = torch.randn(2, 9, 16, generator=g), torch.randn(2, 9, 2, generator=g)
 zk, xk = torch.randn(2, 13, 16, generator=g), torch.randn(2, 13, 2, generator=g)
 mask = torch.ones(2, 13, dtype=torch.bool)
-def grads():
+def grads(bf16):
     layer.zero_grad()
-    q = zq.clone().requires_grad_()
+    q, x0 = zq.clone().requires_grad_(), xq.clone().requires_grad_()
     with te.attention_backend(layer, "fast"):  # the Python form, a GPU's (the CPU's kernel has its own)
-        out, x = layer(q, xq, zk, xk, mask)
-        (out.square().sum() + x.square().sum()).backward()
-    return [q.grad.clone()] + [p.grad.clone() for p in layer.parameters() if p.grad is not None]
-ours = grads()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out, x = layer(q, x0, zk, xk, mask)
+        # Backward outside autocast, as training's is: the recompute must replay the forward's state.
+        (out.float().square().sum() + x.float().square().sum()).backward()
+    return [q.grad.clone(), x0.grad.clone()] + [p.grad.clone() for p in layer.parameters() if p.grad is not None]
+ours = [grads(False), grads(True)]
 assert "torch._dynamo" not in sys.modules, "torch._dynamo imported"
+assert "sympy" not in sys.modules, "sympy imported"
+geonps = te.recomputed_in_backward
 te.recomputed_in_backward = lambda f, *a: checkpoint(f, *a, use_reentrant=True)
-for a, b in zip(ours, grads(), strict=True):
-    assert torch.equal(a, b)
+for mine, torchs in zip(ours, [grads(False), grads(True)], strict=True):
+    assert len(mine) == len(torchs) > 3
+    for a, b in zip(mine, torchs, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+assert not torch.equal(ours[0][0], ours[1][0].to(ours[0][0].dtype))  # autocast did change the arithmetic
+te.recomputed_in_backward = geonps
+q = zq.clone().requires_grad_()
+with te.attention_backend(layer, "fast"):
+    out, _ = layer(q, xq, zk, xk, mask)
+try:  # as PyTorch's reentrant checkpoint: not through torch.autograd.grad
+    torch.autograd.grad(out.sum(), q)
+    raise AssertionError("torch.autograd.grad went through")
+except RuntimeError as e:
+    assert "recomputed row blocks" in str(e), e
 print("ok")
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

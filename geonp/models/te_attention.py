@@ -57,18 +57,56 @@ from geonp.models.layers import mlp
 
 
 def recomputed_in_backward(function: Callable[..., Any], *args: Any) -> Any:
-    """``function(*args)`` with its activations recomputed in backward instead of kept.
-
-    PyTorch's reentrant checkpoint itself (``torch.utils.checkpoint.checkpoint(...,
-    use_reentrant=True)`` runs exactly this ``CheckpointFunction``), called directly: the public
-    wrapper imports ``torch._dynamo`` (and sympy) at its first call, 1.4 s on 2 CPU cores and
-    several seconds of a cold start on an H200 (the GPU fill's profile, 2026-11-29). Where a
-    PyTorch release no longer has the class, the public wrapper is used.
-    """
-    reentrant = getattr(torch_checkpoint, "CheckpointFunction", None)
-    if reentrant is None:
+    """``function(*args)`` with its activations recomputed in backward instead of kept: reentrant
+    checkpointing as ``torch.utils.checkpoint.checkpoint(..., use_reentrant=True)`` does it, by
+    :class:`_Recomputed`. ``function`` must be deterministic (the RNG state is not replayed; its
+    autocast state is). Before PyTorch 2.4 (no ``torch.get_autocast_dtype``) the public wrapper."""
+    if not hasattr(torch, "get_autocast_dtype"):
         return torch_checkpoint.checkpoint(function, *args, use_reentrant=True)
-    return reentrant.apply(function, True, *args)  # True: restore the RNG state, as checkpoint does
+    device = next((a.device.type for a in args if torch.is_tensor(a)), "cpu")
+    autocast = (device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device),
+                torch.is_autocast_cache_enabled())
+    return _Recomputed.apply(function, autocast, *args)
+
+
+class _Recomputed(torch.autograd.Function):
+    """Forward without a graph; backward recomputes with one, under the forward's autocast state.
+
+    The recomputed outputs' gradients enter as the scalar ``sum(<output, its gradient>)``, whose
+    backward hands each output exactly its gradient (``1 * g``): PyTorch's ``CheckpointFunction``
+    gradients to the bit (tested), without passing a tensor of gradients to
+    ``torch.autograd.backward``, whose shape check imports SymPy at its first call (2.0 s of an
+    H200 fill's cold start, ``pipelines/results/fill_profile_cuda_scene150k.md``)."""
+
+    @staticmethod
+    def forward(ctx, function: Callable[..., Any], autocast: tuple, *args: Any) -> Any:
+        ctx.function, ctx.autocast = function, autocast
+        ctx.at = [i for i, a in enumerate(args) if torch.is_tensor(a)]
+        ctx.others = [None if torch.is_tensor(a) else a for a in args]
+        ctx.save_for_backward(*(args[i] for i in ctx.at))
+        with torch.no_grad():
+            return function(*args)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor | None) -> tuple:
+        if not torch.autograd._is_checkpoint_valid():  # as CheckpointFunction: .grad() would sum into .grad
+            raise RuntimeError("TE attention's recomputed row blocks take .backward(), not torch.autograd.grad")
+        args = list(ctx.others)
+        for i, saved in zip(ctx.at, ctx.saved_tensors):
+            args[i] = saved.detach().requires_grad_(saved.requires_grad)
+        device, enabled, dtype, cache = ctx.autocast
+        with torch.enable_grad():
+            with torch.autocast(device, dtype=dtype, enabled=enabled, cache_enabled=cache):
+                outputs = ctx.function(*args)
+            outputs = (outputs,) if torch.is_tensor(outputs) else outputs
+            terms = [(o * g).sum() for o, g in zip(outputs, grads)
+                     if torch.is_tensor(o) and o.requires_grad and g is not None]
+            if terms:
+                total = terms[0]
+                for term in terms[1:]:  # added, not stacked: the outputs' dtypes may differ under autocast
+                    total = total + term
+                torch.autograd.backward(total)
+        return (None, None, *(a.grad if torch.is_tensor(a) and a.requires_grad else None for a in args))
 
 
 #: The implementations of TE attention: ``fused`` runs the fast form through the C++ kernel of

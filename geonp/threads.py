@@ -57,12 +57,11 @@ def one_blas_thread() -> Iterator[None]:
     matrix-vector products, where a second thread costs more in waking and waiting than it saves:
     on 2 cores, DINEOF of a history fold of ERA5's hourly month over the UK (744 x 33 x 49), with a
     fresh Lanczos in every iteration, took 65.1 s with a fill's two BLAS threads and 21.3 s with one
-    on an AMD EPYC
-    (``pipelines/results/dineof_speed_cpu.md``; not measured on more cores). The limit is the
-    whole process's (BLAS pools are), so threads that enter it together share it (history folds
-    on a thread pool, :func:`geonp.tasks.history.history_folds`, enter it in the calling thread): it is set when
-    the first enters and restored when the last leaves. Each first entry scans the loaded
-    libraries (0.7 ms), so SciPy's is found whenever it was loaded.
+    on an AMD EPYC (``pipelines/results/dineof_speed_cpu.md``; not measured on more cores). The
+    limit is the whole process's (BLAS pools are), so threads that enter it together share it
+    (history folds on a thread pool, :func:`geonp.tasks.history.history_folds`, enter it in the
+    calling thread): it is set when the first enters and restored when the last leaves. Each first
+    entry scans the loaded libraries (0.7 ms), so SciPy's is found whenever it was loaded.
     With this OpenBLAS (0.3.31) a count set from a thread other than the main one did not change
     the count that thread read, so in a dask worker's task threads this is likely a no-op.
     """
@@ -136,30 +135,30 @@ def configure(threads: int | None = None) -> int:
     Raises:
         ValueError: ``threads`` below 1.
     """
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise ValueError(f"--threads must be a whole number >= 1, got {threads!r}")
-    n = usable_cores() if threads is None else threads
+    n = usable_cores() if threads is None else _whole(threads, "--threads")
     import torch
-    from threadpoolctl import threadpool_limits
 
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
-    threadpool_limits(n)
-    global _chosen
-    _chosen = n
+    share_cores(n)
     return n
 
 
 def share_cores(threads: int) -> None:
     """A worker process's share of the cores (``threads``): its BLAS and OpenMP pools sized to it and
-    :func:`chosen_threads` answering it, without importing torch."""
+    :func:`chosen_threads` answering it, without importing torch (:func:`configure` adds torch's)."""
     from threadpoolctl import threadpool_limits
 
     global _chosen
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be a whole number >= 1, got {threads!r}")
-    threadpool_limits(threads)
+    threadpool_limits(_whole(threads, "threads"))
     _chosen = threads
+
+
+def _whole(threads: object, name: str) -> int:
+    """``threads`` when it is a whole number >= 1 (not a bool); else ValueError naming ``name``."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"{name} must be a whole number >= 1, got {threads!r}")
+    return threads
 
 
 def chosen_threads() -> int:

@@ -134,3 +134,36 @@ def test_dineof_iterates_on_one_blas_thread_and_as_the_masked_update_did(monkeyp
     before = dineof(given, dense_steps=dense_steps)
     for name in ("mean", "std", "held_out"):
         np.testing.assert_array_equal(getattr(shipped, name), getattr(before, name))
+
+
+def test_resume_converges_once_from_the_cross_validations_fill(monkeypatch):
+    """``resume``: the final fill is one convergence at the chosen modes, started from the cross-
+    validation's fill at those modes (the cross-validation cells back at their observations), not a
+    climb from zeros; the same modes and cross-validation, a fill as close to the truth, and the
+    default (the ``dineof`` baseline) still climbs."""
+    from geonp.tasks import dineof as module
+
+    truth, given = low_rank_stack()
+    converges, starts = [], []
+    real_converge = module._converge
+
+    def counting(work, unknown, k, *rest):
+        converges.append(k)
+        starts.append(work.copy())
+        return real_converge(work, unknown, k, *rest)
+
+    monkeypatch.setattr(module, "_converge", counting)
+    climbed = dineof(given)
+    cv_calls = len(climbed.cv_rmse)
+    assert converges[cv_calls:] == list(range(1, climbed.modes + 1))  # the default climbs from zeros
+    converges.clear()
+    starts.clear()
+    resumed = dineof(given, resume=True)
+    assert resumed.modes == climbed.modes and resumed.cv_rmse == climbed.cv_rmse
+    assert converges[cv_calls:] == [resumed.modes]  # one convergence at the chosen modes
+    seen = np.isfinite(given)
+    final_start = starts[-1]  # [cells, steps]: the chosen modes' cross-validation fill at the gaps
+    assert np.count_nonzero(final_start[~seen.reshape(len(given), -1).T]) > 0  # not zeros at the gaps
+    gap = ~seen
+    for rec in (climbed, resumed):
+        assert np.sqrt(np.mean((rec.mean[gap] - truth[gap]) ** 2)) < 0.25  # noise 0.1, spread about 3

@@ -16,6 +16,8 @@ from scipy.optimize import least_squares
 MIN_NUGGET = 1e-4  # standardised; without a nugget, Gaussian variograms give singular kriging systems
 #: Observed cells a scene needs for its own variogram; sparser scenes get the field's spread.
 MIN_SCENE_POINTS = 30
+#: Cells of a stack whose semivariances are computed in one pass (each pass holds a few arrays this large).
+STACK_CELLS = 1 << 22
 
 
 def fit_binned(lag: np.ndarray, gam: np.ndarray, cnt: np.ndarray, model: str, extent: float) -> list[float]:
@@ -25,13 +27,12 @@ def fit_binned(lag: np.ndarray, gam: np.ndarray, cnt: np.ndarray, model: str, ex
 
     func = OrdinaryKriging.variogram_dict[model]
     w = np.sqrt(cnt)
-    top = max(gam.max(), 2 * MIN_NUGGET)
     if model == "linear":
+        top = max(gam.max(), 2 * MIN_NUGGET)
         x0, lo, hi = [top / lag.max(), gam.min()], [0.0, MIN_NUGGET], [np.inf, top]
+        x0 = np.clip(x0, lo, hi)
     else:
-        x0 = [top - gam.min(), lag.max() / 2, gam.min()]
-        lo, hi = [0.0, 1e-6 * lag.max(), MIN_NUGGET], [10 * top, 4 * extent, top]
-    x0 = np.clip(x0, lo, hi)
+        x0, lo, hi = (a[0] for a in _start(lag[None], gam[None], cnt[None], extent))
     # Pair-count weighted least squares, then Cressie's (1985) weights N_h / gamma^2, which trust
     # the short lags more. PyKrige's own fit (6 unweighted lags up to the largest distance) missed
     # short-range structure: up to 3x the RMSE on 30 x 30 sinusoid fields, singular Gaussian fits.
@@ -40,33 +41,133 @@ def fit_binned(lag: np.ndarray, gam: np.ndarray, cnt: np.ndarray, model: str, ex
     return [float(v) for v in m]
 
 
+def _start(lag: np.ndarray, gam: np.ndarray, cnt: np.ndarray, extent: float) -> tuple[np.ndarray, ...]:
+    """``(start, lower, upper)``, each ``[S, 3]``, of ``[partial sill, range, nugget]`` for ``S``
+    experimental variograms (``[S, B]`` each, ``cnt`` 0 at padding): the sill from the largest
+    semivariance, the nugget from the smallest, the range half the largest lag (at most 4 ``extent``)."""
+    real = cnt > 0
+    top = np.maximum(np.where(real, gam, -np.inf).max(1), 2 * MIN_NUGGET)
+    low = np.where(real, gam, np.inf).min(1)
+    far = np.where(real, lag, -np.inf).max(1)
+    lower = np.stack([np.zeros_like(top), 1e-6 * far, np.full_like(top, MIN_NUGGET)], 1)
+    upper = np.stack([10 * top, np.full_like(top, 4 * extent), top], 1)
+    return np.clip(np.stack([top - low, far / 2, low], 1), lower, upper), lower, upper
+
+
+def fit_exponential_many(lag: np.ndarray, gam: np.ndarray, cnt: np.ndarray, extent: float) -> np.ndarray:
+    """:func:`fit_binned`'s exponential fit of many experimental variograms at once: the distances
+    ``lag [L]`` and each variogram's semivariance and pairs ``[S, L]`` (:func:`grid_semivariance` of a
+    stack; a distance without pairs weighs nothing); ``extent`` bounds the range (4x). Returns
+    ``[S, 3]``: ``[partial sill, range, nugget]`` per variogram.
+
+    The same two weighted least-squares fits from the same start, by a Levenberg-Marquardt of all
+    variograms together (the range as its logarithm, moved by at most a factor e a step, so that a
+    step cannot leap to a vanishing range, a pure-nugget fit the trust region of SciPy's fit never
+    reaches). On the 744 hourly steps of fill_speed's ERA5 cube the nugget shares agree with
+    SciPy's fits to 2.7e-5 (median 1e-12; the largest where SciPy stops early along a flat
+    valley); the fits take 0.24 s against 3.6 s (SciPy's ``least_squares`` is Python a step), and
+    :func:`step_variograms` with the stack's semivariances 0.46 s against 5.3 s (Intel Xeon).
+    """
+    lag = np.broadcast_to(lag, gam.shape)
+    start, lower, upper = _start(lag, gam, cnt, extent)
+    to_q = lambda p: np.stack([p[:, 0], np.log(p[:, 1]), p[:, 2]], 1)  # noqa: E731
+    w = np.sqrt(cnt)
+
+    def model(q: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The exponential variogram ``[n, B]`` and its derivatives by ``q`` ``[n, B, 3]`` of ``rows``."""
+        decay = np.exp(-3.0 * lag[rows] / np.exp(q[:, 1:2]))
+        value = q[:, 0:1] * (1.0 - decay) + q[:, 2:3]
+        slope = -q[:, 0:1] * decay * 3.0 * lag[rows] / np.exp(q[:, 1:2])  # by log range
+        return value, np.stack([1.0 - decay, slope, np.ones_like(decay)], -1)
+
+    def counted(q, rows):  # pair-count weights
+        value, d = model(q, rows)
+        return w[rows] * (value - gam[rows]), w[rows][..., None] * d
+
+    def cressie(q, rows):  # Cressie's weights
+        value, d = model(q, rows)
+        return w[rows] * (gam[rows] / value - 1.0), (-w[rows] * gam[rows] / value**2)[..., None] * d
+
+    q = _levenberg_marquardt(counted, to_q(start), to_q(lower), to_q(upper))
+    q = _levenberg_marquardt(cressie, q, to_q(lower), to_q(upper))
+    return np.stack([q[:, 0], np.exp(q[:, 1]), q[:, 2]], 1)
+
+
+def _levenberg_marquardt(residuals, q: np.ndarray, lower: np.ndarray, upper: np.ndarray,
+                         max_steps: int = 200) -> np.ndarray:
+    """Bounded least squares of many small problems at once: ``residuals(q [n, 3], rows [n])`` gives
+    ``(r [n, B], dr/dq [n, B, 3])`` of the problems ``rows``; ``q [S, 3]`` starts within ``lower``
+    and ``upper``. A parameter at a bound its gradient pushes against stays out of the step
+    (projected Levenberg-Marquardt, Marquardt's scaling); a problem stops when a step lowers its
+    cost by under 1e-12 of it or moves no parameter by 1e-10 of itself. Returns the fitted ``q``."""
+    q, rows = q.copy(), np.arange(len(q))
+    r, d = residuals(q, rows)
+    cost, damping, eye = 0.5 * np.sum(r**2, 1), np.full(len(q), 1e-3), np.eye(q.shape[1])
+    for _ in range(max_steps):
+        now, lo, hi = q[rows], lower[rows], upper[rows]
+        gradient, curvature = np.einsum("nbp,nb->np", d, r), np.einsum("nbp,nbq->npq", d, d)
+        free = ~(((now <= lo) & (gradient > 0)) | ((now >= hi) & (gradient < 0)))
+        scale = np.maximum(np.diagonal(curvature, axis1=1, axis2=2), 1e-30)
+        damped = curvature + damping[:, None, None] * scale[:, :, None] * eye
+        system = np.where(free[:, :, None] & free[:, None, :], damped, eye)
+        step = np.linalg.solve(system, np.where(free, -gradient, 0.0)[..., None])[..., 0]
+        step /= np.maximum(1.0, np.abs(step[:, 1:2]))  # the log range moves by at most 1
+        trial = np.clip(now + step, lo, hi)
+        r_new, d_new = residuals(trial, rows)
+        cost_new = 0.5 * np.sum(r_new**2, 1)
+        better = np.isfinite(cost_new) & (cost_new < cost)
+        still = np.all(np.abs(trial - now) <= 1e-10 * (np.abs(now) + 1e-10), 1)
+        done = (better & (cost - cost_new <= 1e-12 * cost)) | still | (cost <= 1e-300)
+        q[rows] = np.where(better[:, None], trial, now)
+        r, d = np.where(better[:, None], r_new, r), np.where(better[:, None, None], d_new, d)
+        cost = np.where(better, cost_new, cost)
+        damping = np.where(better, np.maximum(damping / 3, 1e-12), damping * 4)
+        going = ~done & (damping < 1e16)
+        if not going.any():
+            break
+        rows, r, d, cost, damping = rows[going], r[going], d[going], cost[going], damping[going]
+    return q
+
+
 def grid_semivariance(values: np.ndarray, max_lag: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The experimental variogram of a gridded scene from every pair of observed cells along its
-    rows, columns and both diagonals, ``1..max_lag`` steps apart (``values [R, C]``, NaN missing).
+    rows, columns and both diagonals, ``1..max_lag`` steps apart (``values [R, C]``, NaN missing),
+    or of each step of a stack ``[T, R, C]`` at once.
 
-    Returns ``(lag, semivariance, pairs)`` per distinct distance in cells, those with pairs only.
+    Returns ``(lag, semivariance, pairs)`` per distinct distance in cells: for a scene ``[L]`` each,
+    the distances with pairs only; for a stack ``lag [L]`` and ``[T, L]`` for the others, over every
+    distance of the grid (0 pairs and semivariance where a step has none).
     Every pair counts, the short lags most of all, which a random sample of points misses (on a
     1-degree global SST scene, 2000 random cells left the first bin 0-10 cells wide and the nugget
     three times too large).
     """
-    rows, cols = values.shape
-    lags, gams, counts = [], [], []
+    stack = values[None] if values.ndim == 2 else values
+    rows, cols = stack.shape[1:]
+    finite = np.isfinite(stack)
+    filled = np.where(finite, stack, 0.0)
+    lags, sums, counts = [], [], []
     for dr, dc in ((0, 1), (1, 0), (1, 1), (1, -1)):
         for k in range(1, max_lag + 1):
             r, c = k * dr, k * dc
             if r >= rows or abs(c) >= cols:
                 break
-            a = values[: rows - r, max(0, -c): cols - max(0, c)]  # cell (i, j) ...
-            b = values[r:, max(0, c): cols - max(0, -c)]  # ... and cell (i + r, j + c)
-            diff = (a - b)[np.isfinite(a) & np.isfinite(b)]
-            if diff.size:
-                lags.append(k * np.hypot(dr, dc))
-                gams.append(0.5 * float(np.mean(diff**2)))
-                counts.append(diff.size)
+            a = np.s_[:, : rows - r, max(0, -c): cols - max(0, c)]  # cell (i, j) ...
+            b = np.s_[:, r:, max(0, c): cols - max(0, -c)]  # ... and cell (i + r, j + c)
+            pair = finite[a] & finite[b]
+            diff = filled[a] - filled[b]
+            diff *= pair  # 0 unless both cells are observed
+            lags.append(k * np.hypot(dr, dc))
+            sums.append(np.einsum("tij,tij->t", diff, diff))
+            counts.append(np.count_nonzero(pair, axis=(1, 2)))
     # One bin per distinct distance: rows and columns (and the two diagonals) pooled by pair count.
     distinct, which = np.unique(np.round(lags, 9), return_inverse=True)
-    cnt = np.bincount(which, counts, len(distinct))
-    gam = np.bincount(which, np.array(gams) * np.array(counts), len(distinct)) / np.maximum(cnt, 1)
+    pool = np.zeros((len(lags), len(distinct)))
+    pool[np.arange(len(lags)), which] = 1.0
+    cnt = np.array(counts, np.float64).reshape(len(lags), -1).T @ pool  # [T, L]
+    gam = 0.5 * (np.array(sums).reshape(len(lags), -1).T @ pool) / np.maximum(cnt, 1)
+    if values.ndim == 2:
+        keep = cnt[0] > 0
+        return distinct[keep], gam[0, keep], cnt[0, keep]
     return distinct, gam, cnt
 
 
@@ -89,20 +190,31 @@ def step_variograms(values: np.ndarray, valid: np.ndarray | None = None,
                     max_lag: int = 64) -> list[tuple[int, float, list[float]] | None]:
     """The exponential variogram fitted to each step of ``values [T, R, C]`` (NaN missing;
     ``valid [R, C]`` or ``[T, R, C]``, None: everywhere), standardised per step as the ``kriging``
-    baseline fits it: per step ``(observed cells, s.d., [partial sill, range in cells, nugget])``
-    (sill and nugget in units of the step's variance), None for a step with fewer than
-    :data:`MIN_SCENE_POINTS` observed cells or too few lags to fit."""
+    baseline fits it (all steps' fits at once, :func:`fit_exponential_many`): per step ``(observed
+    cells, s.d., [partial sill, range in cells, nugget])`` (sill and nugget in units of the step's
+    variance), None for a step with fewer than :data:`MIN_SCENE_POINTS` observed cells or too few
+    lags to fit."""
     values = np.asarray(values, np.float64)
     ok = np.ones(values.shape, bool) if valid is None else np.broadcast_to(np.asarray(valid, bool), values.shape)
-    fits: list[tuple[int, float, list[float]] | None] = []
-    for t, step in enumerate(values):
-        seen = np.isfinite(step) & ok[t]
-        params = None
-        if seen.sum() >= MIN_SCENE_POINTS:
-            scale = float(step[seen].std()) or 1.0
-            params = fit_grid_variogram(np.where(seen, (step - step[seen].mean()) / scale, np.nan), "exponential",
-                                        max_lag)
-        fits.append(None if params is None else (int(seen.sum()), scale, params))
+    seen = np.isfinite(values) & ok
+    counts = seen.sum(axis=(1, 2))
+    fit = np.flatnonzero(counts >= MIN_SCENE_POINTS)  # the steps with enough cells for a variogram
+    fits: list[tuple[int, float, list[float]] | None] = [None] * len(values)
+    with np.errstate(all="ignore"):  # as fit_grid_variogram: degenerate fits are bounded anyway
+        observed = np.where(seen, values, np.nan)
+        mean, scale = np.nanmean(observed[fit], axis=(1, 2)), np.nanstd(observed[fit], axis=(1, 2))
+        scale = np.where(scale > 0, scale, 1.0)
+        chunk = max(1, STACK_CELLS // max(1, values[0].size))  # steps a semivariance pass holds
+        parts = [grid_semivariance((observed[t] - mean[i:i + chunk, None, None]) / scale[i:i + chunk, None, None],
+                                   max_lag) for i, t in ((i, fit[i:i + chunk]) for i in range(0, len(fit), chunk))]
+        if not parts:
+            return fits
+        lag = parts[0][0]
+        gam, cnt = (np.concatenate([p[j] for p in parts]) for j in (1, 2))
+        enough = (cnt > 0).sum(axis=1) >= 3  # fewer distances with pairs: nothing to fit
+        params = fit_exponential_many(lag, gam[enough], cnt[enough], float(max(values.shape[1:])))
+    for t, sd, p in zip(fit[enough], scale[enough], params):
+        fits[t] = (int(counts[t]), float(sd), [float(v) for v in p])
     return fits
 
 

@@ -57,7 +57,8 @@ def _start(lag: np.ndarray, gam: np.ndarray, cnt: np.ndarray, extent: float) -> 
 def fit_exponential_many(lag: np.ndarray, gam: np.ndarray, cnt: np.ndarray, extent: float) -> np.ndarray:
     """:func:`fit_binned`'s exponential fit of many experimental variograms at once: the distances
     ``lag [L]`` and each variogram's semivariance and pairs ``[S, L]`` (:func:`grid_semivariance` of a
-    stack; a distance without pairs weighs nothing); ``extent`` bounds the range (4x). Returns
+    stack; a distance without pairs weighs nothing, and each variogram needs pairs at three distances
+    or more, as :func:`step_variograms` sees to); ``extent`` bounds the range (4x). Returns
     ``[S, 3]``: ``[partial sill, range, nugget]`` per variogram.
 
     The same two weighted least-squares fits from the same start, by a Levenberg-Marquardt of all
@@ -95,11 +96,13 @@ def fit_exponential_many(lag: np.ndarray, gam: np.ndarray, cnt: np.ndarray, exte
 
 def _levenberg_marquardt(residuals, q: np.ndarray, lower: np.ndarray, upper: np.ndarray,
                          max_steps: int = 200) -> np.ndarray:
-    """Bounded least squares of many small problems at once: ``residuals(q [n, 3], rows [n])`` gives
-    ``(r [n, B], dr/dq [n, B, 3])`` of the problems ``rows``; ``q [S, 3]`` starts within ``lower``
-    and ``upper``. A parameter at a bound its gradient pushes against stays out of the step
-    (projected Levenberg-Marquardt, Marquardt's scaling); a problem stops when a step lowers its
-    cost by under 1e-12 of it or moves no parameter by 1e-10 of itself. Returns the fitted ``q``."""
+    """Bounded least squares of many variogram fits at once: ``residuals(q [n, 3], rows [n])`` gives
+    ``(r [n, B], dr/dq [n, B, 3])`` of the problems ``rows``; ``q [S, 3]`` (the second the log range,
+    which a step moves by at most 1) starts within ``lower`` and ``upper``. A parameter at a bound
+    its gradient pushes against stays out of the step (projected Levenberg-Marquardt, Marquardt's
+    scaling); a problem stops when a step lowers its cost by under 1e-12 of it, moves no parameter
+    by 1e-10 of itself, its damping passes 1e16 (no step lowers the cost) or its cost is nil;
+    after ``max_steps`` steps every problem stops where it is. Returns the fitted ``q``."""
     q, rows = q.copy(), np.arange(len(q))
     r, d = residuals(q, rows)
     cost, damping, eye = 0.5 * np.sum(r**2, 1), np.full(len(q), 1e-3), np.eye(q.shape[1])
@@ -141,7 +144,8 @@ def grid_semivariance(values: np.ndarray, max_lag: int) -> tuple[np.ndarray, np.
     1-degree global SST scene, 2000 random cells left the first bin 0-10 cells wide and the nugget
     three times too large).
     """
-    stack = values[None] if values.ndim == 2 else values
+    stack = np.asarray(values, np.float64)  # float32 sums would lose the short lags' small differences
+    stack = stack[None] if stack.ndim == 2 else stack
     rows, cols = stack.shape[1:]
     finite = np.isfinite(stack)
     filled = np.where(finite, stack, 0.0)
@@ -159,6 +163,9 @@ def grid_semivariance(values: np.ndarray, max_lag: int) -> tuple[np.ndarray, np.
             lags.append(k * np.hypot(dr, dc))
             sums.append(np.einsum("tij,tij->t", diff, diff))
             counts.append(np.count_nonzero(pair, axis=(1, 2)))
+    if not lags:  # a single cell, or no lag asked for
+        none = np.zeros((len(stack), 0))
+        return (np.zeros(0), none[0], none[0]) if values.ndim == 2 else (np.zeros(0), none, none)
     # One bin per distinct distance: rows and columns (and the two diagonals) pooled by pair count.
     distinct, which = np.unique(np.round(lags, 9), return_inverse=True)
     pool = np.zeros((len(lags), len(distinct)))
@@ -196,25 +203,29 @@ def step_variograms(values: np.ndarray, valid: np.ndarray | None = None,
     lags to fit."""
     values = np.asarray(values, np.float64)
     ok = np.ones(values.shape, bool) if valid is None else np.broadcast_to(np.asarray(valid, bool), values.shape)
-    seen = np.isfinite(values) & ok
-    counts = seen.sum(axis=(1, 2))
-    fit = np.flatnonzero(counts >= MIN_SCENE_POINTS)  # the steps with enough cells for a variogram
     fits: list[tuple[int, float, list[float]] | None] = [None] * len(values)
+    chunk = max(1, STACK_CELLS // max(1, int(np.prod(values.shape[1:]))))  # steps a pass holds
+    found = []  # per pass: steps fitted, their observed cells, s.d., semivariances and pairs [n, L]
+    lag = np.zeros(0)
     with np.errstate(all="ignore"):  # as fit_grid_variogram: degenerate fits are bounded anyway
-        observed = np.where(seen, values, np.nan)
-        mean, scale = np.nanmean(observed[fit], axis=(1, 2)), np.nanstd(observed[fit], axis=(1, 2))
-        scale = np.where(scale > 0, scale, 1.0)
-        chunk = max(1, STACK_CELLS // max(1, values[0].size))  # steps a semivariance pass holds
-        parts = [grid_semivariance((observed[t] - mean[i:i + chunk, None, None]) / scale[i:i + chunk, None, None],
-                                   max_lag) for i, t in ((i, fit[i:i + chunk]) for i in range(0, len(fit), chunk))]
-        if not parts:
+        for first in range(0, len(values), chunk):
+            seen = np.isfinite(values[first:first + chunk]) & ok[first:first + chunk]
+            counts = seen.sum(axis=(1, 2))
+            use = counts >= MIN_SCENE_POINTS  # enough cells for a variogram
+            if not use.any():
+                continue
+            observed = np.where(seen[use], values[first:first + chunk][use], np.nan)
+            mean, scale = np.nanmean(observed, axis=(1, 2)), np.nanstd(observed, axis=(1, 2))
+            scale = np.where(scale > 0, scale, 1.0)
+            lag, gam, cnt = grid_semivariance((observed - mean[:, None, None]) / scale[:, None, None], max_lag)
+            found.append((first + np.flatnonzero(use), counts[use], scale, gam, cnt))
+        if not found:
             return fits
-        lag = parts[0][0]
-        gam, cnt = (np.concatenate([p[j] for p in parts]) for j in (1, 2))
+        steps, counts, scale, gam, cnt = (np.concatenate([f[j] for f in found]) for j in range(5))
         enough = (cnt > 0).sum(axis=1) >= 3  # fewer distances with pairs: nothing to fit
         params = fit_exponential_many(lag, gam[enough], cnt[enough], float(max(values.shape[1:])))
-    for t, sd, p in zip(fit[enough], scale[enough], params):
-        fits[t] = (int(counts[t]), float(sd), [float(v) for v in p])
+    for t, n, sd, p in zip(steps[enough], counts[enough], scale[enough], params):
+        fits[t] = (int(n), float(sd), [float(v) for v in p])
     return fits
 
 

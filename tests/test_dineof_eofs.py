@@ -156,14 +156,18 @@ def test_resume_converges_once_from_the_cross_validations_fill(monkeypatch):
     climbed = dineof(given)
     cv_calls = len(climbed.cv_rmse)
     assert converges[cv_calls:] == list(range(1, climbed.modes + 1))  # the default climbs from zeros
+    anomalies = starts[cv_calls]  # [cells, steps]: the climb's start, the observed anomalies and zeros
     converges.clear()
     starts.clear()
     resumed = dineof(given, resume=True)
     assert resumed.modes == climbed.modes and resumed.cv_rmse == climbed.cv_rmse
     assert converges[cv_calls:] == [resumed.modes]  # one convergence at the chosen modes
-    seen = np.isfinite(given)
-    final_start = starts[-1]  # [cells, steps]: the chosen modes' cross-validation fill at the gaps
-    assert np.count_nonzero(final_start[~seen.reshape(len(given), -1).T]) > 0  # not zeros at the gaps
-    gap = ~seen
+    seen = np.isfinite(given).reshape(len(given), -1).T  # [cells, steps]
+    final_start = starts[-1]
+    np.testing.assert_array_equal(final_start[seen], anomalies[seen])  # every observation back in
+    assert resumed.modes < cv_calls  # so the chosen modes' cross-validation fill started the next one
+    np.testing.assert_array_equal(final_start[~seen], starts[resumed.modes][~seen])  # its gaps
+    assert np.count_nonzero(final_start[~seen]) > 0  # not zeros
+    gap = np.isnan(given)
     for rec in (climbed, resumed):
         assert np.sqrt(np.mean((rec.mean[gap] - truth[gap]) ** 2)) < 0.25  # noise 0.1, spread about 3

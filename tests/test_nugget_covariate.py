@@ -188,6 +188,7 @@ def _agree_with_scipy(values: np.ndarray) -> None:
     from geonp.variogram import fit_grid_variogram, grid_semivariance, step_variograms
 
     fits = step_variograms(values)
+    assert sum(f is not None for f in fits) >= len(values) - 1  # all but a step too sparse to fit
     lag, gam, cnt = grid_semivariance(values, 64)
     for t, fit in enumerate(fits):
         if fit is None:
@@ -225,6 +226,25 @@ def test_all_steps_fitted_at_once_agree_with_scipys_fit_of_each_step():
     values[5, 0, :MIN_SCENE_POINTS - 1] = 1.0  # too few cells: None, as before
     assert step_variograms(values)[5] is None
     _agree_with_scipy(values)
+
+
+def test_a_stack_in_several_passes_fits_as_in_one_and_the_start_is_the_documented_one(monkeypatch):
+    """STACK_CELLS cuts a long stack's semivariance pass into several: the same fits; and the fits
+    start where fit_binned always started: the largest semivariance less the smallest as the sill,
+    half the largest lag as the range, the smallest semivariance as the nugget, within the bounds."""
+    from geonp import variogram
+
+    values = rough_and_smooth()
+    values = np.concatenate([values, values[::-1] * 2.0, values + 1.0])  # six steps
+    values[:, 10:20, 10:30] = np.nan
+    whole = variogram.step_variograms(values)
+    monkeypatch.setattr(variogram, "STACK_CELLS", 2 * 60 * 60 + 1)  # two steps a pass, three passes
+    assert variogram.step_variograms(values) == whole
+    lag, gam, cnt = np.array([1.0, 2.0, 5.0]), np.array([0.2, 0.5, 0.9]), np.array([10.0, 8.0, 3.0])
+    start, lower, upper = variogram._start(lag[None], gam[None], cnt[None], 60.0)
+    np.testing.assert_allclose(start[0], [0.9 - 0.2, 5.0 / 2, 0.2])
+    np.testing.assert_allclose(lower[0], [0.0, 5e-6, variogram.MIN_NUGGET])
+    np.testing.assert_allclose(upper[0], [9.0, 240.0, 0.9])
 
 
 @pytest.mark.skipif(data_dir() is None, reason="shared data folder absent (set GEONP_DATA)")

@@ -22,7 +22,7 @@ counted in tens and cells in hundreds of thousands, ``numpy.linalg.eigh`` of it 
 per iteration, far below a full SVD of ``X``. A long stack (an hourly month: 744 steps) would spend
 minutes in those eigendecompositions, of which an iteration needs only the ``k`` leading vectors,
 and hardly different ones from the iteration before: there each convergence (one per number of
-modes, in the cross-validation and again in the final fill) starts from ``k + EOF_OVERSAMPLE``
+modes, in the cross-validation and again in the final fill unless it resumes) starts from ``k + EOF_OVERSAMPLE``
 vectors of ARPACK's Lanczos (``scipy.sparse.linalg.eigsh``, from
 products ``X^T (X v)`` without forming ``X^T X``), and every iteration carries them on by block
 (subspace) iteration, ``qr(X^T X B)``, the ``k`` leading taken from their span (Rayleigh-Ritz),
@@ -187,8 +187,9 @@ def dineof(
 
     # The final fill with the cross-validation cells back in, raised a mode at a time as above (a start
     # from zeros at many modes lets the extra modes explain the zeros instead of the data), or resumed.
-    if resume:
-        filled = _converge(np.where(seen, anomaly, best_work), ~seen, best_k, tol, max_iter, dense_steps, warm_start)
+    if resume:  # the cross-validation's matrices let go first: the stack is held once fewer
+        start, work, best_work = np.where(seen, anomaly, best_work), None, None
+        filled = _converge(start, ~seen, best_k, tol, max_iter, dense_steps, warm_start)
     else:
         filled = np.where(seen, anomaly, 0.0)
         for k in range(1, best_k + 1):

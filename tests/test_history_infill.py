@@ -171,8 +171,8 @@ def test_far_points_carry_the_covariates_mean_over_their_own_cells(kriging_check
     seen = []
     real = blocks._far_history
 
-    def spy(field, slab, history, *args):
-        out = real(field, slab, history, *args)
+    def spy(*args):
+        out = real(*args)
         seen.append(out)
         return out
 

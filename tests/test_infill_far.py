@@ -200,3 +200,35 @@ def test_a_resumed_store_reports_the_whole_total(tmp_path) -> None:
         write(again, n, index, region)
     assert again.finish() == {"sst": sum(range(len(blocks_)))}
     assert xr.open_zarr(tmp_path / "o.zarr").attrs[f"{WITHOUT_CONTEXT}_sst"] == sum(range(len(blocks_)))
+
+
+def test_other_sources_ride_on_the_fields_selection() -> None:
+    """``others`` (a history covariate summarised over the field's observed cells) gives every far
+    point the covariate's mean over the same cells: what a selection run on the covariate itself,
+    with the field's observed cells, gives (the same cells, to the bit), in one selection."""
+    rng = np.random.default_rng(4)
+    t, r, c = 3, 67, 53
+    values = rng.normal(size=(t, r, c))
+    values[rng.random((t, r, c)) < 0.4] = np.nan
+    values[:, 12:62, 4:50] = np.nan
+    valid = np.ones((r, c), bool)
+    covariate = rng.normal(size=(t, r, c))
+    finite = np.isfinite(values)
+    observed, missing = finite & valid, ~finite & valid
+    masked = np.where(observed, covariate, np.nan)  # the covariate over the field's observed cells
+    pyramid = build_pyramid(xr.DataArray(values).chunk({"dim_0": 1}), valid, finest=2)
+    cov_pyramid = build_pyramid(xr.DataArray(masked).chunk({"dim_0": 1}), valid, finest=2)
+    slab = Slab(values, observed, missing, (0, 0, 0), (t, r, c))
+    cov_slab = Slab(masked, observed, missing, (0, 0, 0), (t, r, c))
+    inside = [(1, 2), (25, 47), (15, 37)]  # a window inside the wide gap: it reaches far
+    for predicted, seen, cap in [(inside, (0, 3), 10_000), (inside, (0, 3), 7),  # 7: coarsened, then cut
+                                 ([(2, 3), (50, 67), (0, 9)], (1, 3), 10_000)]:
+        cells, both = far_points(lambda: pyramid, slab, predicted, seen, (10, 10), cap,
+                                 others=[(lambda: cov_pyramid, cov_slab)])
+        alone_cells, alone = far_points(lambda: cov_pyramid, cov_slab, predicted, seen, (10, 10), cap)
+        field_cells, field = far_points(lambda: pyramid, slab, predicted, seen, (10, 10), cap)
+        assert both.shape == (2, len(cells)) and len(cells) > 0
+        np.testing.assert_array_equal(cells, alone_cells)
+        np.testing.assert_array_equal(cells, field_cells)
+        np.testing.assert_array_equal(both[0], field[0])
+        np.testing.assert_array_equal(both[1], alone[0])

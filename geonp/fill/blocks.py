@@ -70,6 +70,13 @@ def fill_block(field: Field, key: tuple[slice, slice, slice], model: NeuralProce
     history = None if field.history is None else field.history[(slice(None), *slab_key)]
     slab = Slab(values, observed, missing, tuple(lo), field.shape)
     finest = finest_level(spec.halo[1:])
+    # Far points carry each history covariate's mean over their own observed cells: a flat one is
+    # its value, the others are summarised with the field (one selection, every source's means).
+    flat = [] if history is None else [is_flat(cov) for cov in history]
+    others = [] if history is None else [
+        (lambda p=p: field.history_pyramid(p, finest), Slab(np.where(observed, cov, np.nan), observed, missing,
+                                                            tuple(lo), field.shape))
+        for p, cov in enumerate(history) if not flat[p]]
 
     own = tuple(slice(s.start - o, s.stop - o) for s, o in zip(key, lo))  # the block, in slab coordinates
     gaps = np.zeros(values.shape, bool)
@@ -100,17 +107,17 @@ def fill_block(field: Field, key: tuple[slice, slice, slice], model: NeuralProce
             continue
         context = observed[view]
         far_cells, far_values = far_points(lambda: field.pyramid(finest), slab, pred, seen[0], spec.halo[1:],
-                                           max(spec.max_context // FAR_SHARE, 1))
-        if not context.any() and not far_values.size:
+                                           max(spec.max_context // FAR_SHARE, 1), others)
+        if not context.any() and not len(far_cells):
             continue  # no observation in reach on the window's time steps: the fallback in _compose
         centre = tuple((p0 + p1 - 1) / 2 - s0 for (p0, p1), (s0, _) in zip(pred, seen))
         far = far_history = None
-        if far_values.size:  # inputs over the whole cube: the same lattice and scaling as the near cells
-            flat = np.ravel_multi_index(tuple(far_cells.T), field.shape)
+        if len(far_cells):  # inputs over the whole cube: the same lattice and scaling as the near cells
+            at = np.ravel_multi_index(tuple(far_cells.T), field.shape)
             whole_centre = tuple((p0 + p1 - 1) / 2 for p0, p1 in pred)  # ``centre`` in cube cells
-            far = (inputs(flat, field.shape, whole_centre, spec, elevation), far_values)
-            if field.history is not None:
-                far_history = _far_history(field, slab, history, pred, seen[0], spec, far_cells, finest)
+            far = (inputs(at, field.shape, whole_centre, spec, elevation), far_values[0])
+            if history is not None:
+                far_history = _far_history(history, flat, far_values[1:])
         rng = np.random.default_rng([seed, *ks])
         task = window_task(values[view], context, target, centre, spec, field.spread,
                            None if elev is None else elev[view[1], view[2]], rng, focus=region[1:], far=far,
@@ -131,23 +138,15 @@ def fill_block(field: Field, key: tuple[slice, slice, slice], model: NeuralProce
                     field)
 
 
-def _far_history(field: Field, slab: Slab, history: np.ndarray, pred: list, seen_time: tuple[int, int],
-                 spec: WindowSpec, cells: np.ndarray, finest: int) -> np.ndarray:
+def _far_history(history: np.ndarray, flat: list[bool], means: np.ndarray) -> np.ndarray:
     """The history covariates ``[P, Nf]`` at a window's far points: each the covariate's mean over
-    the cells whose values make the far point (the same selection run on the covariate with the
-    same observed cells), so the drift pairs a block mean with a block mean. A flat covariate is
-    its one value."""
-    out = np.empty((len(history), len(cells)))
+    the cells whose values make the far point (``means [P', Nf]``, those of the covariates that are
+    not ``flat``, in order, from :func:`far_points`' ``others``), so the drift pairs a block mean
+    with a block mean. A flat covariate is its one value."""
+    out = np.empty((len(history), means.shape[1]))
+    summarised = iter(means)
     for p, cov in enumerate(history):
-        if is_flat(cov):
-            out[p] = cov.flat[0]
-            continue
-        cov_slab = Slab(np.where(slab.observed, cov, np.nan), slab.observed, slab.missing, slab.origin, slab.shape)
-        got, values = far_points(lambda p=p: field.history_pyramid(p, finest), cov_slab, pred, seen_time,
-                                 spec.halo[1:], max(spec.max_context // FAR_SHARE, 1))
-        if not np.array_equal(got, cells):  # the selection depends on the observed cells only
-            raise RuntimeError("far context: the covariate's far points are not the values' ones")
-        out[p] = values
+        out[p] = cov.flat[0] if flat[p] else next(summarised)
     return out
 
 

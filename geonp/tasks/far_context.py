@@ -37,7 +37,7 @@ The far ring reaches further, only where the view does not surround the targets:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import dask
@@ -204,7 +204,8 @@ class _Items:
     """Candidate far points of one window: ``N`` blocks, each over the ``Tn`` steps of its time range.
 
     ``dist [N]`` cells from the prediction box, ``sides [N, 4]`` (above, below, left, right),
-    ``count``/``gaps``/``mean``/``row``/``col`` ``[Tn, N]`` as in :class:`Pyramid`.
+    ``count``/``gaps``/``row``/``col`` ``[Tn, N]`` as in :class:`Pyramid`, ``mean [S, Tn, N]`` that of
+    each source (the field, then :func:`far_points`' ``others``) over the same observed cells.
     """
 
     dist: np.ndarray
@@ -217,8 +218,10 @@ class _Items:
 
 
 def far_points(pyramid: Callable[[], Pyramid], slab: Slab, predicted: list[tuple[int, int]],
-               seen_time: tuple[int, int], halo: tuple[int, int], max_points: int) -> tuple[np.ndarray, np.ndarray]:
-    """One window's far points: cells ``[Nf, 3]`` (int64 ``t, row, col``, cube coordinates) and values ``[Nf]``.
+               seen_time: tuple[int, int], halo: tuple[int, int], max_points: int,
+               others: Sequence[tuple[Callable[[], Pyramid], Slab]] = ()) -> tuple[np.ndarray, np.ndarray]:
+    """One window's far points: cells ``[Nf, 3]`` (int64 ``t, row, col``, cube coordinates) and
+    values ``[1 + len(others), Nf]``: the field's, then each other source's mean over the same cells.
 
     Args:
         pyramid: returns the field's :class:`Pyramid` (called only when the view falls short).
@@ -227,6 +230,9 @@ def far_points(pyramid: Callable[[], Pyramid], slab: Slab, predicted: list[tuple
         seen_time: the window's time range ``(t0, t1)``; far points come from these steps only.
         halo: the view's margin ``(rows, cols)`` beyond the prediction box.
         max_points: the most far points to return (``>= 0``).
+        others: more sources summarised over the field's observed cells (a history covariate),
+            each its :class:`Pyramid` (built on the field's observed cells) and its slab: the
+            selection runs once, on the field, and each far point carries every source's mean.
 
     Empty when the view covers every side (see the module docstring). Ordered by time, then
     nearness, so the same window gives the same points in the same order.
@@ -239,23 +245,24 @@ def far_points(pyramid: Callable[[], Pyramid], slab: Slab, predicted: list[tuple
     near_obs = _side_sums(observed.sum(0), view_r[0], view_c[0], (r0, r1), (c0, c1))
     near_gap = _side_sums(missing.sum(0), view_r[0], view_c[0], (r0, r1), (c0, c1))
     near_total = int(observed.sum())
-    empty = np.zeros((0, 3), np.int64), np.zeros(0)
+    empty = np.zeros((0, 3), np.int64), np.zeros((1 + len(others), 0))
     if max_points < 1 or (near_total and _covered(near_obs, near_gap).all()):
         return empty
     pyr = pyramid()
+    sources = [(get(), other) for get, other in others]
     base = max(hr, hc, 1)
     radii = [-1]  # -1: the view alone
     while radii[-1] < max(rows_n, cols_n):
         radii.append(base << len(radii))
     opening = OPENING
     for _ in range(COARSEN_TRIES + 1):
-        items = _items(pyr, slab, predicted, seen_time, halo, opening)
+        items = _items(pyr, slab, predicted, seen_time, halo, opening, sources)
         cells, values, dist = _select(items, np.asarray(radii), near_obs, near_gap, near_total, seen_time[0])
-        if values.size <= max_points:
+        if len(cells) <= max_points:
             return cells, values
         opening /= 2  # blocks twice as wide at each distance: about a quarter as many points
     keep = np.sort(np.argsort(dist, kind="stable")[:max_points])
-    return cells[keep], values[keep]
+    return cells[keep], values[:, keep]
 
 
 def _side_sums(counts: np.ndarray, r_origin: int, c_origin: int, rows: tuple[int, int],
@@ -276,9 +283,10 @@ def _distance(lo: np.ndarray, hi: np.ndarray, start: int, stop: int) -> np.ndarr
 
 
 def _items(pyr: Pyramid, slab: Slab, predicted: list[tuple[int, int]], seen_time: tuple[int, int],
-           halo: tuple[int, int], opening: float) -> _Items:
+           halo: tuple[int, int], opening: float, others: Sequence[tuple[Pyramid, Slab]] = ()) -> _Items:
     """Walk the quadtree from the top: blocks outside the view that pass the opening rule are used,
-    the others are split; finest blocks that fail it but reach beyond the view come from the slab."""
+    the others are split; finest blocks that fail it but reach beyond the view come from the slab.
+    ``others``: more sources' pyramids and slabs, whose means are gathered for the same blocks."""
     (t0, t1), (r0, r1), (c0, c1) = seen_time, *predicted[1:]
     hr, hc = halo
     _, rows_n, cols_n = pyr.shape
@@ -295,8 +303,9 @@ def _items(pyr: Pyramid, slab: Slab, predicted: list[tuple[int, int]], seen_time
         level = j - pyr.finest
         at = (slice(t0, t1), bi[used], bk[used])
         sides = np.stack([hi_r < r0, lo_r >= r1, hi_c < c0, lo_c >= c1], 1)[used]
+        means = np.stack([p.mean[level][at] for p in (pyr, *(o for o, _ in others))])  # [S, Tn, N]
         parts.append(_Items(np.maximum(dr, dc)[used], sides, pyr.count[level][at], pyr.gaps[level][at],
-                            pyr.mean[level][at], pyr.row[level][at], pyr.col[level][at]))
+                            means, pyr.row[level][at], pyr.col[level][at]))
         rest = ~used
         if j == pyr.finest:
             # Farthest cells of each block: a block reaching beyond the view has cells no level covers.
@@ -304,7 +313,8 @@ def _items(pyr: Pyramid, slab: Slab, predicted: list[tuple[int, int]], seen_time
             far_c = np.maximum(np.maximum(c0 - lo_c, hi_c - (c1 - 1)), 0)
             band = rest & ((far_r > hr) | (far_c > hc))
             if band.any():
-                parts.append(_band(slab, bi[band], bk[band], s, predicted, seen_time, halo))
+                parts.append(_band(slab, bi[band], bk[band], s, predicted, seen_time, halo,
+                                   [o for _, o in others]))
             break
         bi = (2 * bi[rest, None] + np.array([0, 0, 1, 1])).ravel()
         bk = (2 * bk[rest, None] + np.array([0, 1, 0, 1])).ravel()
@@ -312,13 +322,15 @@ def _items(pyr: Pyramid, slab: Slab, predicted: list[tuple[int, int]], seen_time
         inside = (bi < n_r) & (bk < n_c)
         bi, bk = bi[inside], bk[inside]
         j -= 1
-    return _Items(*(np.concatenate([getattr(p, f) for p in parts], axis=0 if f in ("dist", "sides") else 1)
+    axis = {"dist": 0, "sides": 0, "mean": 2}  # the blocks' axis: N
+    return _Items(*(np.concatenate([getattr(p, f) for p in parts], axis=axis.get(f, 1))
                     for f in ("dist", "sides", "count", "gaps", "mean", "row", "col")))
 
 
 def _band(slab: Slab, bi: np.ndarray, bk: np.ndarray, s: int, predicted: list[tuple[int, int]],
-          seen_time: tuple[int, int], halo: tuple[int, int]) -> _Items:
-    """Finest blocks ``(bi, bk)`` straddling the view, summarised over their cells outside it (raw slab)."""
+          seen_time: tuple[int, int], halo: tuple[int, int], others: Sequence[Slab] = ()) -> _Items:
+    """Finest blocks ``(bi, bk)`` straddling the view, summarised over their cells outside it (raw
+    slab; ``others``: more sources' slabs, averaged over the same cells)."""
     _, (r0, r1), (c0, c1) = predicted
     _, rows_n, cols_n = slab.shape
     rows = (int(bi.min()) * s, min((int(bi.max()) + 1) * s, rows_n))
@@ -335,7 +347,8 @@ def _band(slab: Slab, bi: np.ndarray, bk: np.ndarray, s: int, predicted: list[tu
     group = t * nb + cell_label[i, k]
     count = np.bincount(group, minlength=t_n * nb)
     safe = np.maximum(count, 1)
-    mean = np.bincount(group, values[t, i, k], t_n * nb) / safe
+    sources = [values, *(o.cut(seen_time, rows, cols)[0] for o in others)]
+    mean = np.stack([np.bincount(group, v[t, i, k], t_n * nb) / safe for v in sources])  # [S, Tn * nb]
     mean_r = np.bincount(group, rr[i], t_n * nb) / safe
     mean_c = np.bincount(group, cc[k], t_n * nb) / safe
     dist2 = (rr[i] - mean_r[group]) ** 2 + (cc[k] - mean_c[group]) ** 2
@@ -351,13 +364,14 @@ def _band(slab: Slab, bi: np.ndarray, bk: np.ndarray, s: int, predicted: list[tu
     sides[~sides.any(1)] = True  # a block overlapping the box (halo below the block width) counts for all
     dist = np.maximum(_distance(lo_r, hi_r, r0, r1), _distance(lo_c, hi_c, c0, c1))
     shaped = (t_n, nb)
-    return _Items(dist, sides, count.reshape(shaped), gaps.reshape(shaped), mean.reshape(shaped),
+    return _Items(dist, sides, count.reshape(shaped), gaps.reshape(shaped), mean.reshape(len(sources), *shaped),
                   row.reshape(shaped), col.reshape(shaped))
 
 
 def _select(items: _Items, radii: np.ndarray, near_obs: np.ndarray, near_gap: np.ndarray, near_total: int,
             t_start: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Grow each side's reach through ``radii`` until covered; the points in reach, with their distances."""
+    """Grow each side's reach through ``radii`` until covered; the points in reach (cells ``[Nf, 3]``,
+    every source's values ``[S, Nf]``), with their distances ``[Nf]``."""
     obs, gaps = items.count.sum(0), items.gaps.sum(0)  # [N] over the time range
     within = items.dist[None, :] <= radii[:, None]  # [K, N]
     side_in = (within[:, :, None] & items.sides[None]).astype(np.int64)  # [K, N, 4]
@@ -373,4 +387,4 @@ def _select(items: _Items, radii: np.ndarray, near_obs: np.ndarray, near_gap: np
     order = np.lexsort((items.row[t, n], items.col[t, n], items.dist[n], t))
     t, n = t[order], n[order]
     cells = np.stack([t + t_start, items.row[t, n], items.col[t, n]], 1).astype(np.int64)
-    return cells, items.mean[t, n].astype(np.float64), items.dist[n]
+    return cells, items.mean[:, t, n].astype(np.float64), items.dist[n]

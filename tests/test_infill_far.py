@@ -232,3 +232,41 @@ def test_other_sources_ride_on_the_fields_selection() -> None:
         np.testing.assert_array_equal(cells, field_cells)
         np.testing.assert_array_equal(both[0], field[0])
         np.testing.assert_array_equal(both[1], alone[0])
+
+
+def test_other_sources_means_are_over_the_same_cells_in_pyramid_and_band_blocks(monkeypatch) -> None:
+    """A source equal to 2 x the field + 1 at its observed cells has far means 2 x the field's + 1
+    in every block, the quadtree's and the band's straddling the view's edge (summarised raw)."""
+    from geonp.tasks import far_context
+
+    rng = np.random.default_rng(5)
+    t, r, c = 2, 70, 61
+    values = rng.normal(size=(t, r, c))
+    values[rng.random((t, r, c)) < 0.5] = np.nan  # scattered gaps: observed cells in every block
+    valid = np.ones((r, c), bool)
+    finite = np.isfinite(values)
+    affine = np.where(finite, 2 * values + 1, rng.normal(size=values.shape))  # anything off the observed cells
+    pyramid = build_pyramid(xr.DataArray(values).chunk({"dim_0": 1}), valid, finest=2)
+    other = build_pyramid(xr.DataArray(np.where(finite, affine, np.nan)).chunk({"dim_0": 1}), valid, finest=2)
+    slab = Slab(values, finite, ~finite, (0, 0, 0), (t, r, c))
+    bands = []
+    real_band = far_context._band
+    monkeypatch.setattr(far_context, "_band", lambda *a: bands.append(a[-1]) or real_band(*a))
+    for predicted in ([(0, 1), (23, 37), (19, 33)], [(1, 2), (5, 14), (41, 58)]):  # edges off the 4-cell blocks
+        items = _items(pyramid, slab, predicted, (0, 2), (3, 3), 2.0, [(other, Slab(affine, finite, ~finite,
+                                                                                    (0, 0, 0), (t, r, c)))])
+        has = items.count > 0
+        assert items.mean.shape[0] == 2 and has.any()
+        np.testing.assert_allclose(items.mean[1][has], 2 * items.mean[0][has] + 1, rtol=1e-12)
+    assert bands and all(len(b) == 1 for b in bands)  # the band's blocks ran, with the other source
+
+
+def test_far_history_puts_each_covariate_in_its_place() -> None:
+    """_far_history: a flat covariate is its one value at every far point, the others take the
+    summarised means in order."""
+    from geonp.fill.blocks import _far_history
+
+    history = np.stack([np.full((2, 3, 4), 7.0), np.zeros((2, 3, 4)), np.full((2, 3, 4), -1.0)])
+    means = np.array([[0.5, 1.5, 2.5]])  # the one covariate summarised, at three far points
+    out = _far_history(history, [True, False, True], means)
+    np.testing.assert_array_equal(out, [[7.0] * 3, [0.5, 1.5, 2.5], [-1.0] * 3])

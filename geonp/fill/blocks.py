@@ -70,13 +70,13 @@ def fill_block(field: Field, key: tuple[slice, slice, slice], model: NeuralProce
     history = None if field.history is None else field.history[(slice(None), *slab_key)]
     slab = Slab(values, observed, missing, tuple(lo), field.shape)
     finest = finest_level(spec.halo[1:])
-    # Far points carry each history covariate's mean over their own observed cells: a flat one is
-    # its value, the others are summarised with the field (one selection, every source's means).
+    # Far points carry each history covariate's mean over the field's observed cells that make each
+    # point: a flat one is its value, the others are summarised with the field (one selection, every
+    # source's means; a slab is read at the field's observed cells only, so it needs no mask).
     flat = [] if history is None else [is_flat(cov) for cov in history]
-    others = [] if history is None else [
-        (lambda p=p: field.history_pyramid(p, finest), Slab(np.where(observed, cov, np.nan), observed, missing,
-                                                            tuple(lo), field.shape))
-        for p, cov in enumerate(history) if not flat[p]]
+    others = [] if history is None else [(lambda p=p: field.history_pyramid(p, finest),
+                                          Slab(cov, observed, missing, tuple(lo), field.shape))
+                                         for p, cov in enumerate(history) if not flat[p]]
 
     own = tuple(slice(s.start - o, s.stop - o) for s, o in zip(key, lo))  # the block, in slab coordinates
     gaps = np.zeros(values.shape, bool)

@@ -84,11 +84,17 @@ class Field:
 
     def history_pyramid(self, p: int, finest: int) -> Pyramid:
         """Block summaries of history covariate ``p`` over the *observed* cells (those of
-        :meth:`pyramid`), so a far point's covariate is the mean over the same cells as its value."""
+        :meth:`pyramid`), so a far point's covariate is the mean over the same cells as its value
+        (far points read only its means, at the blocks selected on the field's own pyramid)."""
         key = (-1 - p, finest)
         if key not in self._pyramids:
             cov = xr.DataArray(np.where(np.isfinite(self.whole()), self.history[p], np.nan), dims=self.data.dims)
-            self._pyramids[key] = build_pyramid(cov, self.valid, finest)
+            pyramid = build_pyramid(cov, self.valid, finest)
+            # The same cells in every block, or the means would be over others: a covariate map must be
+            # finite wherever the field is observed (history_covariates' maps are).
+            if not np.array_equal(pyramid.count[0], self.pyramid(finest).count[0]):
+                raise RuntimeError(f"{self.label}: history covariate {p} is not finite at every observed cell")
+            self._pyramids[key] = pyramid
         return self._pyramids[key]
 
     def set_history(self, maps: np.ndarray) -> None:

@@ -231,8 +231,10 @@ def far_points(pyramid: Callable[[], Pyramid], slab: Slab, predicted: list[tuple
         halo: the view's margin ``(rows, cols)`` beyond the prediction box.
         max_points: the most far points to return (``>= 0``).
         others: more sources summarised over the field's observed cells (a history covariate),
-            each its :class:`Pyramid` (built on the field's observed cells) and its slab: the
-            selection runs once, on the field, and each far point carries every source's mean.
+            each a getter of its :class:`Pyramid` (built on the field's observed cells; only its
+            means are read, and like ``pyramid`` it is called only when the view falls short) and
+            its slab (read at the field's observed cells only): the selection runs once, on the
+            field, and each far point carries every source's mean.
 
     Empty when the view covers every side (see the module docstring). Ordered by time, then
     nearness, so the same window gives the same points in the same order.

@@ -134,11 +134,10 @@ def dineof(
             :func:`cross_validation_cells` (``rng`` then draws nothing); None: drawn here from ``rng``.
             Drawn apart, several stacks' draws can come from one generator in turn and their
             fills then run side by side (:func:`geonp.tasks.history.history_folds`).
-        resume: the final fill from the cross-validation's at the chosen modes, one convergence,
-            not from zeros a mode at a time: half the time (the hourly ERA5 cube: 25.0 s, 47.5 s) but
-            0.4% worse RMSE on the suite's stacks, beyond noise on 4 of 11 (a tighter tolerance was
-            worse still: the climb's early stop regularises). The history covariate takes it
-            (te-pt-tnp the same to 0.02%), the ``dineof`` baseline not (``suite_decisions.md``).
+        resume: the final fill resumed from the cross-validation's at the chosen modes (one convergence),
+            not climbed from zeros: half the time (the hourly ERA5 cube 25.0 s, 47.5 s); taken by the history
+            covariate (te-pt-tnp the same to 0.02%), not the ``dineof`` baseline (0.4% worse RMSE, 4 of 11
+            stacks beyond noise; tighter tolerances worse still: the climb's early stop regularises).
 
     Returns:
         Reconstruction: the filled stack, its 1-sigma, the held-out predictions and the modes kept.

@@ -52,6 +52,11 @@ CHOICE_MORE = 4
 #: moisture) where the fills say the scene's nugget loses / wins / wins / wins / loses; one standard
 #: error takes all five the fills' way, two none (the network's everywhere), zero Alboran's wrongly.
 CHOICE_Z = 1.0
+#: History folds of the check's own windows (their covariates computed without the cells hidden),
+#: one DINEOF of the whole stack each: one fold hides cells in every step. Three (calibration's count)
+#: cost the hourly ERA5 cube's check 60 s of a 264 s profile on 2 cores; one moved the check's answer on
+#: two of the suite's 31 validation scenes, within 1.3% (suite_decisions.md, ``check1``).
+CHECK_FOLDS = 1
 
 
 #: A field whose variogram puts the nugget under this share of the variance at every step is taken at
@@ -185,7 +190,8 @@ def choose_nugget(model: NeuralProcess, fields: list[Field], spec, device: torch
             if say:
                 say(f"{f.label}: noise level (nugget) measured on the scene: none at the grid's scale")
             continue
-        with own_cell_windows([f], spec, seed, seed + 15485863, model.dim_x, elevation, covariates) as source:
+        with own_cell_windows([f], spec, seed, seed + 15485863, model.dim_x, elevation, covariates,
+                              folds=CHECK_FOLDS) as source:
             try:
                 scene, own, window = settled_crps(lambda n, first: paired_crps(model, source, device, n, first),
                                                   windows)

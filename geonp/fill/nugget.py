@@ -54,8 +54,8 @@ CHOICE_MORE = 4
 CHOICE_Z = 1.0
 #: History folds of the check's own windows (their covariates computed without the cells hidden),
 #: one DINEOF of the whole stack each: one fold hides cells in every step. Three (calibration's count)
-#: cost the hourly ERA5 cube's check 60 s of a 264 s profile on 2 cores; one moved the check's answer on
-#: two of the suite's 31 validation scenes, within 1.3% (suite_decisions.md, ``check1``).
+#: cost the hourly ERA5 cube's check 60 s of a 264 s profile on 2 cores; one changed the fill of two of
+#: the suite's 31 validation scenes, within 1.3% (suite_decisions.md, ``check1``).
 CHECK_FOLDS = 1
 
 

@@ -76,9 +76,10 @@ def fit_exponential_many(lag: np.ndarray, gam: np.ndarray, cnt: np.ndarray, exte
 
     def model(q: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The exponential variogram ``[n, B]`` and its derivatives by ``q`` ``[n, B, 3]`` of ``rows``."""
-        decay = np.exp(-3.0 * lag[rows] / np.exp(q[:, 1:2]))
+        distance, range_ = lag[rows], np.exp(q[:, 1:2])
+        decay = np.exp(-3.0 * distance / range_)
         value = q[:, 0:1] * (1.0 - decay) + q[:, 2:3]
-        slope = -q[:, 0:1] * decay * 3.0 * lag[rows] / np.exp(q[:, 1:2])  # by log range
+        slope = -q[:, 0:1] * decay * 3.0 * distance / range_  # by log range
         return value, np.stack([1.0 - decay, slope, np.ones_like(decay)], -1)
 
     def counted(q, rows):  # pair-count weights
@@ -202,7 +203,7 @@ def step_variograms(values: np.ndarray, valid: np.ndarray | None = None,
     variance), None for a step with fewer than :data:`MIN_SCENE_POINTS` observed cells or too few
     lags to fit."""
     values = np.asarray(values, np.float64)
-    ok = np.ones(values.shape, bool) if valid is None else np.broadcast_to(np.asarray(valid, bool), values.shape)
+    ok = np.broadcast_to(True if valid is None else np.asarray(valid, bool), values.shape)  # a view, no copy
     fits: list[tuple[int, float, list[float]] | None] = [None] * len(values)
     chunk = max(1, STACK_CELLS // max(1, int(np.prod(values.shape[1:]))))  # steps a pass holds
     found = []  # per pass: steps fitted, their observed cells, s.d., semivariances and pairs [n, L]

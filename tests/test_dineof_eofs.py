@@ -1,4 +1,4 @@
-"""DINEOF's EOFs (``geonp.tasks.dineof``): dense, fresh Lanczos, and carried by block iteration on
+"""DINEOF's EOFs (``geonp.tasks.eofs``): dense, fresh Lanczos, and carried by block iteration on
 long stacks; their BLAS threads."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from test_history import low_rank_stack
 
+from geonp.tasks import dineof as dineof_module
 from geonp.tasks.dineof import dineof
 
 
@@ -14,7 +15,7 @@ def test_a_long_stack_takes_lanczos_and_fills_as_the_dense_eigendecomposition_do
     """Past DENSE_EOF_STEPS, without the warm start, every iteration's EOFs come from ARPACK (only
     the k leading ones); the fill is the dense eigh's to rounding, the same in every call, and a
     Lanczos that fails falls back to eigh."""
-    from geonp.tasks import dineof as module
+    from geonp.tasks import eofs as module
 
     truth, given = low_rank_stack(steps=module.DENSE_EOF_STEPS + 22, rows=12, cols=14)
     calls = []
@@ -41,13 +42,13 @@ def test_a_long_stack_carries_its_eofs_from_one_iteration_to_the_next(monkeypatc
     the same modes and fill as fresh Lanczos in every iteration to a ten-thousandth of how far that
     fill stops from a tighter tolerance's, the same limit, the same result in every call, eigh's
     start where Lanczos fails, and fresh EOFs in every iteration where the block steps never settle."""
-    from geonp.tasks import dineof as module
+    from geonp.tasks import eofs as module
 
     _, given = low_rank_stack(steps=module.DENSE_EOF_STEPS + 22, rows=12, cols=14)
     calls, converges = [], []
-    real_eigsh, real_converge = module.eigsh, module._converge
+    real_eigsh, real_converge = module.eigsh, module.converge
     monkeypatch.setattr(module, "eigsh", lambda *a, **k: calls.append(k["k"]) or real_eigsh(*a, **k))
-    monkeypatch.setattr(module, "_converge", lambda *a: converges.append(a[2]) or real_converge(*a))
+    monkeypatch.setattr(dineof_module, "converge", lambda *a: converges.append(a[2]) or real_converge(*a))
     warm, again = dineof(given), dineof(given)
     assert calls == [k + module.EOF_OVERSAMPLE for k in converges]  # one Lanczos start per call, no more
     np.testing.assert_array_equal(warm.held_out, again.held_out)
@@ -73,7 +74,7 @@ def test_carried_eofs_settle_on_the_leading_span_from_a_nearby_basis():
     """One call of the block iteration: from a basis near the leading span it returns the k
     leading eigenvectors' span of X^T X (as eigh finds it), ``work @ lead`` as its scores and a
     basis still orthonormal; a matrix of zeros settles at once."""
-    from geonp.tasks import dineof as module
+    from geonp.tasks import eofs as module
 
     rng = np.random.default_rng(3)
     k, width = 4, 4 + module.EOF_OVERSAMPLE
@@ -98,7 +99,7 @@ def test_dineof_iterates_on_one_blas_thread_and_as_the_masked_update_did(monkeyp
     the same order; the reference also on one thread, as sums taken by other thread counts differ)."""
     from threadpoolctl import threadpool_info, threadpool_limits
 
-    from geonp.tasks import dineof as module
+    from geonp.tasks import eofs as module
     from geonp.threads import one_blas_thread
 
     def blas_threads() -> set[int]:
@@ -118,7 +119,7 @@ def test_dineof_iterates_on_one_blas_thread_and_as_the_masked_update_did(monkeyp
         assert blas_threads() == {2}
     assert seen_threads and all(s == {1} for s in seen_threads)
 
-    def masked(work, unknown, k, tol, max_iter, dense_steps, warm_start):  # the update as it was written before
+    def masked(work, unknown, k, tol, max_iter, dense_steps, warm_start, device=None):  # the update before
         work = work.copy()
         with one_blas_thread():
             for _ in range(max_iter):
@@ -130,7 +131,7 @@ def test_dineof_iterates_on_one_blas_thread_and_as_the_masked_update_did(monkeyp
                     break
         return work
 
-    monkeypatch.setattr(module, "_converge", masked)
+    monkeypatch.setattr(dineof_module, "converge", masked)
     before = dineof(given, dense_steps=dense_steps)
     for name in ("mean", "std", "held_out"):
         np.testing.assert_array_equal(getattr(shipped, name), getattr(before, name))
@@ -141,18 +142,18 @@ def test_resume_converges_once_from_the_cross_validations_fill(monkeypatch):
     validation's fill at those modes (the cross-validation cells back at their observations), not a
     climb from zeros; the same modes and cross-validation, a fill as close to the truth, and the
     default (the ``dineof`` baseline) still climbs."""
-    from geonp.tasks import dineof as module
+    from geonp.tasks import eofs as module
 
     truth, given = low_rank_stack()
     converges, starts = [], []
-    real_converge = module._converge
+    real_converge = module.converge
 
     def counting(work, unknown, k, *rest):
         converges.append(k)
         starts.append(work.copy())
         return real_converge(work, unknown, k, *rest)
 
-    monkeypatch.setattr(module, "_converge", counting)
+    monkeypatch.setattr(dineof_module, "converge", counting)
     climbed = dineof(given)
     cv_calls = len(climbed.cv_rmse)
     assert converges[cv_calls:] == list(range(1, climbed.modes + 1))  # the default climbs from zeros

@@ -217,7 +217,7 @@ def test_device_agreement_says_when_there_is_no_gpu(monkeypatch, tmp_path):
 
 
 def test_dineof_speed_compares_the_paths_and_names_a_missing_file(monkeypatch, tmp_path):
-    from geonp.tasks import dineof as module
+    from geonp.tasks import eofs as module
     from pipelines.benchmarks import dineof_speed
 
     monkeypatch.setenv("GEONP_DATA", str(tmp_path / "nowhere"))

@@ -86,18 +86,19 @@ def fit_scales(z: np.ndarray, bins: np.ndarray,
 @contextmanager
 def own_cell_windows(fields: list, spec, fold_seed: int, window_seed: int, dim_x: int,
                      elevation: np.ndarray | None = None, covariates: list[str] | None = None,
-                     folds: int = CALIBRATION_FOLDS) -> Iterator:
+                     folds: int = CALIBRATION_FOLDS, device: torch.device | str | None = None) -> Iterator:
     """Self-supervised windows of ``fields`` (:class:`geonp.fill.finetune.FieldWindows`, seeded
     ``window_seed``) that hide observed cells under the input's own gap patterns, for checking a
     model on the input itself (this module's calibration, :mod:`geonp.fill.nugget`'s choice). With
     history ``covariates`` each field gets ``folds`` history folds (seeded ``fold_seed``) for the
-    duration, so a hidden cell's covariates are computed without it."""
+    duration, so a hidden cell's covariates are computed without it (DINEOF on ``device`` where it is a
+    GPU, :func:`geonp.fill.stack.dineof_device`)."""
     from geonp.fill.finetune import FieldWindows
     from geonp.fill.stack import add_history_folds
 
     if covariates:
         for f in fields:
-            add_history_folds(f, covariates, folds, fold_seed)
+            add_history_folds(f, covariates, folds, fold_seed, device=device)
     try:
         yield FieldWindows(fields, spec, window_seed, dim_x, elevation)
     finally:
@@ -130,7 +131,8 @@ def calibrate(model: NeuralProcess, fields: list, spec, device: torch.device | s
     :data:`~geonp.fill.options.CHECK_WINDOWS`).
     Windows come from their own random stream (not fine-tuning's); a model with history
     ``covariates`` gets each field's history folds for the duration."""
-    with own_cell_windows(fields, spec, seed, seed + 104729, model.dim_x, elevation, covariates) as source:
+    with own_cell_windows(fields, spec, seed, seed + 104729, model.dim_x, elevation, covariates,
+                          device=device) as source:
         try:
             z, bins = measure(model, source, device, spec.cells_per_unit, windows or CHECK_WINDOWS)
         except ValueError:  # FieldWindows found too few observed cells to hide any

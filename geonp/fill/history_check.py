@@ -112,7 +112,7 @@ def choose_history(model: NeuralProcess, fields: list[Field], spec, device: torc
                 dropped.append(f.label)
             said.append(f"{f.label}: {'used' if choice == 'use' else 'not used'} (asked)")
             continue
-        add_history_folds(f, covariates, CHECK_FOLDS, seed)
+        add_history_folds(f, covariates, CHECK_FOLDS, seed, device=device)
         with_history, flat = paired_sources(f, covariates, spec, seed + 32452843, model.dim_x, elevation)
         try:
             flat_crps, history_crps, window = settled_crps(

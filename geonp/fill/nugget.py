@@ -191,7 +191,7 @@ def choose_nugget(model: NeuralProcess, fields: list[Field], spec, device: torch
                 say(f"{f.label}: noise level (nugget) measured on the scene: none at the grid's scale")
             continue
         with own_cell_windows([f], spec, seed, seed + 15485863, model.dim_x, elevation, covariates,
-                              folds=CHECK_FOLDS) as source:
+                              folds=CHECK_FOLDS, device=device) as source:
             try:
                 scene, own, window = settled_crps(lambda n, first: paired_crps(model, source, device, n, first),
                                                   windows)

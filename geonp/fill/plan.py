@@ -153,10 +153,10 @@ def plan(ds: xr.Dataset, variables: str | list[str] | None = None, model: str = 
     result = Plan(fields, choice, spec, cubes, largest, elev, dev, options,
                   fit_steps=steps_taken(choice, fields, options))
     if choice.covariates:
-        result.history = "; ".join(add_history(f, choice.covariates, seed, options.max_history_cells)
+        result.history = "; ".join(add_history(f, choice.covariates, seed, options.max_history_cells, dev)
                                    for f in fields if f.observed)
     if choice.model is None:
-        result.history = "; ".join(reconstruct(f, model, seed, elev, options.max_history_cells) for f in fields)
+        result.history = "; ".join(reconstruct(f, model, seed, elev, options.max_history_cells, dev) for f in fields)
     if command:
         result.command = command
     for name in names:

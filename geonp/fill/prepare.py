@@ -91,7 +91,8 @@ def _finetune(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None
         return
     if p.choice.covariates and fit.history_folds:
         for f in p.fields:
-            add_history_folds(f, p.choice.covariates, fit.history_folds, p.options.seed, p.options.max_history_cells)
+            add_history_folds(f, p.choice.covariates, fit.history_folds, p.options.seed, p.options.max_history_cells,
+                              p.device)
     p.choice.model = finetune(p.choice.model, p.fields, p.spec, p.device, fit, p.options.seed, p.elevation, say)
     for f in p.fields:
         f.folds = []  # only fine-tuning needs them: blocks (and dask workers) do not carry them

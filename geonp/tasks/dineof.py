@@ -17,18 +17,9 @@ The result serves twice: as the ``dineof`` baseline, and as the background a mod
 cells with (:func:`geonp.tasks.history.history_covariates`), which is how a window gets every other
 day of its place, whatever the time between them.
 
-The temporal EOFs are the leading eigenvectors of the ``T x T`` Gram matrix ``X^T X``: with steps
-counted in tens and cells in hundreds of thousands, ``numpy.linalg.eigh`` of it costs ``cells * T^2``
-per iteration, far below a full SVD of ``X``. A long stack (an hourly month: 744 steps) would spend
-minutes in those eigendecompositions, of which an iteration needs only the ``k`` leading vectors,
-and hardly different ones from the iteration before: there each convergence (one per number of
-modes, in the cross-validation and again in the final fill unless it resumes) starts from ``k + EOF_OVERSAMPLE``
-vectors of ARPACK's Lanczos (``scipy.sparse.linalg.eigsh``, from
-products ``X^T (X v)`` without forming ``X^T X``), and every iteration carries them on by block
-(subspace) iteration, ``qr(X^T X B)``, the ``k`` leading taken from their span (Rayleigh-Ritz),
-until they are as settled as :data:`EOF_RESIDUAL` asks: the same fill as fresh Lanczos to 3e-5 K
-on a history fold of each hourly month (``pipelines/results/dineof_speed_cpu.md``). Memory is
-``X`` itself, in float64: the stack must fit in memory.
+The iterations (:func:`geonp.tasks.eofs.converge`) take their temporal EOFs from ``X^T X``, by dense
+eigendecomposition, Lanczos or block iteration, on the host or a GPU. Memory is ``X`` itself, in
+float64: the stack must fit in memory.
 
 The 1-sigma of a filled cell is the cross-validation RMSE of the bin of its distance to the
 nearest observed cell of its step (bins of :data:`SIGMA_BINS`, made non-decreasing): a cell deep
@@ -38,13 +29,16 @@ inside a cloud is less certain than one at its rim, by as much as the product's 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
 
 from geonp.metrics import distance_to_observed
 from geonp.tasks.clouds import borrow_gaps
-from geonp.threads import one_blas_thread
+from geonp.tasks.eofs import DENSE_EOF_STEPS, converge
+
+if TYPE_CHECKING:
+    import torch
 
 #: Upper edges (grid cells) of the distance bins the 1-sigma is estimated in.
 SIGMA_BINS = (1.0, 2.0, 3.0, 5.0, 8.0, 12.0, 18.0, 25.0, 40.0, np.inf)
@@ -52,22 +46,6 @@ SIGMA_BINS = (1.0, 2.0, 3.0, 5.0, 8.0, 12.0, 18.0, 25.0, 40.0, np.inf)
 MIN_BIN_POINTS = 30
 #: Steps with observations a stack needs: fewer hold no history to learn modes from.
 MIN_STEPS = 3
-#: Steps up to which the EOFs come from a dense ``eigh`` of ``X^T X``; longer stacks use Lanczos.
-DENSE_EOF_STEPS = 128
-#: Vectors a long stack's block iteration carries beyond the ``k`` EOFs it needs: a span a few
-#: vectors wider than the one sought converges at the rate of the ``k + p + 1``-th eigenvalue against
-#: the ``k``-th, not the ``k + 1``-th (``p`` this number; 10, the usual oversampling of randomised
-#: subspace methods).
-EOF_OVERSAMPLE = 10
-#: How settled the block iteration's EOFs must be before an iteration uses them: every leading
-#: Ritz pair's residual ``|X^T X v - theta v|`` at most this share of the largest eigenvalue. Under
-#: heavy gaps DINEOF carries a small error of its EOFs a long way: on fill_speed's hourly ERA5 cube
-#: (85% clouds) residuals of 1e-6 left the fill 0.12 K (rms) from fresh Lanczos', 1e-8 0.001 K
-#: (scratch runs of DINEOF on that cube alone, 2026-11-30; fresh Lanczos there 75.0 s, 1e-8 55.5 s,
-#: in the fill of the cube 73.9 and 52.7 s).
-EOF_RESIDUAL = 1e-8
-#: Block steps an iteration takes at most before it falls back to a fresh eigendecomposition.
-MAX_BLOCK_STEPS = 50
 #: Share of each step's observed cells the cross-validation hides, at least and at most.
 CV_LOW, CV_HIGH = 0.02, 0.15
 
@@ -109,6 +87,7 @@ def dineof(
     warm_start: bool = True,
     cv_mask: np.ndarray | None = None,
     resume: bool = False,
+    device: torch.device | str | None = None,
 ) -> Reconstruction:
     """Fill a stack of scenes by DINEOF.
 
@@ -125,7 +104,7 @@ def dineof(
         cv_high: and at most this share.
         dense_steps: up to this many steps the EOFs come from a dense eigendecomposition in every
             iteration; beyond, from Lanczos: with ``warm_start``, once per convergence and carried
-            on by block iteration (:func:`_converge`), without it in every iteration.
+            on by block iteration (:func:`geonp.tasks.eofs.converge`), without it in every iteration.
         warm_start: False: a long stack's EOFs from a fresh Lanczos in every iteration, the code
             before the block iteration and its reference (``pipelines/benchmarks/dineof_speed.py``:
             the held-out predictions within 3e-5 K of it on a history fold of each hourly month;
@@ -138,6 +117,8 @@ def dineof(
             not climbed from zeros: half the time (the hourly ERA5 cube 25.0 s, 47.5 s); taken by the history
             covariate (te-pt-tnp the same to 0.02%), not the ``dineof`` baseline (0.4% worse RMSE, 4 of 11
             stacks beyond noise; tighter tolerances worse still: the climb's early stop regularises).
+        device: a torch device the iterations run on (float64; :func:`geonp.tasks.eofs.converge`), a GPU's for a fill
+            there; None: NumPy on the host. Everything outside the iterations stays on the host.
 
     Returns:
         Reconstruction: the filled stack, its 1-sigma, the held-out predictions and the modes kept.
@@ -176,7 +157,7 @@ def dineof(
     cv_rmse: dict[int, float] = {}
     best_k, best_err, best_pred, best_work = 1, np.inf, None, None
     for k in range(1, limit + 1):
-        work = _converge(work, unknown, k, tol, max_iter, dense_steps, warm_start)  # a new array each time
+        work = converge(work, unknown, k, tol, max_iter, dense_steps, warm_start, device)  # a new array
         err = float(np.sqrt(np.mean((work[cv] - anomaly[cv]) ** 2))) * spread if cv.any() else np.nan
         cv_rmse[k] = err
         if err < best_err or best_pred is None:
@@ -188,11 +169,11 @@ def dineof(
     # from zeros at many modes lets the extra modes explain the zeros instead of the data), or resumed.
     if resume:  # the cross-validation's matrices let go first: the stack is held once fewer
         start, work, best_work = np.where(seen, anomaly, best_work), None, None
-        filled = _converge(start, ~seen, best_k, tol, max_iter, dense_steps, warm_start)
+        filled = converge(start, ~seen, best_k, tol, max_iter, dense_steps, warm_start, device)
     else:
         filled = np.where(seen, anomaly, 0.0)
         for k in range(1, best_k + 1):
-            filled = _converge(filled, ~seen, k, tol, max_iter, dense_steps, warm_start)
+            filled = converge(filled, ~seen, k, tol, max_iter, dense_steps, warm_start, device)
     # The rank-k fit everywhere: at a gap it is the converged value (a fixed point), at an observed
     # cell the part of the observation the modes explain, so a residual there is what they miss.
     power, vectors = np.linalg.eigh(filled.T @ filled)
@@ -274,112 +255,6 @@ def _leave_one_out(anomaly: np.ndarray, seen: np.ndarray, lead: np.ndarray, ridg
         loo = x - (x - fitted) / np.maximum(1.0 - leverage, 1e-12)
         out[start:start + chunk] = np.where(w > 0, loo, fitted)
     return out
-
-
-def _converge(work: np.ndarray, unknown: np.ndarray, k: int, tol: float, max_iter: int,
-              dense_steps: int, warm_start: bool = True) -> np.ndarray:
-    """``work [N, T]`` (float64) with its ``unknown [N, T]`` (bool) entries iterated to their rank-``k``
-    reconstruction: a new C-ordered array, ``work`` itself untouched. Holds the unknown entries' flat
-    indices (8 bytes each) for the call.
-
-    Up to ``dense_steps`` steps, or without ``warm_start``, or where ``k + EOF_OVERSAMPLE`` is half
-    the steps or more, each iteration's EOFs come afresh from :func:`_leading_eofs`. Beyond, a
-    basis ``B [T, k + EOF_OVERSAMPLE]`` from Lanczos starts the call and :func:`_carried_eofs`
-    carries it from one iteration to the next.
-    """
-    if unknown.shape != work.shape:
-        raise ValueError(f"dineof: unknown mask {unknown.shape} does not match the matrix {work.shape}")
-    work = np.array(work, order="C")  # a copy, whose flat view ``flat`` writes through
-    # The unknown entries by flat index, in the row-major order a boolean mask reads them: a gather
-    # by index costs a sixth of a masked read, and the three masked reads and writes of every
-    # iteration were three quarters of its time on a 10-day 201 x 301 stack (same values, same order).
-    # Written through a flat view: about half the time of ``ndarray.put`` (1.2 against 2.6 ms an
-    # iteration on the million unknown entries of an hourly month).
-    at = np.flatnonzero(unknown)
-    if not at.size:
-        return work
-    flat = work.reshape(-1)
-    current = flat[at]
-    steps = work.shape[1]
-    width = k + EOF_OVERSAMPLE
-    block = warm_start and _lanczos_applies(steps, width, dense_steps)
-    # Many small products and ARPACK's BLAS-2 steps: one BLAS thread (geonp.threads.one_blas_thread);
-    # the block products too: on the two hourly months' folds 35.0 s against 37.3 s with the fill's
-    # two threads (two threads win on ERA5's larger steps and lose on WFDE5's; dineof_speed_cpu.md),
-    # and a fill beside other work is not slowed by threads waiting on each other.
-    with one_blas_thread():
-        basis = _leading_eofs(work, width, dense_steps) if block else None  # [T, width]
-        for _ in range(max_iter):
-            if basis is None:
-                lead = _leading_eofs(work, k, dense_steps)  # [T, k]: the k leading temporal EOFs
-                scores = work @ lead  # [N, k]
-            else:
-                lead, scores, basis = _carried_eofs(work, basis, k, dense_steps)
-            rebuilt = (scores @ lead.T).take(at)  # [n unknown]
-            change = rebuilt - current
-            flat[at] = rebuilt
-            current = rebuilt
-            if np.sqrt(np.mean(change**2)) < tol:
-                break
-    return work
-
-
-def _carried_eofs(work: np.ndarray, basis: np.ndarray, k: int,
-                  dense_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The ``k`` leading temporal EOFs of ``work [N, T]`` from ``basis [T, m]`` (orthonormal, near
-    their span), by block iteration until every leading Ritz pair's residual is below
-    :data:`EOF_RESIDUAL` of the largest eigenvalue (a fresh :func:`_leading_eofs` after
-    :data:`MAX_BLOCK_STEPS`). Returns ``(lead [T, k], work @ lead [N, k], basis [T, m])``, the basis
-    one step past the one ``lead`` came from (:data:`MAX_BLOCK_STEPS` steps on where it fell back).
-
-    One step costs two products with ``work`` and gives the residual for free: the step's
-    ``X^T X B`` times the Ritz vectors is ``X^T X v``. Fewer steps would be faster: one step an
-    iteration, whether or not the EOFs had settled, was 3.4 times faster than fresh Lanczos on a
-    history fold of an hourly ERA5 month, but under 85% clouds it moved te-pt-tnp's RMSE on that
-    month by x1.0065 [1.0003, 1.0131] (days resampled; scratch runs against the fresh path,
-    2026-11-30) through the DINEOF covariate; settled, the fill is fresh Lanczos' own.
-    """
-    for _ in range(MAX_BLOCK_STEPS):
-        projected = work @ basis  # [N, m]
-        power = work.T @ projected  # [T, m]: X^T X B
-        theta, vectors = np.linalg.eigh(basis.T @ power)  # ascending: the last k lead
-        ritz, theta = vectors[:, -k:], theta[-k:]  # [m, k], [k]
-        lead = basis @ ritz  # [T, k]
-        residual = np.linalg.norm(power @ ritz - lead * theta, axis=0)  # [k]
-        basis = np.linalg.qr(power)[0]
-        if residual.max() <= EOF_RESIDUAL * max(float(theta[-1]), 0.0):
-            return lead, projected @ ritz, basis
-    lead = _leading_eofs(work, k, dense_steps)
-    return lead, work @ lead, basis
-
-
-def _leading_eofs(work: np.ndarray, k: int, dense_steps: int) -> np.ndarray:
-    """The ``k`` leading temporal EOFs of ``work [N, T]``: eigenvectors of ``X^T X``, ``[T, k]``.
-
-    Up to ``dense_steps`` steps (or ``k`` past half of them) a dense ``eigh``; beyond,
-    ARPACK's Lanczos on ``v -> X^T (X v)``, which finds ``k`` vectors, not ``T``: in every
-    iteration 2.1 times faster than ``eigh`` on an hourly month of ERA5 (Intel Xeon, 2 threads; 4.0
-    on an AMD EPYC, 1 thread) and 15 times on one of WFDE5, the fill the same to rounding
-    (``pipelines/results/dineof_speed_cpu.md``). Its start vector is fixed, not ARPACK's random one,
-    so the same stack gives the same EOFs in any process; a Lanczos that does not converge falls
-    back to ``eigh``. Only the span of the vectors is used, so their signs and order do not matter.
-    """
-    steps = work.shape[1]
-    if _lanczos_applies(steps, k, dense_steps):
-        product = LinearOperator((steps, steps), matvec=lambda v: work.T @ (work @ v), dtype=np.float64)
-        start = np.random.default_rng(steps).standard_normal(steps)
-        try:
-            return eigsh(product, k=k, which="LA", v0=start, tol=0)[1]
-        except ArpackNoConvergence:
-            pass
-    return np.linalg.eigh(work.T @ work)[1][:, -k:]  # ascending eigenvalues: the last k lead
-
-
-def _lanczos_applies(steps: int, k: int, dense_steps: int) -> bool:
-    """Whether ``k`` leading EOFs of a ``steps``-step stack come from Lanczos (past ``dense_steps``
-    steps, and ``k`` under half of them), not a dense ``eigh``: one rule for the fresh EOFs of
-    :func:`_leading_eofs` and the block iteration's start in :func:`_converge`."""
-    return steps > dense_steps and 2 * k < steps
 
 
 def _sigma_by_distance(errors: np.ndarray, distance: np.ndarray) -> list[tuple[float, float]]:

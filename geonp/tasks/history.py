@@ -12,6 +12,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,6 +24,9 @@ from geonp.tasks.covariate_maps import MAX_HISTORY_CELLS, OWN_NUGGET, flat_covar
 from geonp.tasks.dineof import MIN_STEPS, cross_validation_cells, dineof
 from geonp.threads import chosen_threads, one_blas_thread
 from geonp.variogram import drift_residuals, step_nugget_shares
+
+if TYPE_CHECKING:
+    import torch
 
 #: The covariates :func:`history_covariates` computes, by the names checkpoints record.
 HISTORY_COVARIATES = ("dineof", "nearest_steps", "analogs", "mean", "spread", "coarse", "trend_row", "trend_col",
@@ -48,7 +52,8 @@ def no_history_words(why: str) -> str:
 def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list[str] | tuple[str, ...], *,
                        rng: np.random.Generator | None = None,
                        max_cells: int = MAX_HISTORY_CELLS,
-                       cv_mask: np.ndarray | None = None) -> tuple[np.ndarray, str]:
+                       cv_mask: np.ndarray | None = None,
+                       device: torch.device | str | None = None) -> tuple[np.ndarray, str]:
     """What a field's own history predicts at each of its cells, as model covariates.
 
     Each covariate predicts a cell at a step from the *other* steps (at an observed cell its own
@@ -95,6 +100,7 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
         max_cells: the largest field (time x rows x cols cells) whose history is computed.
         cv_mask: DINEOF's cross-validation cells, drawn beforehand (:func:`dineof`'s ``cv_mask``);
             None: drawn from ``rng``.
+        device: the torch device DINEOF's iterations run on (:func:`dineof`'s ``device``); None: NumPy.
 
     Returns:
         ``(float32 [P, T, R, C], what)``: the maps (finite everywhere; where nothing predicts a
@@ -133,7 +139,7 @@ def history_covariates(values: np.ndarray, valid: np.ndarray | None, names: list
             continue
         elif name == "dineof":
             # resume: half DINEOF's time; te-pt-tnp on the suite the same to 0.02% (suite_decisions.md)
-            rec = dineof(values, valid, rng=rng, cv_mask=cv_mask, resume=True)
+            rec = dineof(values, valid, rng=rng, cv_mask=cv_mask, resume=True, device=device)
             pred = rec.held_out
             said.append(f"{COVARIATE_WORDS[name]}, {rec.modes} modes ({name})")
         else:
@@ -185,7 +191,7 @@ class HistoryFold:
 
 def history_folds(values: np.ndarray, valid: np.ndarray | None, names: list[str] | tuple[str, ...], folds: int, *,
                   rng: np.random.Generator | None = None, low: float = FOLD_LOW, high: float = FOLD_HIGH,
-                  threads: int | None = None) -> list[HistoryFold]:
+                  threads: int | None = None, device: torch.device | str | None = None) -> list[HistoryFold]:
     """``folds`` :class:`HistoryFold` of a stack; fold ``f`` hides cells in steps ``f, f + folds, ...``.
 
     Each hidden step loses ``low`` to ``high`` of its observed cells under another step's real gaps
@@ -201,6 +207,7 @@ def history_folds(values: np.ndarray, valid: np.ndarray | None, names: list[str]
         low, high: share of a hidden step's observed cells to hide.
         threads: folds computed at once (default :func:`geonp.threads.chosen_threads`); the folds
             are the same for any number (each on one BLAS thread).
+        device: the torch device DINEOF's iterations run on (:func:`dineof`'s ``device``); None: NumPy.
 
     Returns:
         the folds, in order (at most one per step); a stack without a history
@@ -229,7 +236,8 @@ def history_folds(values: np.ndarray, valid: np.ndarray | None, names: list[str]
 
     def covariates_of(fold: tuple[np.ndarray, np.ndarray | None]) -> HistoryFold:
         hidden, cv = fold  # the fold's stack rebuilt here: one per running thread in memory, not one per fold
-        return HistoryFold(hidden, history_covariates(np.where(hidden, np.nan, values), valid, names, cv_mask=cv)[0])
+        return HistoryFold(hidden, history_covariates(np.where(hidden, np.nan, values), valid, names, cv_mask=cv,
+                                                      device=device)[0])
 
     # Several folds: one BLAS thread on either path, so that the sums are the same whatever the
     # number of threads (set in the calling thread: set first from a pool thread, OpenBLAS's count

@@ -11,7 +11,7 @@ each with a third of its steps' cells hidden as one history fold hides them
 ``numpy.linalg.eigh`` of ``X^T X`` (``dense_steps`` past the stack's length); ``lanczos``, from a
 fresh ARPACK Lanczos in every iteration (``warm_start=False``, the code before 2026-11-30's
 block iteration); ``block``, as shipped: Lanczos once at the start of each convergence, then block
-iteration until the EOFs settle (:data:`geonp.tasks.dineof.EOF_RESIDUAL`); ``block-fill-threads``,
+iteration until the EOFs settle (:data:`geonp.tasks.eofs.EOF_RESIDUAL`); ``block-fill-threads``,
 as shipped but with its iterations on the BLAS threads a fill configures
 (:func:`geonp.threads.configure`: every usable core) instead of one
 (:func:`geonp.threads.one_blas_thread`). Every path runs with the threads a fill sets. Reports each
@@ -38,6 +38,7 @@ import torch
 
 from geonp.data.readers import data_folder
 from geonp.tasks import dineof as module
+from geonp.tasks import eofs
 from geonp.tasks.history import FOLD_SEED, fold_hidden
 from geonp.tasks.real_fields import load_field
 from geonp.threads import configure
@@ -70,11 +71,11 @@ def timed(values: np.ndarray, valid: np.ndarray, rng_state: dict, path: str) -> 
     """One :func:`dineof` of the stack by ``path`` (one of :data:`PATHS`), its wall seconds."""
     rng = np.random.default_rng()
     rng.bit_generator.state = rng_state
-    threads = (mock.patch.object(module, "one_blas_thread", contextlib.nullcontext) if path == "block-fill-threads"
+    threads = (mock.patch.object(eofs, "one_blas_thread", contextlib.nullcontext) if path == "block-fill-threads"
                else contextlib.nullcontext())
     start = time.perf_counter()
     with threads:
-        rec = module.dineof(values, valid, rng=rng, dense_steps=10**9 if path == "eigh" else module.DENSE_EOF_STEPS,
+        rec = module.dineof(values, valid, rng=rng, dense_steps=10**9 if path == "eigh" else eofs.DENSE_EOF_STEPS,
                             warm_start=path != "lanczos")
     return time.perf_counter() - start, rec
 

@@ -237,21 +237,26 @@ def test_dineof_speed_compares_the_paths_and_names_a_missing_file(monkeypatch, t
     row = dineof_speed.compare("toy", stack, np.ones((8, 9), bool), np.random.default_rng(1).bit_generator.state,
                                list(dineof_speed.PATHS), 2, truth)
     assert calls  # Lanczos ran
-    modes = row["modes"].split(" / ")  # the columns' order: eigh, lanczos, block, block-fill-threads
+    modes = row["modes"].split(" / ")  # the columns' order: eigh, lanczos, block, block-fill-threads, block-device
     rmse = [float(x) for x in row["hidden_rmse"].split(" / ")]
-    assert row["steps"] == len(t) and len(set(modes)) == 1 and len(rmse) == 4 and row["shipped"] == "block"
+    assert row["steps"] == len(t) and len(set(modes)) == 1 and len(rmse) == 5 and row["shipped"] == "block"
+    assert abs(rmse[4] - rmse[2]) < 1e-9  # torch's iterations (here on the CPU) fill as NumPy's
     assert 0 < row["max_diff"] < 0.01  # the block iteration's fill beside fresh eigendecompositions'
     assert max(rmse) < 0.1 and max(rmse) - min(rmse) < 1e-3  # noise 0.05: every path fills the gaps to it
-    assert all(row[k] is not None for k in ("eigh_s", "lanczos_s", "block_s", "block_threads_s"))
+    assert all(row[k] is not None for k in ("eigh_s", "lanczos_s", "block_s", "block_threads_s", "block_device_s"))
+    assert row["device"] == "cpu"
     assert row["threads"] == 2
     only = dineof_speed.compare("toy", stack, np.ones((8, 9), bool), np.random.default_rng(1).bit_generator.state,
                                 ["block"], 2)
     assert only["eigh_s"] is None and only["lanczos_s"] is None and only["max_diff"] is None
     assert only["hidden_rmse"] is None
+    assert only["block_device_s"] is None and only["device"] is None
     table = dineof_speed._table([{**only, "commit": "x"}, {k: v for k, v in row.items() if k not in (
-        "block_s", "block_threads_s", "shipped", "hidden_rmse")} | {"fill_threads_s": 3.0}])
+        "block_s", "block_threads_s", "block_device_s", "device", "shipped", "hidden_rmse")}
+        | {"fill_threads_s": 3.0}, row], torch.device("cpu"))
     assert "| – |" in table  # a path not run: a dash
-    assert "| 3.0 | – | – | lanczos |" in table  # a row from before the block iteration: Lanczos shipped
+    assert "| 3.0 | – | – | – | lanczos |" in table  # a row from before the block iteration: Lanczos shipped
+    assert f"| {row['block_device_s']} (cpu) | block |" in table
 
 
 def test_fill_speed_reports_the_median_of_repeated_runs_and_every_run():

@@ -42,7 +42,8 @@ keep() {
 }
 
 # The three cases that fit in a call first; then where the million-gap cube's time goes (cProfile
-# of its first 192 hours) and the whole million-gap cube with what is left but 60 s (it comes
+# of its first 192 hours), DINEOF on the GPU against the host (one hourly month's history fold),
+# and the whole million-gap cube with what is left but 60 s (it comes
 # before the checks already measured, which it usually leaves no time for); then, with the
 # time left, the cProfile of the 150k-cell scene and the CPU/CUDA agreement of the same fill (the
 # CPU side uses geonp's C++ kernels, which the GPU never does), and last a 2 GB (or 10 GB) cube.
@@ -61,6 +62,12 @@ if [ "$(left)" -gt 200 ]; then  # where the million-gap cube's time goes: its fi
   echo "== profile_fill cube1m --steps 192 ($(left) s left)"
   timeout 150 python3 -m pipelines.experiments.profile_fill --case cube1m --steps 192 --device cuda >> "$log" 2>&1
   echo "exit $?"; keep fill_profile_cuda_cube1m_192steps.md
+fi
+if [ "$(left)" -gt 300 ]; then  # DINEOF's iterations on the GPU against NumPy's on the host, one hourly month's fold
+  echo "== dineof_speed era5 block block-device ($(left) s left)"
+  timeout 100 python3 -m pipelines.benchmarks.dineof_speed --fields era5_uk_hourly_t2m --paths block block-device \
+    --device cuda >> "$log" 2>&1
+  echo "exit $?"; keep dineof_speed_cuda.md dineof_speed_cuda.json
 fi
 run_case cube1m 60  # all but 60 s: on 2026-12-01 it needed 293 s, more than the 223 s it got
 if [ "$(left)" -gt 150 ]; then

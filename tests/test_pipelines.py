@@ -283,6 +283,19 @@ def test_fill_speed_reports_the_median_of_repeated_runs_and_every_run():
     assert "| – | 16.0 | – |" in lines[1] and "| CPU B |" in lines[1]
 
 
+def test_fill_speed_keeps_gpu_rows_of_each_batch_size_apart():
+    """``fill_speed --device cuda --batch-size N``: a row of another batch size is not a rerun of the
+    default's; the table names each row's windows a call (16 for rows from before the option)."""
+    from pipelines.benchmarks.fill_speed import gpu_table, row_key
+
+    row = {"case": "stack", "model": "te-pt-tnp", "gap_cells": 100, "wall_s": 4.0, "cells_per_s": 25, "peak_gb": 2.0,
+           "contended": False, "commit": "abc"}
+    wide = {**row, "batch_size": 128}
+    assert row_key(row, True) != row_key(wide, True) and row_key({**row, "batch_size": 16}, True) == row_key(row, True)
+    lines = gpu_table([row, wide])
+    assert lines[2].startswith("| stack | te-pt-tnp | 16 | 100 | 4.0 |") and "| 128 |" in lines[3]
+
+
 def test_results_tables_write_one_row_a_line_and_read_back_the_same():
     """Results JSON (pipelines.provenance.rows_json, geonp.skill_table.results_json): the same value
     read back, one row a line, no padding; a table keyed by model is not a list of rows."""

@@ -48,6 +48,7 @@ import time
 import numpy as np
 import torch
 
+from geonp.fill.options import FillOptions
 from pipelines.provenance import REPO, device_description, git_commit, header, rows_json
 
 CASES = ("scene150k", "demo", "stack", "cube1m")
@@ -89,8 +90,9 @@ def load_case(case: str):
     raise ValueError(f"unknown case {case!r}; one of {', '.join(CASES)}")
 
 
-def one(case: str, model: str, threads: int | None = None, device: str = "cpu") -> dict:
-    """Fill one case with one model in this process on ``device``; what the parent records."""
+def one(case: str, model: str, threads: int | None = None, device: str = "cpu", batch_size: int | None = None) -> dict:
+    """Fill one case with one model in this process on ``device`` (``batch_size`` windows a model call;
+    None: infill's default); what the parent records."""
     import geonp
     from geonp.models import cpu_build
 
@@ -100,25 +102,28 @@ def one(case: str, model: str, threads: int | None = None, device: str = "cpu") 
     gaps = int((~np.isfinite(ds[variable].values) & np.broadcast_to(ds["valid"].values, ds[variable].shape)).sum()
                if "valid" in ds else (~np.isfinite(ds[variable].values)).sum())
     start = time.perf_counter()
-    geonp.infill(ds, variable, model, device=device, threads=threads)
+    geonp.infill(ds, variable, model, device=device, threads=threads, batch_size=batch_size)
     wall = time.perf_counter() - start
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     row = {"case": case, "model": model, "threads_asked": threads or "auto", "gap_cells": gaps,
            "wall_s": round(wall, 1), "cells_per_s": round(gaps / wall), "peak_gb": round(peak_gb, 2)}
     if device == "cuda":
         row["gpu_peak_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+        row["batch_size"] = batch_size or FillOptions().batch_size
     else:
         row["machine"] = device_description(torch.device("cpu"))
     return row
 
 
-def measure(case: str, model: str, contended: bool, threads: int | None = None, device: str = "cpu") -> dict | None:
+def measure(case: str, model: str, contended: bool, threads: int | None = None, device: str = "cpu",
+            batch_size: int | None = None) -> dict | None:
     """Run :func:`one` in a child process, beside the competitor when ``contended``."""
     other = subprocess.Popen([sys.executable, "-c", COMPETITOR]) if contended else None
     try:
         if other is not None:
             time.sleep(5)  # the other job at full speed before the fill starts
         fixed = ["--threads", str(threads)] if threads else []
+        fixed += ["--batch-size", str(batch_size)] if batch_size else []
         out = subprocess.run([sys.executable, "-m", "pipelines.benchmarks.fill_speed", "--one", case, model, *fixed,
                               "--device", device],
                              capture_output=True, text=True, cwd=REPO, timeout=7200)
@@ -153,7 +158,7 @@ def row_key(row: dict, gpu: bool) -> tuple:
     each GPU session's rows stay beside the last one's (GPU time is rare)."""
     machine = "" if gpu else row.get("machine", EARLIER_MACHINE)  # GPU rows name their device in the header
     key = row["case"], row["model"], str(row.get("threads_asked", "auto")), machine, row["contended"]
-    return (*key, row["commit"]) if gpu else key
+    return (*key, row["commit"], row.get("batch_size", FillOptions().batch_size)) if gpu else key
 
 
 def cpu_table(rows: list[dict]) -> list[str]:
@@ -184,10 +189,12 @@ def cpu_table(rows: list[dict]) -> list[str]:
 
 def gpu_table(rows: list[dict]) -> list[str]:
     """One line per GPU row (quiet only): wall time, cells a second and a minute (the goal's unit), memory."""
-    lines = ["| case | model | gap cells | wall s | cells/s | cells/min | peak GB (host) | GPU GB | commit |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
-    for r in rows:
-        lines.append(f"| {r['case']} | {r['model']} | {r['gap_cells']} | {r['wall_s']} | {r['cells_per_s']} | "
+    lines = ["| case | model | windows a call | gap cells | wall s | cells/s | cells/min | peak GB (host) | GPU GB "
+             "| commit |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:  # rows before --batch-size ran infill's default, 16
+        lines.append(f"| {r['case']} | {r['model']} | {r.get('batch_size', 16)} | {r['gap_cells']} | {r['wall_s']} | "
+                     f"{r['cells_per_s']} | "
                      f"{r['cells_per_s'] * 60:.3g} | {r['peak_gb']} | {r.get('gpu_peak_gb', '–')} | {r['commit']} |")
     return lines
 
@@ -204,14 +211,19 @@ def main() -> None:
                         help="fill on the CPU (default) or the GPU (quiet runs only; its own table)")
     parser.add_argument("--repeats", type=int, default=1, metavar="N",
                         help="runs of each fill, the models taking turns; the table gives the median (default 1)")
+    parser.add_argument("--batch-size", type=int, default=None, metavar="N",
+                        help="windows a model call, on the GPU only (default: infill's); its rows beside the default's")
     parser.add_argument("--one", nargs=2, metavar=("CASE", "MODEL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(*args.one, threads=args.threads, device=args.device)), flush=True)
+        print(json.dumps(one(*args.one, threads=args.threads, device=args.device, batch_size=args.batch_size)),
+              flush=True)
         return
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.exit(2, "fill_speed: --device cuda: no CUDA device here\n")
     gpu = args.device == "cuda"
+    if args.batch_size is not None and not gpu:
+        parser.error("--batch-size: GPU rows only (the CPU table keeps infill's default)")
     out = RESULTS / f"fill_speed_{args.device}"
     text = header("Fill speed, quiet and beside another job" if not gpu else "Fill speed on the GPU",
                   torch.device(args.device),
@@ -231,7 +243,7 @@ def main() -> None:
             runs: dict[str, list[dict]] = {m: [] for m in models}
             for _ in range(args.repeats):
                 for model in models:
-                    run = measure(case, model, contended, args.threads, args.device)
+                    run = measure(case, model, contended, args.threads, args.device, args.batch_size)
                     if run is not None:
                         runs[model].append({**run, "commit": commit})
                         print(json.dumps(runs[model][-1]), flush=True)

@@ -1,7 +1,8 @@
 #!/bin/bash
 # The GPU rows of the speed benchmarks (issue 54, item 5), in one call on a lent GPU machine:
-# te-pt-tnp with its defaults on fill_speed's cases (demo, scene150k, stack, then the million-gap
-# cube1m after a profile of its first 192 hours), then checks and a 2 GB (or 10 GB) cube with the rest.
+# te-pt-tnp with its defaults on fill_speed's cases (demo, scene150k, stack, the stack again at 128
+# windows a model call, then the million-gap cube1m after a profile of its first 192 hours and DINEOF
+# on the GPU against the host), then checks and a 2 GB (or 10 GB) cube with the rest.
 # Each table joins $OUT/results.tar as soon as it is written, so a call cut short keeps what ran.
 #
 #   GEONP_COMMIT=$(git rev-parse --short HEAD) bash pipelines/benchmarks/on_gpu.sh SECONDS

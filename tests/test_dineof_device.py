@@ -48,13 +48,47 @@ def test_torch_iterations_fill_as_numpys(monkeypatch, dense_steps):
             np.testing.assert_allclose(getattr(on_torch, name), getattr(host, name), atol=1e-8, err_msg=name)
 
 
+def test_a_device_out_of_memory_hands_the_convergence_back_to_the_host(monkeypatch):
+    """Where the device runs out of memory mid-convergence, the host converges from the same start:
+    NumPy's fill to the bit."""
+    _, given = low_rank_stack(steps=12, rows=10, cols=11)
+    host = dineof(given)
+    real = module._iterate
+    ran = []
+
+    def short_of_memory(work, *rest):
+        ran.append(torch.is_tensor(work))
+        if torch.is_tensor(work):
+            work.view(-1)[:3] = 99.0  # a partial update the host must not start from
+            raise torch.OutOfMemoryError("out of memory")
+        return real(work, *rest)
+
+    monkeypatch.setattr(module, "_iterate", short_of_memory)
+    fell_back = dineof(given, device="cpu")
+    assert ran[:2] == [True, False]
+    for name in ("mean", "held_out", "std"):
+        np.testing.assert_array_equal(getattr(fell_back, name), getattr(host, name))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_iterations_fill_as_numpys():
+    """On a GPU: the fill, climbed or resumed, on either EOF path, and history folds side by side."""
+    from geonp.tasks.history import history_folds
+
     _, given = low_rank_stack(steps=40, rows=14, cols=16)
     for dense_steps in (10_000, 8):
-        host, gpu = dineof(given, dense_steps=dense_steps), dineof(given, dense_steps=dense_steps, device="cuda")
-        assert gpu.modes == host.modes
-        np.testing.assert_allclose(gpu.held_out, host.held_out, atol=1e-8)
+        for resume in (False, True):
+            host = dineof(given, dense_steps=dense_steps, resume=resume)
+            gpu = dineof(given, dense_steps=dense_steps, resume=resume, device="cuda")
+            assert gpu.modes == host.modes
+            for name in ("mean", "held_out", "std"):
+                np.testing.assert_allclose(getattr(gpu, name), getattr(host, name), atol=1e-8, err_msg=name)
+    names = ["dineof", "spread"]
+    on_host = history_folds(given, None, names, 3, threads=3)
+    on_gpu = history_folds(given, None, names, 3, threads=3, device=torch.device("cuda", 0))
+    for a, b in zip(on_host, on_gpu):
+        np.testing.assert_array_equal(a.hidden, b.hidden)
+        np.testing.assert_allclose(a.covariates, b.covariates, atol=1e-5)
 
 
 def test_a_fill_runs_dineof_on_its_device_only_when_that_is_a_gpu():

@@ -104,16 +104,19 @@ def reconstruct(field: Field, name: str, seed: int = 0, elevation: np.ndarray | 
 
 
 def dineof_device(device: torch.device | str | None) -> torch.device | None:
-    """Where a fill on ``device`` runs DINEOF's iterations: on a GPU there (float64), else None,
-    NumPy on the host, whose fill the scene suite's tables were measured with (torch's iterations on a
-    CPU fill the same to 1e-7 K: the hourly ERA5 cube's history DINEOF 22.7-24.0 s against NumPy's
-    26.6-27.3 s, one thread each; the 10-step Alboran stack 2.25-2.37 against 2.27-2.43 s)."""
+    """Where a fill on ``device`` runs DINEOF's iterations: on a GPU there (float64; its index
+    pinned, so the history folds' threads use the same GPU), else None, NumPy on the host, whose fill
+    the scene suite's tables were measured with. Torch's iterations on this CPU fill the same to 1e-7 K
+    and are faster or slower by stack (``dineof_speed_cpu.md``: ERA5's hourly fold 17.1 against
+    26.9 s with torch's two threads, WFDE5's 9.8 against 8.0 s)."""
     if device is None:
         return None
     import torch
 
     device = torch.device(device)
-    return device if device.type == "cuda" else None
+    if device.type != "cuda":
+        return None
+    return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
 
 
 def _rng(seed: int) -> np.random.Generator:

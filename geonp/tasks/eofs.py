@@ -18,7 +18,8 @@ until they are as settled as :data:`EOF_RESIDUAL` asks: the same fill as fresh L
 on a history fold of each hourly month (``pipelines/results/dineof_speed_cpu.md``).
 
 On a GPU (``device``) the iterations run there in float64, the same steps with the same stop rules;
-what is small stays on the host: ARPACK's start (one copy of ``X`` per convergence) and the
+what is small stays on the host: ARPACK's start (a copy of ``X`` for each fresh Lanczos: once per
+convergence with the block iteration) and the
 ``m x m`` eigenproblems of the Rayleigh-Ritz steps, which a GPU's eigensolver takes milliseconds
 over where NumPy's takes tens of microseconds.
 """
@@ -33,7 +34,12 @@ from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
 from geonp.threads import one_blas_thread
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     import torch
+
+    #: A matrix of the iterations: a NumPy array on the host, a torch tensor on a device.
+    Matrix: TypeAlias = np.ndarray | torch.Tensor
 
 #: Steps up to which the EOFs come from a dense ``eigh`` of ``X^T X``; longer stacks use Lanczos.
 DENSE_EOF_STEPS = 128
@@ -55,15 +61,30 @@ MAX_BLOCK_STEPS = 50
 
 def converge(work: np.ndarray, unknown: np.ndarray, k: int, tol: float, max_iter: int,
              dense_steps: int, warm_start: bool = True, device: torch.device | str | None = None) -> np.ndarray:
-    """``work [N, T]`` (float64) with its ``unknown [N, T]`` (bool) entries iterated to their rank-``k``
-    reconstruction: a new C-ordered array, ``work`` itself untouched. Holds the unknown entries' flat
-    indices (8 bytes each) for the call; with a torch ``device`` the iterations run there (float64)
-    on a copy of ``work``, the same steps with the same stop rules.
+    """A matrix's unknown entries iterated to its rank-``k`` reconstruction (DINEOF's convergence).
 
     Up to ``dense_steps`` steps, or without ``warm_start``, or where ``k + EOF_OVERSAMPLE`` is half
     the steps or more, each iteration's EOFs come afresh from :func:`_leading_eofs`. Beyond, a
     basis ``B [T, k + EOF_OVERSAMPLE]`` from Lanczos starts the call and :func:`_carried_eofs`
-    carries it from one iteration to the next.
+    carries it from one iteration to the next. Holds the unknown entries' flat indices (8 bytes
+    each) for the call; on a device, a copy of ``work`` and its ``N x T`` products there too (a GPU
+    that runs out of memory hands the convergence back to the host, from the start).
+
+    Args:
+        work: float64 ``[N, T]`` (cells x steps), the anomalies with the unknown entries at their
+            current guesses (zeros, or an earlier convergence's values); not modified.
+        unknown: bool ``[N, T]``, True at the entries to iterate.
+        k: the modes (temporal EOFs) of the reconstruction.
+        tol: stop when the unknown entries change by less than this (root mean square).
+        max_iter: iterations at most.
+        dense_steps: up to this many steps a dense ``eigh`` in every iteration (:data:`DENSE_EOF_STEPS`).
+        warm_start: carry the EOFs by block iteration past ``dense_steps`` (else a fresh Lanczos
+            in every iteration).
+        device: a torch device the iterations run on, in float64 (a GPU's; on a CPU the same
+            steps in torch); None: NumPy on the host.
+
+    Returns:
+        float64 ``[N, T]``, C-ordered: ``work`` with its unknown entries converged.
     """
     if unknown.shape != work.shape:
         raise ValueError(f"dineof: unknown mask {unknown.shape} does not match the matrix {work.shape}")
@@ -81,16 +102,27 @@ def converge(work: np.ndarray, unknown: np.ndarray, k: int, tol: float, max_iter
         return work
     import torch
 
-    on_device = torch.as_tensor(work, device=device)  # on a CPU it shares ``work``'s memory
-    _iterate(on_device, torch.as_tensor(at, device=device), k, tol, max_iter, dense_steps, warm_start)
-    return on_device.cpu().numpy()
+    start = work.copy()  # the host's start, should the device run out of memory
+    try:
+        on_device = torch.as_tensor(work, device=device)  # on a CPU it shares ``work``'s memory
+        _iterate(on_device, torch.as_tensor(at, dtype=torch.long, device=device), k, tol, max_iter, dense_steps,
+                 warm_start)
+        return on_device.cpu().numpy()
+    except torch.OutOfMemoryError:
+        pass  # the device's tensors go with the exception's frames, at the end of this block
+    on_device = None
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    _iterate(start, at, k, tol, max_iter, dense_steps, warm_start)
+    return start
 
 
-def _iterate(work, at, k: int, tol: float, max_iter: int, dense_steps: int, warm_start: bool) -> None:
+def _iterate(work: Matrix, at: Matrix, k: int, tol: float, max_iter: int, dense_steps: int,
+             warm_start: bool) -> None:
     """:func:`converge`'s iterations, in place on ``work [N, T]`` (a C-ordered float64 NumPy array or
     torch tensor), whose flat entries ``at`` (int64 ``[n]``) are unknown."""
     xp = _namespace(work)
-    flat = work.reshape(-1)
+    flat = work.reshape(-1) if xp is np else work.view(-1)  # a view (writes through), never a copy
     current = flat[at]
     steps = work.shape[1]
     width = k + EOF_OVERSAMPLE
@@ -115,7 +147,7 @@ def _iterate(work, at, k: int, tol: float, max_iter: int, dense_steps: int, warm
                 break
 
 
-def _namespace(array):
+def _namespace(array: Matrix):
     """The module whose functions take ``array``: NumPy for an ndarray, else torch (a tensor)."""
     if isinstance(array, np.ndarray):
         return np
@@ -124,8 +156,7 @@ def _namespace(array):
     return torch
 
 
-def _carried_eofs(work: np.ndarray, basis: np.ndarray, k: int,
-                  dense_steps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _carried_eofs(work: Matrix, basis: Matrix, k: int, dense_steps: int) -> tuple[Matrix, Matrix, Matrix]:
     """The ``k`` leading temporal EOFs of ``work [N, T]`` from ``basis [T, m]`` (orthonormal, near
     their span), by block iteration until every leading Ritz pair's residual is below
     :data:`EOF_RESIDUAL` of the largest eigenvalue (a fresh :func:`_leading_eofs` after
@@ -154,7 +185,7 @@ def _carried_eofs(work: np.ndarray, basis: np.ndarray, k: int,
     return lead, work @ lead, basis
 
 
-def _leading_eofs(work: np.ndarray, k: int, dense_steps: int) -> np.ndarray:
+def _leading_eofs(work: Matrix, k: int, dense_steps: int) -> Matrix:
     """The ``k`` leading temporal EOFs of ``work [N, T]``: eigenvectors of ``X^T X``, ``[T, k]``.
 
     Up to ``dense_steps`` steps (or ``k`` past half of them) a dense ``eigh``; beyond,
@@ -168,7 +199,8 @@ def _leading_eofs(work: np.ndarray, k: int, dense_steps: int) -> np.ndarray:
     steps = work.shape[1]
     xp = _namespace(work)
     if _lanczos_applies(steps, k, dense_steps):
-        # ARPACK on the host; a device's matrix is copied there once (its products are small).
+        # ARPACK on the host; a device's matrix is copied there for each fresh start (once per
+        # convergence with the block iteration; every iteration without it).
         host = work if xp is np else work.cpu().numpy()
         product = LinearOperator((steps, steps), matvec=lambda v: host.T @ (host @ v), dtype=np.float64)
         start = np.random.default_rng(steps).standard_normal(steps)
@@ -180,7 +212,7 @@ def _leading_eofs(work: np.ndarray, k: int, dense_steps: int) -> np.ndarray:
     return _host_eigh(work.T @ work)[1][:, -k:]  # ascending eigenvalues: the last k lead
 
 
-def _host_eigh(matrix):
+def _host_eigh(matrix: Matrix) -> tuple[Matrix, Matrix]:
     """``numpy.linalg.eigh`` of a small symmetric ``matrix [m, m]`` (NumPy or torch), its eigenvalues
     ``[m]`` (ascending) and vectors ``[m, m]`` returned on the matrix's device: a GPU's eigensolver
     takes milliseconds where the host's takes tens of microseconds on matrices this small (the
@@ -194,11 +226,13 @@ def _host_eigh(matrix):
     return torch.as_tensor(values, device=matrix.device), torch.as_tensor(vectors, device=matrix.device)
 
 
-def _column_norms(matrix):
+def _column_norms(matrix: Matrix) -> Matrix:
     """The Euclidean norm of each column of ``matrix [T, k]`` (NumPy or torch): ``[k]``."""
     if isinstance(matrix, np.ndarray):
         return np.linalg.norm(matrix, axis=0)
-    return matrix.norm(dim=0)
+    import torch
+
+    return torch.linalg.vector_norm(matrix, dim=0)
 
 
 def _lanczos_applies(steps: int, k: int, dense_steps: int) -> bool:

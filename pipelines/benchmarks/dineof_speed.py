@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> None:
                         "pipelines/results/dineof_speed_DEVICE, DEVICE cpu or cuda)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.exit(2, "dineof_speed: --device cuda: no CUDA device here\n")
     if device.type == "cuda":
         torch.zeros(1, device=device)  # CUDA's start is not DINEOF's time
     out = args.out or RESULTS / f"dineof_speed_{device.type}"
@@ -129,7 +131,8 @@ def compare(name: str, values: np.ndarray, valid: np.ndarray, rng_state: dict, p
             "modes": " / ".join(str(runs[p][1].modes) for p in PATHS if p in runs),
             "eigh_s": seconds["eigh"], "lanczos_s": seconds["lanczos"], "block_s": seconds["block"],
             "block_threads_s": seconds["block-fill-threads"], "block_device_s": seconds["block-device"],
-            "device": device.type if "block-device" in runs else None, "shipped": SHIPPED,
+            "device": device.type if "block-device" in runs else None, "device_diff": _device_diff(runs),
+            "shipped": SHIPPED,
             "max_diff": float(f"{max(diffs):.2g}") if diffs else None, "hidden_rmse": rmse, "commit": git_commit()}
 
 
@@ -138,7 +141,8 @@ def _table(rows: list[dict], device: torch.device) -> str:
                   device, "one history fold of each field (a third of the steps, 10-50% of their "
                   "cells hidden), one fill per path, with the threads a fill configures")
     text += ("\n| field | steps | grid | threads | modes (each path run, in the columns' order) | eigh s | Lanczos s "
-             "| Lanczos, fill's BLAS threads s | block s | block, fill's BLAS threads s | block in torch s (device) "
+             "| Lanczos, fill's BLAS threads s | block s | block, fill's BLAS threads s "
+             "| block in torch s (device, max held-out difference from block) "
              "| shipped "
              "| max held-out difference from shipped | held-out RMSE at the hidden cells (each path run) | commit |\n"
              "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|---:|---|---|\n")
@@ -154,9 +158,20 @@ def _table(rows: list[dict], device: torch.device) -> str:
         f"| {cell(x.get('hidden_rmse'))} | {x['commit']} |\n" for x in rows)
 
 
+def _device_diff(runs: dict) -> float | None:
+    """The largest held-out difference of ``block-device``'s fill from the shipped path's, or None."""
+    if "block-device" not in runs:
+        return None
+    return float(f"{np.nanmax(np.abs(runs['block-device'][1].held_out - runs[SHIPPED][1].held_out)):.2g}")
+
+
 def _on_device(row: dict) -> str:
-    """The ``block-device`` cell: its seconds and device, or a dash (rows before it had none)."""
-    return "–" if row.get("block_device_s") is None else f"{row['block_device_s']} ({row['device']})"
+    """The ``block-device`` cell: its seconds, device and largest held-out difference from the
+    shipped path's, or a dash (rows before it had none)."""
+    if row.get("block_device_s") is None:
+        return "–"
+    diff = row.get("device_diff")
+    return f"{row['block_device_s']} ({row['device']}{'' if diff is None else f', {diff:.2g} from block'})"
 
 
 if __name__ == "__main__":

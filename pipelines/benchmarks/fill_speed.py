@@ -48,7 +48,6 @@ import time
 import numpy as np
 import torch
 
-from geonp.fill.options import FillOptions
 from pipelines.provenance import REPO, device_description, git_commit, header, rows_json
 
 CASES = ("scene150k", "demo", "stack", "cube1m")
@@ -59,6 +58,10 @@ COMPETITOR = "import torch\na = torch.randn(1200, 1200)\nwhile True:\n    a = to
 #: The machine of the rows written before rows named their own (the headers of those runs, in git
 #: history, all say this CPU with 2 threads); a table's rows may come from several machines.
 EARLIER_MACHINE = "CPU Intel(R) Xeon(R) Processor, 2 threads"
+#: Windows a model call in rows without a ``batch_size``: infill's default (``FillOptions.batch_size``),
+#: a constant here because importing geonp sets OpenMP's environment, which this process passes to
+#: its fills and to the other job.
+DEFAULT_BATCH = 16
 
 
 def load_case(case: str):
@@ -109,7 +112,7 @@ def one(case: str, model: str, threads: int | None = None, device: str = "cpu", 
            "wall_s": round(wall, 1), "cells_per_s": round(gaps / wall), "peak_gb": round(peak_gb, 2)}
     if device == "cuda":
         row["gpu_peak_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-        row["batch_size"] = batch_size or FillOptions().batch_size
+        row["batch_size"] = batch_size or DEFAULT_BATCH
     else:
         row["machine"] = device_description(torch.device("cpu"))
     return row
@@ -158,7 +161,7 @@ def row_key(row: dict, gpu: bool) -> tuple:
     each GPU session's rows stay beside the last one's (GPU time is rare)."""
     machine = "" if gpu else row.get("machine", EARLIER_MACHINE)  # GPU rows name their device in the header
     key = row["case"], row["model"], str(row.get("threads_asked", "auto")), machine, row["contended"]
-    return (*key, row["commit"], row.get("batch_size", FillOptions().batch_size)) if gpu else key
+    return (*key, row["commit"], row.get("batch_size", DEFAULT_BATCH)) if gpu else key
 
 
 def cpu_table(rows: list[dict]) -> list[str]:
@@ -192,9 +195,9 @@ def gpu_table(rows: list[dict]) -> list[str]:
     lines = ["| case | model | windows a call | gap cells | wall s | cells/s | cells/min | peak GB (host) | GPU GB "
              "| commit |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for r in rows:  # rows before --batch-size ran infill's default, 16
-        lines.append(f"| {r['case']} | {r['model']} | {r.get('batch_size', 16)} | {r['gap_cells']} | {r['wall_s']} | "
-                     f"{r['cells_per_s']} | "
+    for r in rows:  # rows before --batch-size ran infill's default
+        lines.append(f"| {r['case']} | {r['model']} | {r.get('batch_size', DEFAULT_BATCH)} | {r['gap_cells']} | "
+                     f"{r['wall_s']} | {r['cells_per_s']} | "
                      f"{r['cells_per_s'] * 60:.3g} | {r['peak_gb']} | {r.get('gpu_peak_gb', '–')} | {r['commit']} |")
     return lines
 

@@ -1,8 +1,8 @@
 #!/bin/bash
 # The GPU rows of the speed benchmarks (issue 54, item 5), in one call on a lent GPU machine:
-# te-pt-tnp with its defaults on fill_speed's cases (demo, scene150k, stack, the stack again at 128
-# windows a model call, then the million-gap cube1m after a profile of its first 192 hours and DINEOF
-# on the GPU against the host), then checks and a 2 GB (or 10 GB) cube with the rest.
+# te-pt-tnp with its defaults on fill_speed's cases (the stack, also at 128 windows a model call,
+# DINEOF on the GPU against the host, the million-gap cube1m, then demo and scene150k), then
+# profiles, checks and a 2 GB (or 10 GB) cube with the rest.
 # Each table joins $OUT/results.tar as soon as it is written, so a call cut short keeps what ran.
 #
 #   GEONP_COMMIT=$(git rev-parse --short HEAD) bash pipelines/benchmarks/on_gpu.sh SECONDS
@@ -42,35 +42,38 @@ keep() {
   [ ${#kept[@]} -gt 0 ] && tar -cf "$out/results.tar" -C pipelines/results "${kept[@]}"
 }
 
-# The three cases that fit in a call first; then where the million-gap cube's time goes (cProfile
-# of its first 192 hours), DINEOF on the GPU against the host (one hourly month's history fold),
-# and the whole million-gap cube with what is left but 60 s (it comes
-# before the checks already measured, which it usually leaves no time for); then, with the
-# time left, the cProfile of the 150k-cell scene and the CPU/CUDA agreement of the same fill (the
-# CPU side uses geonp's C++ kernels, which the GPU never does), and last a 2 GB (or 10 GB) cube.
-# Logs go to one file.
-run_case() {  # CASE [SECONDS TO LEAVE FOR WHAT FOLLOWS]
+# First what this commit's GPU rows lack: the multi-date stack (its history's DINEOF now on the
+# GPU), the same at 128 windows a model call (the GPU sat mostly idle at 16: 0.3-0.5 GB of 140),
+# DINEOF's iterations on the GPU against NumPy's on the host (one hourly month's history fold), then
+# the whole million-gap cube with what is left but 60 s (on 2026-12-01 it needed 293 s and was cut
+# off after the 223 s it got). With the time left: the single scenes (no DINEOF; rows at 2af7632),
+# where the cube's time goes (cProfile of its first 192 hours), the cProfile of the 150k-cell scene,
+# the CPU/CUDA agreement of one fill (the CPU side uses geonp's C++ kernels, which the GPU never
+# does), and last a 2 GB (or 10 GB) cube. Logs go to one file.
+run_case() {  # CASE [SECONDS TO LEAVE FOR WHAT FOLLOWS] [MORE fill_speed ARGUMENTS]
   [ "$(left)" -lt $(( 60 + ${2:-0} )) ] && return
-  echo "== fill_speed $1 ($(left) s left)"
+  echo "== fill_speed $1 ${*:3} ($(left) s left)"
   timeout "$(( $(left) - 30 - ${2:-0} ))" python3 -m pipelines.benchmarks.fill_speed --device cuda --models te-pt-tnp \
-    --cases "$1" >> "$log" 2>&1
+    --cases "$1" "${@:3}" >> "$log" 2>&1
   echo "exit $?"; grep "^{\"case\": \"$1\"" "$log" | tail -1
   keep fill_speed_cuda.md fill_speed_cuda.json
 }
 log=$out/on_gpu.log
-for case in demo scene150k stack; do run_case "$case"; done
-if [ "$(left)" -gt 200 ]; then  # where the million-gap cube's time goes: its first 192 hours
-  echo "== profile_fill cube1m --steps 192 ($(left) s left)"
-  timeout 150 python3 -m pipelines.experiments.profile_fill --case cube1m --steps 192 --device cuda >> "$log" 2>&1
-  echo "exit $?"; keep fill_profile_cuda_cube1m_192steps.md
-fi
-if [ "$(left)" -gt 300 ]; then  # DINEOF's iterations on the GPU against NumPy's on the host, one hourly month's fold
+run_case stack 300
+run_case stack 300 --batch-size 128
+if [ "$(left)" -gt 300 ]; then
   echo "== dineof_speed era5 block block-device ($(left) s left)"
   timeout 100 python3 -m pipelines.benchmarks.dineof_speed --fields era5_uk_hourly_t2m --paths block block-device \
     --device cuda >> "$log" 2>&1
   echo "exit $?"; keep dineof_speed_cuda.md dineof_speed_cuda.json
 fi
-run_case cube1m 60  # all but 60 s: on 2026-12-01 it needed 293 s, more than the 223 s it got
+run_case cube1m 60
+for case in demo scene150k; do run_case "$case"; done
+if [ "$(left)" -gt 200 ]; then  # where the million-gap cube's time goes: its first 192 hours
+  echo "== profile_fill cube1m --steps 192 ($(left) s left)"
+  timeout 150 python3 -m pipelines.experiments.profile_fill --case cube1m --steps 192 --device cuda >> "$log" 2>&1
+  echo "exit $?"; keep fill_profile_cuda_cube1m_192steps.md
+fi
 if [ "$(left)" -gt 150 ]; then
   echo "== profile_fill scene150k ($(left) s left)"
   timeout 120 python3 -m pipelines.experiments.profile_fill --case scene150k --device cuda >> "$log" 2>&1

@@ -15,6 +15,7 @@ import sys
 import warnings
 from typing import NoReturn
 
+from geonp.fill.finished import finished_message, is_finished
 from geonp.fill.options import HISTORY_CHOICES, NUGGET_CHOICES, FillOptions, FitOptions
 from geonp.interrupt import catch_ctrl_c
 from geonp.version import __version__
@@ -191,8 +192,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check_paths(args: argparse.Namespace) -> None:
-    """Refuse a missing input, checkpoint or DEM before the heavy imports (torch, xarray's readers):
-    a typo must cost a second, not the ten it takes to load them."""
+    """Refuse a missing input, checkpoint or DEM, and a finished output without ``--overwrite``,
+    before the heavy imports (torch, xarray's readers): a typo must cost a second, not the ten it
+    takes to load them."""
     named = {"infill": ("input", "checkpoint", "elevation"), "evaluate": ("input", "elevation")}
     for attr in named.get(args.command, ()):
         path = getattr(args, attr)
@@ -202,6 +204,8 @@ def _check_paths(args: argparse.Namespace) -> None:
         if not os.path.exists(local):
             option = "" if attr == "input" else f"--{attr} "
             raise FileNotFoundError(f"{option}{path}: no such file or directory")
+    if args.command == "infill" and not args.overwrite and is_finished(args.out):
+        raise FileExistsError(finished_message(args.out))
     pairs = args.checkpoint if args.command == "evaluate" else []  # MODEL=PATH items
     for item in pairs:
         _, _, path = item.partition("=")

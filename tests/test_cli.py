@@ -83,6 +83,28 @@ def test_every_command_exits_cleanly_with_the_readers_of_the_test_extras(tmp_pat
     assert out.returncode == 2 and "double free" not in out.stderr and "Traceback" not in out.stderr
 
 
+def test_a_finished_output_is_refused_before_the_heavy_imports(tmp_path):
+    """``geonp infill`` onto a finished output without --overwrite: one line, exit 2, before torch
+    loads; an unfinished run, another folder or nothing there are left to the fill's own checks."""
+    import zarr
+
+    from geonp.fill.finished import STATUS, is_finished
+
+    (tmp_path / "in.nc").write_bytes(b"")  # only its existence is checked this early
+    for name, status in (("done.zarr", "complete"), ("half.zarr", "incomplete")):
+        zarr.open_group(str(tmp_path / name), mode="w").attrs[STATUS] = status
+    (tmp_path / "photos").mkdir()
+    assert is_finished(tmp_path / "done.zarr")
+    assert not any(is_finished(tmp_path / n) for n in ("half.zarr", "photos", "nothing.zarr", "in.nc"))
+    code = ("import sys, geonp.cli\n"
+            "code = geonp.cli.main(['infill', 'in.nc', '-o', 'done.zarr'])\n"
+            "print(code, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "2 False"
+    assert out.stderr.strip() == "geonp: error: done.zarr already exists (a complete infill output); pass " \
+                                 "--overwrite to replace it"
+
+
 def test_a_missing_input_is_refused_before_the_heavy_imports(tmp_path):
     """The path is checked before torch loads: the error comes in about a second, not ten."""
     import time

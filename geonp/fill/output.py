@@ -35,6 +35,7 @@ import xarray as xr
 import zarr
 
 from geonp.data import zarr_store
+from geonp.fill.finished import STATUS, finished_message
 
 FLAG_OBSERVED, FLAG_INFILLED, FLAG_OUTSIDE = 0, 1, 2
 #: The dimension of ``VAR_sample`` (``--samples``, :mod:`geonp.fill.samples`), first of its dims.
@@ -42,7 +43,6 @@ SAMPLE_DIM = "sample"
 FLAG_FILL = -1  # int8 fill value of a flag not yet written
 PROGRESS = "geonp_blocks_done"
 WITHOUT_CONTEXT = "geonp_gaps_without_context"
-STATUS = "geonp_status"
 #: Suffixes of the finished store while it is written, and of the work store while they swap.
 FINAL, WORK = ".geonp-final", ".geonp-work"
 #: The layers written for each filled variable ``v``: ``v``, ``v_std``, ``v_flag``.
@@ -211,8 +211,7 @@ class InfillStore:
         state = zarr_store.read_state(self.path)
         status = state.attrs.get(STATUS)
         if status == "complete":
-            raise FileExistsError(f"{self.path} already exists (a complete infill output); pass --overwrite to "
-                                  "replace it")
+            raise FileExistsError(finished_message(self.path))
         if status != "incomplete" or state.attrs.get("geonp_request") != self.request:
             raise FileExistsError(f"{self.path} already exists and is not an unfinished run of this same command "
                                   "(or of this input chunked otherwise); pass --overwrite to replace it")

@@ -147,7 +147,7 @@ def map_figure(ds: xr.Dataset, variable: str, *, time: int | str = 0, truth: xr.
     fig.get_layout_engine().set(h_pad=0.12, hspace=0.06)
     spec = fig.add_gridspec(rows + series_rows, cols)
     if point is not None and "time" not in work[variable].dims:
-        raise ValueError(f"--point: {variable!r} has no time axis to draw a series along")
+        raise ValueError(f"a point's series: {variable!r} has no time axis to draw it along")
     cell = _point_cell(sel, grid, point, dims) if point is not None else None
     flag_cmap, flag_norm = ListedColormap(FLAG_COLOURS), BoundaryNorm([-0.5, 0.5, 1.5, 2.5], 3)
     for i, (panel_title, field, kind) in enumerate(panels):
@@ -315,9 +315,9 @@ def _point_cell(sel: xr.Dataset, grid: MapGrid, point: tuple[float, float], dims
     """``(row, col)`` of the cell nearest to ``point = (lat, lon)``; an error when it lies off the grid."""
     lat0, lon0 = point
     if not (-90 <= lat0 <= 90 and -180 <= lon0 <= 360):
-        raise ValueError(f"--point {lat0},{lon0}: expected LAT,LON in degrees")
+        raise ValueError(f"the point {lat0},{lon0}: expected latitude,longitude in degrees")
     if grid.crs is None:
-        raise ValueError("--point: the grid has no lat/lon coordinates")
+        raise ValueError("a point needs lat/lon coordinates, and the grid has none")
     lon, lat = lonlat(grid)
     dlon = (lon - lon0 + 180) % 360 - 180
     d2 = (lat - lat0) ** 2 + (dlon * np.cos(np.deg2rad(lat0))) ** 2
@@ -326,7 +326,7 @@ def _point_cell(sel: xr.Dataset, grid: MapGrid, point: tuple[float, float], dims
     spacing = max([float(np.nanmax(np.abs(np.diff(c, axis=a)), initial=0)) for c in (lat, lon) for a in (0, 1)]
                   + [1e-9])
     if np.sqrt(d2[row, col]) > 2 * spacing:
-        raise ValueError(f"--point {lat0},{lon0} lies outside the grid (nearest cell "
+        raise ValueError(f"the point {lat0},{lon0} lies outside the grid (nearest cell "
                          f"{lat[row, col]:.3f},{lon[row, col]:.3f})")
     return int(row), int(col)
 

@@ -47,11 +47,21 @@ def test_train_command_writes_a_loadable_model(tmp_path, capsys):
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["step"] == 9
 
 
-def test_models_lists_names_and_only_presets_that_change_something(capsys):
+def test_models_lists_names_and_only_presets_that_change_something(capsys, monkeypatch):
+    import geonp.fill.predictor as predictor
+
     assert main(["models"]) == 0
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
     assert "paper, small, tiny" in lines["te-pt-tnp"]
     assert "none" in lines["linear"] and "small" not in lines["linear"]
+    # What infill fills with when no --checkpoint is given: every line says.
+    assert "bundled weights" in lines["te-pt-tnp"] and "no weights needed" in lines["linear"]
+    assert "no weights needed" in lines["window-kriging"] and "infill: no weights" in lines["kriging"]
+    real = predictor.bundled_checkpoint
+    monkeypatch.setattr(predictor, "bundled_checkpoint", lambda name: None if name == "tnp" else real(name))
+    assert main(["models"]) == 0  # a trained model shipped without weights: the user trains one
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "train one, then --checkpoint" in lines["tnp"] and "bundled weights" in lines["te-tnp"]
 
 
 def test_every_command_exits_cleanly_with_the_readers_of_the_test_extras(tmp_path):

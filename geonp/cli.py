@@ -281,25 +281,9 @@ def _run(args: argparse.Namespace) -> int:
                         select=args.select, samples=args.samples)
         print(f"wrote {png}")
     elif args.command == "models":
-        from geonp.fill.predictor import STACK_METHODS, bundled_checkpoint
-        from geonp.models import available, presets
-        from geonp.models.catalog import MODELS
-        from geonp.models.registry import default_preset
+        from geonp.fill.predictor import model_lines
 
-        for name in available():
-            sizes, default = presets(name), default_preset(name)
-            # A preset that changes nothing is no choice: linear interpolation has none to offer.
-            ordered = [default, *(p for p in sizes if p != default)]
-            listed = ", ".join(f"{p} (default)" if p == default else p for p in ordered) \
-                if any(sizes.values()) else "none (nothing to size)"
-            # What `geonp infill --model NAME` fills with when no --checkpoint is given.
-            weights = ("bundled weights" if bundled_checkpoint(name) else
-                       "no weights needed" if not MODELS[name].trainable else "train one, then --checkpoint")
-            print(f"{name:14s} infill: {weights:29s} presets: {listed}")
-        said = {"dineof": "no weights: filled from the EOFs of the field's whole stack (needs 3+ observed steps)",
-                "kriging": "no weights: ordinary kriging per scene, variogram fitted per scene, quadrant neighbours"}
-        for name in STACK_METHODS:
-            print(f"{name:14s} infill: {said[name]}")
+        print("\n".join(model_lines()))
     elif args.command == "fetch":
         if args.source is None:
             raise ValueError("fetch: name a source, e.g. geonp fetch era5 --help")

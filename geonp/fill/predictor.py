@@ -75,6 +75,27 @@ def model_names() -> list[str]:
     return sorted([*available(), *STACK_METHODS])
 
 
+def model_lines() -> list[str]:
+    """``geonp models``: one line per ``--model``, what infill fills with when no ``--checkpoint``
+    is given (bundled weights, none needed, or train one) and the presets that change something."""
+    from geonp.models.catalog import MODELS
+    from geonp.models.registry import default_preset, presets
+
+    lines = []
+    for name in available():
+        sizes, default = presets(name), default_preset(name)
+        # A preset that changes nothing is no choice: linear interpolation has none to offer.
+        ordered = [default, *(p for p in sizes if p != default)]
+        listed = ", ".join(f"{p} (default)" if p == default else p for p in ordered) \
+            if any(sizes.values()) else "none (nothing to size)"
+        weights = ("bundled weights" if bundled_checkpoint(name) else
+                   "no weights needed" if not MODELS[name].trainable else "train one, then --checkpoint")
+        lines.append(f"{name:14s} infill: {weights:29s} presets: {listed}")
+    said = {"dineof": "no weights: filled from the EOFs of the field's whole stack (needs 3+ observed steps)",
+            "kriging": "no weights: ordinary kriging per scene, variogram fitted per scene, quadrant neighbours"}
+    return lines + [f"{name:14s} infill: {said[name]}" for name in STACK_METHODS]
+
+
 def takes_elevation(name: str, checkpoint: str | Path | None = None) -> bool:
     """Whether ``--model name`` (with ``--checkpoint``, else its bundled weights) takes elevation as
     an input, read from the checkpoint's header: a model trained with ``data: {elevation: ...}``.

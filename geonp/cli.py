@@ -15,7 +15,7 @@ import sys
 import warnings
 from typing import NoReturn
 
-from geonp.fill.finished import finished_message, is_finished
+from geonp.fill.finished import finished_message, refused_early
 from geonp.fill.options import HISTORY_CHOICES, NUGGET_CHOICES, FillOptions, FitOptions
 from geonp.interrupt import catch_ctrl_c
 from geonp.version import __version__
@@ -204,7 +204,8 @@ def _check_paths(args: argparse.Namespace) -> None:
         if not os.path.exists(local):
             option = "" if attr == "input" else f"--{attr} "
             raise FileNotFoundError(f"{option}{path}: no such file or directory")
-    if args.command == "infill" and not args.overwrite and is_finished(args.out):
+    if args.command == "infill" and not args.overwrite and refused_early(args.out) \
+            and os.path.realpath(args.out) != os.path.realpath(args.input):  # the fill names that mistake
         raise FileExistsError(finished_message(args.out))
     pairs = args.checkpoint if args.command == "evaluate" else []  # MODEL=PATH items
     for item in pairs:

@@ -293,7 +293,7 @@ def run_evaluate(
         "# Gap-filling skill on artificially hidden cells", "",
         f"- input: {input}", f"- variables: {', '.join(variables)}", f"- models: {', '.join(models)}",
         f"- seed: {seed}, fit steps: {FitOptions().steps if fit_steps is None else fit_steps}, "
-        f"options: {', '.join(f'{k} {v}' for k, v in (options or {}).items()) or 'none'}"
+        f"options: {', '.join(f'{k} {v}' for k, v in (options or {}).items() if v is not None) or 'none'}"
         + (f", elevation: {elevation}" if elevation is not None else ""),
         f"- date: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
         f"- versions: geonp {__version__}, numpy {np.__version__}, xarray {xr.__version__}, "

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from geonp import __version__
@@ -113,6 +114,21 @@ def test_a_finished_output_is_refused_before_the_heavy_imports(tmp_path):
     assert out.stdout.strip().splitlines()[-1] == "2 False"
     assert out.stderr.strip() == "geonp: error: done.zarr already exists (a complete infill output); pass " \
                                  "--overwrite to replace it"
+    # A finished output that is also the input: the fill's own error names that mistake, later.
+    from argparse import Namespace
+
+    from geonp.cli import _check_paths
+    from geonp.fill.finished import WORK, refused_early
+
+    same = Namespace(command="infill", input=str(tmp_path / "done.zarr"), out=str(tmp_path / "done.zarr"),
+                     checkpoint=None, elevation=None, overwrite=False)
+    _check_paths(same)  # not refused here
+    with pytest.raises(FileExistsError, match="already exists"):
+        _check_paths(Namespace(**{**vars(same), "input": str(tmp_path / "in.nc")}))
+    _check_paths(Namespace(**{**vars(same), "input": str(tmp_path / "in.nc"), "overwrite": True}))
+    # A swap left behind by a run that died: the fill removes it before it refuses.
+    (tmp_path / f"done.zarr{WORK}").mkdir()
+    assert is_finished(tmp_path / "done.zarr") and not refused_early(tmp_path / "done.zarr")
 
 
 def test_a_missing_input_is_refused_before_the_heavy_imports(tmp_path):

@@ -5,9 +5,12 @@ the refusal from :class:`geonp.fill.output.InfillStore` comes after five)."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 #: The output store's attribute saying how far the fill got: ``incomplete`` or ``complete``.
 STATUS = "geonp_status"
+#: Suffixes of the finished store while it is written, and of the work store while they swap.
+FINAL, WORK = ".geonp-final", ".geonp-work"
 
 
 def finished_message(path: str | os.PathLike) -> str:
@@ -27,3 +30,11 @@ def is_finished(path: str | os.PathLike) -> bool:
     except (OSError, ValueError):  # not a Zarr group (zarr's errors are both)
         return False
     return group.attrs.get(STATUS) == "complete"
+
+
+def refused_early(path: str | os.PathLike) -> bool:
+    """Whether the command line refuses ``path`` as an output before the heavy imports: a finished
+    output with no swap left behind (a run that died while removing its work store leaves
+    ``<path>.geonp-work``, which the fill removes before it refuses)."""
+    path = Path(path)
+    return is_finished(path) and not path.with_name(path.name + WORK).exists()

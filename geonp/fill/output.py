@@ -35,7 +35,7 @@ import xarray as xr
 import zarr
 
 from geonp.data import zarr_store
-from geonp.fill.finished import STATUS, finished_message
+from geonp.fill.finished import FINAL, STATUS, WORK, finished_message, is_finished
 
 FLAG_OBSERVED, FLAG_INFILLED, FLAG_OUTSIDE = 0, 1, 2
 #: The dimension of ``VAR_sample`` (``--samples``, :mod:`geonp.fill.samples`), first of its dims.
@@ -43,8 +43,6 @@ SAMPLE_DIM = "sample"
 FLAG_FILL = -1  # int8 fill value of a flag not yet written
 PROGRESS = "geonp_blocks_done"
 WITHOUT_CONTEXT = "geonp_gaps_without_context"
-#: Suffixes of the finished store while it is written, and of the work store while they swap.
-FINAL, WORK = ".geonp-final", ".geonp-work"
 #: The layers written for each filled variable ``v``: ``v``, ``v_std``, ``v_flag``.
 LAYER_SUFFIXES = ("", "_std", "_flag")
 #: Version of the bookkeeping layout (one flat list of blocks over every variable's chunks).
@@ -312,7 +310,4 @@ def _float_fill(dtype: np.dtype) -> Any:
 
 def is_complete(path: str | Path) -> bool:
     """True when ``path`` is an infill output whose run finished (False for anything else)."""
-    if not zarr_store.is_zarr(Path(path)):
-        return False
-    state = zarr_store.read_state(Path(path))
-    return state is not None and state.attrs.get(STATUS) == "complete"
+    return is_finished(path)

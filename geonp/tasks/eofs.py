@@ -102,9 +102,8 @@ def converge(work: np.ndarray, unknown: np.ndarray, k: int, tol: float, max_iter
         return work
     import torch
 
-    start = work.copy()  # the host's start, should the device run out of memory
     try:
-        on_device = torch.as_tensor(work, device=device)  # on a CPU it shares ``work``'s memory
+        on_device = torch.tensor(work, device=device)  # a copy, also on a CPU: ``work`` stays the start
         _iterate(on_device, torch.as_tensor(at, dtype=torch.long, device=device), k, tol, max_iter, dense_steps,
                  warm_start)
         return on_device.cpu().numpy()
@@ -113,8 +112,8 @@ def converge(work: np.ndarray, unknown: np.ndarray, k: int, tol: float, max_iter
     on_device = None
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    _iterate(start, at, k, tol, max_iter, dense_steps, warm_start)
-    return start
+    _iterate(work, at, k, tol, max_iter, dense_steps, warm_start)  # the host's, from the same start
+    return work
 
 
 def _iterate(work: Matrix, at: Matrix, k: int, tol: float, max_iter: int, dense_steps: int,

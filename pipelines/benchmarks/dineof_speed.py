@@ -123,7 +123,8 @@ def compare(name: str, values: np.ndarray, valid: np.ndarray, rng_state: dict, p
     shipped = runs[SHIPPED][1]
     steps, r, c = values.shape
     seconds = {p: round(runs[p][0], 1) if p in runs else None for p in PATHS}
-    diffs = [float(np.nanmax(np.abs(rec.held_out - shipped.held_out))) for p, (_, rec) in runs.items() if p != SHIPPED]
+    diffs = {p: float(np.nanmax(np.abs(rec.held_out - shipped.held_out))) for p, (_, rec) in runs.items()
+             if p != SHIPPED}  # each path's largest held-out difference from the shipped one
     hidden = np.isnan(values) & np.isfinite(truth) if truth is not None else None
     rmse = None if hidden is None else " / ".join(
         f"{np.sqrt(np.mean((runs[p][1].held_out - truth)[hidden] ** 2)):.5f}" for p in PATHS if p in runs)
@@ -131,9 +132,11 @@ def compare(name: str, values: np.ndarray, valid: np.ndarray, rng_state: dict, p
             "modes": " / ".join(str(runs[p][1].modes) for p in PATHS if p in runs),
             "eigh_s": seconds["eigh"], "lanczos_s": seconds["lanczos"], "block_s": seconds["block"],
             "block_threads_s": seconds["block-fill-threads"], "block_device_s": seconds["block-device"],
-            "device": device.type if "block-device" in runs else None, "device_diff": _device_diff(runs),
+            "device": device.type if "block-device" in runs else None,
+            "device_diff": float(f"{diffs['block-device']:.2g}") if "block-device" in diffs else None,
             "shipped": SHIPPED,
-            "max_diff": float(f"{max(diffs):.2g}") if diffs else None, "hidden_rmse": rmse, "commit": git_commit()}
+            "max_diff": float(f"{max(diffs.values()):.2g}") if diffs else None, "hidden_rmse": rmse,
+            "commit": git_commit()}
 
 
 def _table(rows: list[dict], device: torch.device) -> str:
@@ -156,13 +159,6 @@ def _table(rows: list[dict], device: torch.device) -> str:
         f"| {cell(x['eigh_s'])} | {cell(x['lanczos_s'])} | {cell(x.get('fill_threads_s'))} | {cell(x.get('block_s'))} "
         f"| {cell(x.get('block_threads_s'))} | {_on_device(x)} | {x.get('shipped', 'lanczos')} | {cell(x['max_diff'])} "
         f"| {cell(x.get('hidden_rmse'))} | {x['commit']} |\n" for x in rows)
-
-
-def _device_diff(runs: dict) -> float | None:
-    """The largest held-out difference of ``block-device``'s fill from the shipped path's, or None."""
-    if "block-device" not in runs:
-        return None
-    return float(f"{np.nanmax(np.abs(runs['block-device'][1].held_out - runs[SHIPPED][1].held_out)):.2g}")
 
 
 def _on_device(row: dict) -> str:

@@ -18,6 +18,7 @@ from typing import NoReturn
 from geonp.fill.finished import finished_message, refused_early
 from geonp.fill.options import HISTORY_CHOICES, NUGGET_CHOICES, FillOptions, FitOptions
 from geonp.interrupt import catch_ctrl_c
+from geonp.output_paths import check_report_path, check_store_path
 from geonp.version import __version__
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -101,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
     infill.add_argument("--device", default="auto", help="auto, cpu or cuda (default: %(default)s)")
     infill.add_argument("--batch-size", type=int, default=16, help="windows per model call (default: %(default)s)")
     infill.add_argument("--window", default=None, metavar="T,R,C",
-                        help="cells each window predicts along time, rows, cols (default: 1,16,16)")
+                        help="cells each window predicts along time, rows, cols (or R,C: one step) (default: 1,16,16)")
     infill.add_argument("--scheduler", default=None, metavar="ADDRESS",
                         help="dask.distributed scheduler to spread blocks over (default: this process)")
     infill.add_argument("--workers", type=int, default=None, metavar="N",
@@ -204,8 +205,11 @@ def _check_paths(args: argparse.Namespace) -> None:
         if not os.path.exists(local):
             option = "" if attr == "input" else f"--{attr} "
             raise FileNotFoundError(f"{option}{path}: no such file or directory")
-    if args.command == "infill" and not args.overwrite and refused_early(args.out) \
-            and os.path.realpath(args.out) != os.path.realpath(args.input):  # the fill names that mistake
+    if args.command == "infill":
+        check_store_path(args.out, args.input)
+    elif args.command == "evaluate":
+        check_report_path(args.out, args.input)
+    if args.command == "infill" and not args.overwrite and refused_early(args.out):
         raise FileExistsError(finished_message(args.out))
     pairs = args.checkpoint if args.command == "evaluate" else []  # MODEL=PATH items
     for item in pairs:
@@ -343,6 +347,14 @@ def _pair(text: str, option: str) -> tuple[str, str]:
     return name, value
 
 
+def _resume_hint(args: argparse.Namespace) -> str:
+    """What to do after a stop, when a command that resumes left its output behind."""
+    out = getattr(args, "out", None)
+    if args.command in ("infill", "fetch") and out and os.path.exists(out):
+        return f"; run the same command again to resume {out}"
+    return ""
+
+
 def _one_line(err: BaseException) -> str:
     """An error message on one line (some libraries' messages span several)."""
     return " ".join(part.strip() for part in str(err).splitlines() if part.strip())
@@ -365,15 +377,14 @@ def main(argv: list[str] | None = None) -> int:
             warnings.filterwarnings("ignore", message="Unable to decode time axis into full numpy.datetime64")
             return _run(args)
     except KeyboardInterrupt:
-        print("geonp: interrupted", file=sys.stderr)
+        print(f"geonp: interrupted{_resume_hint(args)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except (ValueError, FileNotFoundError, FileExistsError) as err:
         print(f"geonp: error: {_one_line(err)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except OSError as err:  # the machine, not the input: a full disk, a read-only folder
         where = f": {err.filename}" if err.filename else ""
-        print(f"geonp: error: {err.strerror or err}{where} (an unfinished output resumes when the same command "
-              "is run again)", file=sys.stderr)
+        print(f"geonp: error: {err.strerror or err}{where}{_resume_hint(args)}", file=sys.stderr)
         return EXIT_FAILURE
     except Exception as err:  # noqa: BLE001 - one line for users, traceback on request
         if os.environ.get("GEONP_DEBUG"):

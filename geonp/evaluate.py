@@ -12,6 +12,7 @@ see, and the PIT histogram. ``geonp.skill_table`` writes the tables.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import platform
 import sys
@@ -26,7 +27,7 @@ import xarray as xr
 from geonp.data.cube import horizontal_dims, open_cube
 from geonp.data.satellite import open_satellite
 from geonp.data.valid import MaskSpec, valid_area
-from geonp.fill.options import FitOptions
+from geonp.fill.options import FillOptions, FitOptions
 from geonp.metrics import (
     DISTANCE_BINS,
     Bins,
@@ -36,6 +37,7 @@ from geonp.metrics import (
     gaussian_skill,
     pit_histogram,
 )
+from geonp.output_paths import check_report_path
 from geonp.skill_table import write_table
 from geonp.tasks.clouds import DONOR_CLOUDS, DONOR_GIVEN, DONOR_NONE  # noqa: F401 - the donor codes are part of this API
 from geonp.tasks.hidden import MIN_OBSERVED, distance_to_context, hide_cells, hide_under_mask
@@ -273,6 +275,8 @@ def run_evaluate(
         raise ValueError(f"{input}: name at least one variable to evaluate")
     if not models:
         raise ValueError(f"{input}: name at least one model to evaluate")
+    md_path, json_path = check_report_path(out, input)  # before the models run, not after
+    _check_up_front(models, checkpoints or {}, fit_steps, seed, samples, options or {})
     # A mask named as a variable of the file must be opened with the fields: open_cube keeps only those.
     in_file = isinstance(valid_mask, str) and not Path(valid_mask).exists() and "://" not in valid_mask
     cube = None if satellite else open_cube(input, [*variables, valid_mask] if in_file else list(variables))
@@ -287,7 +291,6 @@ def run_evaluate(
         except ValueError as err:
             message = _one_line(err)
             raise ValueError(message if message.startswith(str(input)) else f"{input}: {message}") from err
-    md_path = Path(out)
     md_path.parent.mkdir(parents=True, exist_ok=True)
     header = "\n".join([
         "# Gap-filling skill on artificially hidden cells", "",
@@ -299,11 +302,39 @@ def run_evaluate(
         f"- versions: geonp {__version__}, numpy {np.__version__}, xarray {xr.__version__}, "
         f"Python {platform.python_version()}",
     ])
-    write_table(results, md_path, md_path.with_suffix(".json"), header=header)
+    write_table(results, md_path, json_path, header=header)
     return results
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+def _check_up_front(models: Sequence[str], checkpoints: Mapping[str, str], fit_steps: int | Mapping[str, int] | None,
+                    seed: int, samples: int, options: Mapping[str, Any]) -> None:
+    """Refuse now what would otherwise stop the run at a later model, after the earlier ones have
+    run for minutes: each model's fill options, the device, each checkpoint's header, and a
+    checkpoint for a model not evaluated (which would be ignored)."""
+    unused = sorted(set(checkpoints) - set(models))
+    if unused:
+        raise ValueError(f"--checkpoint {unused[0]}={checkpoints[unused[0]]}: {unused[0]!r} is not among the "
+                         f"models evaluated ({', '.join(models)})")
+    fields = {f.name for f in dataclasses.fields(FillOptions)}
+    given = {k: v for k, v in options.items() if k in fields}
+    for model in models:
+        steps = fit_steps.get(model) if isinstance(fit_steps, Mapping) else fit_steps
+        FillOptions.from_keywords(fit_steps=steps, seed=seed, samples=samples, **given)
+    if given.get("device") not in (None, "auto"):
+        from geonp.device import resolve_device
+
+        resolve_device(str(given["device"]))
+    from geonp.fill.predictor import model_names, takes_elevation
+
+    for model, path in checkpoints.items():
+        if model in model_names():  # an unknown name is refused with the others when the models load
+            try:
+                takes_elevation(model, path)  # reads the header: an unreadable file fails here
+            except ValueError as err:
+                raise ValueError(f"--checkpoint {model}={path}: {_one_line(err)}") from err
+
 
 def _elevation_takers(models: Sequence[str], checkpoints: Mapping[str, str], elevation: str | Path | None) -> set[str]:
     """The models that are given ``elevation``: those whose weights take it, and kriging, which uses

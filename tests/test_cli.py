@@ -114,7 +114,7 @@ def test_a_finished_output_is_refused_before_the_heavy_imports(tmp_path):
     assert out.stdout.strip().splitlines()[-1] == "2 False"
     assert out.stderr.strip() == "geonp: error: done.zarr already exists (a complete infill output); pass " \
                                  "--overwrite to replace it"
-    # A finished output that is also the input: the fill's own error names that mistake, later.
+    # A finished output that is also the input: refused for that mistake, with the fill's own words.
     from argparse import Namespace
 
     from geonp.cli import _check_paths
@@ -122,7 +122,8 @@ def test_a_finished_output_is_refused_before_the_heavy_imports(tmp_path):
 
     same = Namespace(command="infill", input=str(tmp_path / "done.zarr"), out=str(tmp_path / "done.zarr"),
                      checkpoint=None, elevation=None, overwrite=False)
-    _check_paths(same)  # not refused here
+    with pytest.raises(ValueError, match="the output would overwrite the input"):
+        _check_paths(same)
     with pytest.raises(FileExistsError, match="already exists"):
         _check_paths(Namespace(**{**vars(same), "input": str(tmp_path / "in.nc")}))
     _check_paths(Namespace(**{**vars(same), "input": str(tmp_path / "in.nc"), "overwrite": True}))

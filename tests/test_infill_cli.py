@@ -149,7 +149,8 @@ def test_resume_after_kill_matches_an_uninterrupted_run(tmp_path: Path, tiny_che
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == code, "the run finished before it could be killed"
     if sig == signal.SIGINT:
-        assert err.strip().splitlines()[-1] == "geonp: interrupted" and "Traceback" not in err
+        assert err.strip().splitlines()[-1] == f"geonp: interrupted; run the same command again to resume {out}"
+        assert "Traceback" not in err
     assert not is_complete(out) and 3 <= done < 12
     subprocess.run([*args, "-o", str(out)], env=env, check=True, timeout=600)
     assert is_complete(out)

@@ -148,12 +148,16 @@ def infill_to_zarr(ds: xr.Dataset, out: str | Path, variables: str | list[str] |
     store = InfillStore(out, template, request(p, source), provenance(p, source), overwrite, zarr_format)
     if store.resumed and say:
         say(f"resuming {out}: {int(store.done().sum())} of {store.done().size} blocks already written")
-    prepare(p, out, say)
-    todo = [(i, region) for (i, region), done in zip(store.blocks(), store.done()) if not done]
-    if workers is not None:
-        on_local_cluster(p, store, todo, workers, say)
-    else:
-        (distributed if scheduler else sequential)(p, store, todo, scheduler, say)
+    try:
+        prepare(p, out, say)
+        todo = [(i, region) for (i, region), done in zip(store.blocks(), store.done()) if not done]
+        if workers is not None:
+            on_local_cluster(p, store, todo, workers, say)
+        else:
+            (distributed if scheduler else sequential)(p, store, todo, scheduler, say)
+    except Exception:  # not an interrupt: that keeps what prepare saved for the resume
+        store.discard_if_unwritten()
+        raise
     layout = ds if like is None else like
     # Summed over every block in the store, those of an earlier run included; the store is then
     # rewritten in the input's layout, without the resume bookkeeping.
@@ -192,15 +196,14 @@ def infill_file(input: str, out: str | Path, variables: list[str] | None = None,
 
     Raises:
         ValueError: one line, before anything is read or written when the output is the input
-            itself or inside it.
+            itself, inside it or around it, or not a Zarr store's name
+            (:func:`geonp.output_paths.check_store_path`).
     """
     from geonp.data import open_cube, open_satellite
     from geonp.data.readers import open_input
+    from geonp.output_paths import check_store_path
 
-    if Path(out).resolve() == Path(input).resolve():
-        raise ValueError(f"-o {out}: the output would overwrite the input; choose another path")
-    if Path(input).resolve() in Path(out).resolve().parents:
-        raise ValueError(f"-o {out}: the output would be written inside the input {input}; choose a path outside it")
+    check_store_path(out, input)
     if satellite:
         if not variables or len(variables) != 1:
             raise ValueError("--satellite: name exactly one --var (the product variable to screen and fill)")

@@ -228,6 +228,15 @@ class InfillStore:
         group = zarr.open_group(str(self.path), mode="r", use_consolidated=False)
         return np.asarray(group[PROGRESS][...]).astype(bool)
 
+    def discard_if_unwritten(self) -> bool:
+        """Remove a store this run created when no block of it was written (a fill that failed
+        before its first block), so the corrected command starts afresh instead of being refused
+        as another run's unfinished store; True when removed."""
+        if self.resumed or not self.path.exists() or self.done().any():
+            return False
+        zarr_store.remove(self.path)
+        return True
+
     def write_block(self, index: int, region: Mapping[str, slice],
                     values: Mapping[str, np.ndarray], without_context: Mapping[str, int] | None = None) -> None:
         """Write the output layers of one block and its gap cells without context per filled

@@ -55,8 +55,9 @@ def days_since_epoch(values: Any) -> np.ndarray:
     as xarray decodes it). The shape of ``values`` is kept.
     """
     array = np.asarray(values)
-    if np.issubdtype(array.dtype, np.datetime64):
-        return (array.astype("datetime64[s]") - _EPOCH64).astype(np.float64) / 86400.0
+    if np.issubdtype(array.dtype, np.datetime64):  # NaT: NaN, not the huge negative count it casts to
+        days = (array.astype("datetime64[s]") - _EPOCH64).astype(np.float64) / 86400.0
+        return np.where(np.isnat(array), np.nan, days)
     if is_cftime(array):
         import cftime
 
@@ -136,6 +137,8 @@ def check_time(values: Any) -> None:
     if values.size < 2:
         return
     days = days_since_epoch(values) if is_time(values) else values.astype(np.float64)
+    if not np.all(np.isfinite(days)):  # NaT or NaN: a step with no date, not an order problem
+        raise ValueError(f"time holds {int(np.sum(~np.isfinite(days)))} missing values (NaT or NaN)")
     steps = np.diff(days)
     if np.any(steps == 0):
         raise ValueError(f"duplicate times: {format_time(values[1:][steps == 0][0], 's')} appears more than once")

@@ -158,6 +158,7 @@ def _to_convention(ds: xr.Dataset, name: str) -> tuple[xr.Dataset, dict[str, str
     if "time" in ds.variables and "time" not in ds.dims:
         ds = ds.drop_vars("time") if ds["time"].ndim > 0 else ds.expand_dims("time")
     ds = _apply_validity(ds)
+    _check_coordinates(ds)
     if ds["lat"].ndim == 1 and ds["lat"].dims == ("lat",) and ds["lon"].dims == ("lon",):
         ds = _regular_grid(ds)
     else:
@@ -165,6 +166,19 @@ def _to_convention(ds: xr.Dataset, name: str) -> tuple[xr.Dataset, dict[str, str
     if "time" in ds.dims:
         check_time(ds["time"].values)
     return ds, renamed
+
+
+def _check_coordinates(ds: xr.Dataset) -> None:
+    """Refuse a 1-D lat or lon with missing values and latitudes beyond the poles: either would
+    otherwise surface as a monotonicity error, or not at all."""
+    for axis in ("lat", "lon"):
+        values = np.asarray(ds[axis].values, dtype=float)
+        if ds[axis].ndim == 1 and not np.all(np.isfinite(values)):
+            raise ValueError(f"{axis} holds {int(np.sum(~np.isfinite(values)))} missing values (NaN)")
+    lat = np.asarray(ds["lat"].values, dtype=float)
+    if np.any(np.abs(lat[np.isfinite(lat)]) > 90.0):
+        raise ValueError(f"lat runs from {np.nanmin(lat):g} to {np.nanmax(lat):g} degrees: latitudes lie "
+                         "within -90..90 (is it another coordinate?)")
 
 
 def _merge_expver(ds: xr.Dataset) -> xr.Dataset:
@@ -308,6 +322,10 @@ def field_variables(ds: xr.Dataset) -> list[str]:
     as ``areacello``, grid mappings, auxiliary coordinates)."""
     dims = set(horizontal_dims(ds))
     described = {name for var in ds.variables.values() for name in cf_references(var)}
+    # What CF's ancillary_variables name describes another field (its uncertainty or flags: a geonp
+    # output's VAR_std), and is not one to fill by default.
+    described |= {name for var in ds.data_vars.values()
+                  for name in str(var.attrs.get("ancillary_variables", "")).split()}
     return [str(v) for v, da in ds.data_vars.items()
             if dims <= set(da.dims) and np.issubdtype(da.dtype, np.number) and not _is_flag(da)
             and not str(v).endswith(("_bnds", "_bounds")) and v not in described]
@@ -339,16 +357,35 @@ def _select(ds: xr.Dataset, wanted: list[str] | None) -> xr.Dataset:
     if wanted is None:
         # A file of masks or flags only (a land-sea mask, a cloud mask) is a cube of those.
         dims = set(horizontal_dims(ds))
-        wanted = fields or [str(v) for v, da in ds.data_vars.items() if dims <= set(da.dims)]
+        gridded = [str(v) for v, da in ds.data_vars.items() if dims <= set(da.dims)]
+        text = [v for v in gridded if not _numeric(ds[v])]
+        if not fields and text:  # a field of text, dates or objects: not something to fill
+            raise ValueError(_not_numbers(ds, text[0], fields))
+        wanted = fields or gridded
         if not wanted:
             raise ValueError("no gridded data variable found")
     unknown = [v for v in wanted if v not in ds.data_vars]
     if unknown:
         names = ", ".join(map(repr, unknown))
         raise ValueError(f"unknown variable {names}; the file has {', '.join(fields) or 'none'}")
+    text = [v for v in wanted if not _numeric(ds[v])]
+    if text:
+        raise ValueError(_not_numbers(ds, text[0], fields))
     # Flags and boolean masks stay beside the fields: a mask variable can name the valid area (--valid-mask).
     keep = set(wanted) | {v for v in ds.data_vars if _is_flag(ds[v]) or ds[v].dtype == bool}
     return ds.drop_vars([v for v in ds.data_vars if v not in keep])
+
+
+def _not_numbers(ds: xr.Dataset, name: str, fields: list[str]) -> str:
+    """The message for a variable of text, dates or objects asked to be filled."""
+    kind = {"U": "text", "S": "text", "O": "object", "M": "date", "m": "duration"}.get(ds[name].dtype.kind)
+    return (f"variable {name!r} holds {kind or ds[name].dtype} values, not numbers; "
+            f"the file's numeric fields: {', '.join(fields) or 'none'}")
+
+
+def _numeric(da: xr.DataArray) -> bool:
+    """Numbers or a boolean mask, not text, dates or objects."""
+    return bool(np.issubdtype(da.dtype, np.number) or da.dtype == bool)
 
 
 def _check_not_empty(ds: xr.Dataset) -> None:
@@ -356,5 +393,10 @@ def _check_not_empty(ds: xr.Dataset) -> None:
     for v in [v for v in ds.data_vars if not _is_flag(ds[v])]:
         data = ds[v].data
         blocks = data.blocks.ravel() if hasattr(data, "blocks") else [data]
-        if not any(bool(np.isfinite(np.asarray(block)).any()) for block in blocks):
+        try:
+            found = any(bool(np.isfinite(np.asarray(block)).any()) for block in blocks)
+        except (RuntimeError, OSError) as err:  # a chunk its codec cannot decode
+            raise ValueError(f"variable {v!r} could not be read ({type(err).__name__}: {err}); is the file "
+                             "damaged or incomplete?") from err
+        if not found:
             raise ValueError(f"variable {v!r} holds no finite value (all NaN or fill)")

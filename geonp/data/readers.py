@@ -8,6 +8,8 @@ layout an infill output keeps (:mod:`geonp.fill.layout`).
 from __future__ import annotations
 
 import os
+import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +31,27 @@ def is_url(name: str) -> bool:
     return "://" in name and not name.startswith("file://")
 
 
+def _open_zarr(local: str) -> xr.Dataset:
+    """A Zarr store, lazily, without the warnings of a store that lacks consolidated metadata
+    (slower to open, still correct). An array whose metadata is missing or damaged (a folder of
+    chunks Zarr does not recognise) is refused by name: it would otherwise vanish from the dataset
+    and surface as a variable that is not there."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ds = xr.open_zarr(local, chunks={}, decode_timedelta=False)
+    unread = {m.group(1) for w in caught if (m := re.search(r"Object at (\S+) is not recognized", str(w.message)))}
+    damaged = sorted(name for name in unread if not is_url(local) and _holds_chunks(Path(local) / name))
+    if damaged:
+        raise ValueError(f"Zarr cannot read {', '.join(damaged)}: its array metadata (.zarray or zarr.json) is "
+                         "missing or damaged")
+    return ds
+
+
+def _holds_chunks(folder: Path) -> bool:
+    """Whether ``folder`` holds an array's chunks (v2 ``0.0.0``, v3 ``c/``), not stray files."""
+    return folder.is_dir() and any(p.name == "c" or re.fullmatch(r"\d+([./]\d+)*", p.name) for p in folder.iterdir())
+
+
 def open_raw(name: str) -> xr.Dataset:
     """The file as xarray decodes it (CF scale/offset/fill applied), still lazy."""
     local = name[len("file://"):] if name.startswith("file://") else name
@@ -37,7 +60,7 @@ def open_raw(name: str) -> xr.Dataset:
         raise FileNotFoundError(f"{name}: no such file or directory")
     try:
         if is_zarr:
-            return xr.open_zarr(local, chunks={}, decode_timedelta=False)
+            return _open_zarr(local)
         if is_url(local):
             import fsspec
 

@@ -80,7 +80,9 @@ def read_state(path: Path) -> StoreState | None:
         raise ValueError(f"{path} exists and is not a Zarr store; choose another output path")
     group = zarr.open_group(str(path), mode="r", use_consolidated=False)
     state = StoreState(attrs=dict(group.attrs))
-    for name, arr in group.arrays():
+    with quiet_zarr():  # an unfinished fill's saved choices sit beside its arrays
+        arrays = list(group.arrays())
+    for name, arr in arrays:
         state.shapes[name], state.dims[name] = tuple(arr.shape), array_dims(arr)
     state.lat = np.asarray(group["lat"][:]) if "lat" in state.shapes else None
     state.lon = np.asarray(group["lon"][:]) if "lon" in state.shapes else None
@@ -110,7 +112,8 @@ def quiet_zarr() -> Iterator[None]:
         warnings.filterwarnings("ignore", message="Consolidated metadata", category=UserWarning)
         # geonp keeps a run's fine-tuned weights and nugget choice in its unfinished store (to
         # resume); Zarr 3 warns that the files are not part of the hierarchy whenever it is opened.
-        warnings.filterwarnings("ignore", message=".*geonp_(fitted_model|nugget).*not recognized", category=UserWarning)
+        warnings.filterwarnings("ignore", message=".*geonp_(fitted_model|nugget|history_used).*not recognized",
+                                category=UserWarning)
         yield
 
 

@@ -159,7 +159,12 @@ def summarise(fields: list[Field], source: str) -> None:
         x = f.data.where(observed).astype(np.float64)
         todo.append((observed.sum(), x.sum(), (x**2).sum(), (~np.isfinite(f.data) & valid).sum(),
                      np.isinf(f.data).sum(), (abs(x) >= ABSURD).sum(), abs(x).max()))
-    (results,) = dask.compute(todo)
+    try:  # the first read of every chunk: a damaged one fails here, named, not as a codec's error
+        (results,) = dask.compute(todo)
+    except (RuntimeError, OSError) as err:
+        names = ", ".join(dict.fromkeys(f.name for f in fields))
+        raise ValueError(f"{source}: reading {names} failed ({type(err).__name__}: {err}); is the file "
+                         "damaged or incomplete?") from err
     for f, (n, s, s2, gaps, infinite, absurd, largest) in zip(fields, results):
         n, s, s2 = int(n), float(s), float(s2)
         if absurd:

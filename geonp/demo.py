@@ -104,6 +104,9 @@ def run_demo(out: str | Path = "geonp-demo", fit_steps: int = FitOptions().steps
     out = Path(out)
     if fit_steps < 0:
         raise ValueError(f"--fit-steps must be >= 0, got {fit_steps}")
+    from geonp.device import resolve_device
+
+    resolve_device(device)  # a device that is not there fails now, before the folder exists
     if out.exists():
         if not overwrite:
             raise ValueError(f"output folder {out} exists: pass --overwrite or choose another -o")

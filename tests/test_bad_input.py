@@ -153,12 +153,12 @@ def window_larger_than_the_cube(tmp):
 
 @case
 def window_of_zero_cells(tmp):
-    return _infill(tmp, _cube(tmp), "window core must be at least one cell", "--window", "0,16,16")
+    return _infill(tmp, _cube(tmp), "--window: expected T,R,C (or R,C) cells, each at least 1", "--window", "0,16,16")
 
 
 @case
 def negative_window(tmp):
-    return _infill(tmp, _cube(tmp), "non-negative", "--window", "1,-16,16")
+    return _infill(tmp, _cube(tmp), "each at least 1", "--window", "1,-16,16")
 
 
 @case

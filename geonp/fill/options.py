@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,6 +174,11 @@ class FillOptions:
             raise ValueError(f"--check-windows must be >= 1, got {self.check_windows}")
         if self.threads is not None and int(self.threads) < 1:
             raise ValueError(f"--threads must be >= 1, got {self.threads}")
+        cpus = os.cpu_count() or 1
+        if self.threads is not None and int(self.threads) > cpus:  # more only contend (issue 54)
+            raise ValueError(f"--threads {self.threads}: this machine has {cpus} CPUs; give at most {cpus}")
+        if int(self.seed) < 0:
+            raise ValueError(f"--seed must be >= 0, got {self.seed}")
 
     @classmethod
     def from_keywords(cls, fit_steps: int | None = None, calibrate_sigma: bool | None = None,

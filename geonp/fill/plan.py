@@ -97,11 +97,14 @@ def _window_spec(window: WindowSpec | tuple | str | None, shape: tuple[int, int,
     if isinstance(window, WindowSpec):
         spec = replace(window, unscaled_covariates=base.unscaled_covariates)  # what the model's covariates are
     else:
-        parts = [int(p) for p in window.split(",")] if isinstance(window, str) else list(window)
+        try:
+            parts = [int(p) for p in window.split(",")] if isinstance(window, str) else [int(p) for p in window]
+        except (TypeError, ValueError):
+            raise ValueError(f"--window: expected whole numbers T,R,C (or R,C), got {window!r}") from None
         if len(parts) == 2:
             parts = [1, *parts]
-        if len(parts) != 3:
-            raise ValueError(f"--window: expected T,R,C (or R,C), got {window!r}")
+        if len(parts) != 3 or min(parts) < 1:
+            raise ValueError(f"--window: expected T,R,C (or R,C) cells, each at least 1, got {window!r}")
         overlap = tuple(min(o, max(c - 1, 0)) for o, c in zip(base.overlap, parts))
         spec = replace(base, core=tuple(parts), overlap=overlap)
     if any(c > n for c, n in zip(spec.core, shape)):

@@ -28,6 +28,8 @@ def prepare(p: Plan, store_dir: Path | None, say: Callable[[str], None] | None) 
         store_dir: the resumable output store, where the fine-tuned weights are kept (None: in memory).
         say: progress messages, or None for quiet.
     """
+    if all(f.gaps == 0 for f in p.fields):  # nothing to fill: the plan's note says so
+        return
     _choose_history(p, store_dir, say)
     _choose_nugget(p, store_dir, say)
     _finetune(p, store_dir, say)

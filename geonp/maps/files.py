@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import xarray as xr
 
 from geonp.data.readers import netcdf_engine
 from geonp.maps.figure import filled_variables, plot_infill
+
+#: The finest ``--dpi``: a print-quality map; beyond it the figure's pixels outgrow memory.
+MAX_DPI = 1200
 
 
 def plot_file(output: str | Path, out: str | Path, *, variable: str | None = None, time: int | str = 0,
@@ -37,7 +41,14 @@ def plot_file(output: str | Path, out: str | Path, *, variable: str | None = Non
     output, out = Path(output), Path(out)
     if out.suffix.lower() != ".png":
         raise ValueError(f"-o {out}: geonp plot writes PNG files; name it *.png")
+    if not 1 <= int(dpi) <= MAX_DPI:  # a figure at 10^5 dpi asks for terabytes of pixels
+        raise ValueError(f"--dpi must be between 1 and {MAX_DPI}, got {dpi}")
+    if int(samples) < 0:
+        raise ValueError(f"--samples must be >= 0, got {samples}")
     ds = _open(output, "infill output")
+    if ds.attrs.get("geonp_status") == "incomplete":  # geonp.fill.finished.STATUS: blocks not yet written are blank
+        raise ValueError(f"{output}: an unfinished fill (geonp_status incomplete); run its geonp infill command "
+                         "again to finish it, then plot")
     filled = filled_variables(ds)
     if not filled:
         raise ValueError(f"{output}: not an infill output (no VAR with VAR_std and VAR_flag layers)")
@@ -60,9 +71,25 @@ def plot_file(output: str | Path, out: str | Path, *, variable: str | None = Non
         except ValueError:
             raise ValueError(f"--truth {truth}: {name!r} has dims {truth_da.dims}, the output's {variable!r} "
                              f"{ds[variable].dims}") from None
+        _check_same_grid(truth_da, ds[variable], truth)
     return plot_infill(ds, variable, out, time=_time(time), truth=truth_da, region=_region(region),
                        projection_name=projection_name, point=_point(point) if point else None, dpi=dpi,
                        select=_select(select or []), samples=samples)
+
+
+def _check_same_grid(truth: xr.DataArray, filled: xr.DataArray, path: str | Path) -> None:
+    """Refuse a truth whose numeric coordinates (latitudes, longitudes, levels) differ from the
+    output's: of the same shape, it would be compared cell by cell with another place."""
+    for dim in truth.dims:
+        if dim not in truth.coords or dim not in filled.coords:
+            continue
+        a, b = np.asarray(truth[dim].values), np.asarray(filled[dim].values)
+        if a.shape != b.shape or not (np.issubdtype(a.dtype, np.number) and np.issubdtype(b.dtype, np.number)):
+            continue
+        span = float(np.ptp(b)) if b.size > 1 else 1.0
+        if not np.allclose(a, b, rtol=0.0, atol=1e-6 * max(span, 1e-12)):
+            raise ValueError(f"--truth {path}: its {dim} runs {a.min():g}..{a.max():g}, the output's "
+                             f"{b.min():g}..{b.max():g}: not the same grid")
 
 
 def _open(path: Path, what: str) -> xr.Dataset:

@@ -46,6 +46,8 @@ SIGMA_BINS = (1.0, 2.0, 3.0, 5.0, 8.0, 12.0, 18.0, 25.0, 40.0, np.inf)
 MIN_BIN_POINTS = 30
 #: Steps with observations a stack needs: fewer hold no history to learn modes from.
 MIN_STEPS = 3
+#: The least prior precision on a cell's loading (standardised units) in the held-out fit.
+RIDGE_FLOOR = 1e-9
 #: Share of each step's observed cells the cross-validation hides, at least and at most.
 CV_LOW, CV_HIGH = 0.02, 0.15
 
@@ -183,7 +185,9 @@ def dineof(
     # Prior on a cell's loadings: mode k's mean square loading over the cells, against the noise
     # the cross-validation saw (both in standardised units).
     noise = (best_err / spread) ** 2 if np.isfinite(best_err) else 1.0
-    ridge = noise * len(filled) / np.maximum(power[-best_k:], 1e-12)  # [k]
+    # Floored: a field the modes fit exactly (a constant one: no cross-validation error) still gets
+    # a prior, so a cell's system stays solvable; no real stack comes near the floor.
+    ridge = np.maximum(noise * len(filled) / np.maximum(power[-best_k:], 1e-12), RIDGE_FLOOR)  # [k]
     held_out = np.full(values.shape, np.nan)
     held_out[:, cells] = (centre + spread * _leave_one_out(np.where(seen, anomaly, 0.0), seen, lead, ridge)).T
 

@@ -72,7 +72,8 @@ def read_checkpoint(
     """
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"checkpoint {path}: no such file")
+        why = "a folder, not a checkpoint file" if path.is_dir() else "no such file"
+        raise ValueError(f"checkpoint {path}: {why}")
     if not _looks_like_safetensors(path):
         with open(path, "rb") as f:
             head = f.read(4)

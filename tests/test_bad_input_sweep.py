@@ -125,6 +125,13 @@ def a_window_that_is_not_numbers(tmp):
 
 
 @case
+def a_checkpoint_that_is_a_folder(tmp):
+    (tmp / "weights").mkdir()
+    return _infill(tmp, _cube(tmp), "a folder, not a checkpoint file", "--model", "te-pt-tnp",
+                   "--checkpoint", tmp / "weights")
+
+
+@case
 def evaluate_a_checkpoint_for_no_model(tmp):
     path = _cube(tmp)
     (tmp / "w.safetensors").write_bytes(b"x")

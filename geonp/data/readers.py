@@ -81,6 +81,9 @@ def open_raw(name: str) -> xr.Dataset:
         why = "not a format any installed reader recognises" if "IO backends" in str(err) else str(err).splitlines()[0]
         raise ValueError(f"{name}: cannot read it as NetCDF, GRIB, Zarr or GeoTIFF ({why})") from None
     except ImportError as err:
+        if is_url(name):  # fsspec's protocols need their own packages (aiohttp for http, s3fs, ...)
+            raise ValueError(f"{name}: reading this address needs a package that is not installed ({err}); "
+                             "install it, or download the file and give its path") from None
         raise ValueError(f"{name}: the reader for this format is not installed ({err}); "
                          "install geonp[grib] for GRIB or geonp[geotiff] for GeoTIFF") from None
 

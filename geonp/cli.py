@@ -109,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="start a local dask cluster of N worker processes and spread blocks over it")
     infill.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     infill.add_argument("--threads", type=int, default=None, metavar="N",
-                        help="CPU threads (default: the cores this process may use: affinity, container quota)")
+                        help="CPU threads, at most the machine's (default: the cores this process may use)")
     infill.add_argument("--zarr-format", type=int, default=3, choices=(2, 3), help="(default: 3)")
     infill.add_argument("--overwrite", action="store_true", help="replace an existing output store")
     infill.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -193,9 +193,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check_paths(args: argparse.Namespace) -> None:
-    """Refuse a missing input, checkpoint or DEM, and a finished output without ``--overwrite``,
-    before the heavy imports (torch, xarray's readers): a typo must cost a second, not the ten it
-    takes to load them."""
+    """Refuse a missing input, checkpoint or DEM, an ``-o`` that would replace or hold the input
+    (:mod:`geonp.output_paths`), and a finished output without ``--overwrite``, before the heavy
+    imports (torch, xarray's readers): a typo must cost a second, not the ten it takes to load them."""
     named = {"infill": ("input", "checkpoint", "elevation"), "evaluate": ("input", "elevation")}
     for attr in named.get(args.command, ()):
         path = getattr(args, attr)

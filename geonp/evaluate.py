@@ -269,7 +269,9 @@ def run_evaluate(
 
     Raises:
         ValueError: one line naming the file and the variable or model: a missing variable, a
-            variable with no observed cell, an unknown model.
+            variable with no observed cell, an unknown model; or, before any model runs, the ``-o``
+            at fault (:func:`geonp.output_paths.check_report_path`), a fill option, the device, an
+            unreadable checkpoint or one for a model not evaluated.
     """
     if not variables:
         raise ValueError(f"{input}: name at least one variable to evaluate")

@@ -15,6 +15,7 @@ from conftest import smooth_cube
 from test_bad_input import FAST, Case, _check, _cube, _infill, _run
 
 from geonp.data import zarr_store
+from geonp.fill.output import is_complete
 from geonp.output_paths import check_report_path, check_store_path
 
 CASES: list = []
@@ -88,7 +89,33 @@ def a_time_step_without_a_date(tmp):
     ds = smooth_cube()
     times = ds.time.values.copy()
     times[1] = np.datetime64("NaT")
-    return _infill(tmp, _cube(tmp, ds=ds.assign_coords(time=times)), "time holds 1 missing values")
+    return _infill(tmp, _cube(tmp, ds=ds.assign_coords(time=times)), "time holds 1 missing values (NaT)")
+
+
+@case
+def a_latitude_missing(tmp):
+    ds = smooth_cube()
+    lat = ds.lat.values.copy()
+    lat[4] = np.nan
+    return _infill(tmp, _cube(tmp, ds=ds.assign_coords(lat=lat)), "lat holds 1 missing values (NaN)")
+
+
+@case
+def a_damaged_zarr_chunk_after_the_first(tmp):
+    """The first chunk reads (open_cube stops at a value there): the plan's read of every chunk
+    finds the damaged one."""
+    path = tmp / "in.zarr"
+    smooth_cube(t=4).chunk({"time": 1}).to_zarr(path)
+    last = sorted(p for p in (path / "sst").rglob("*") if p.is_file() and p.name != "zarr.json")[-1]
+    last.write_bytes(b"\x00not a compressed chunk" * 8)
+    return _infill(tmp, path, "reading sst failed (RuntimeError")
+
+
+@case
+def evaluate_with_its_json_onto_the_input(tmp):
+    path = _cube(tmp, "scores.json")  # a NetCDF file, named as the table's JSON would be
+    return Case(["evaluate", path, "--var", "sst", "--model", "linear", "-o", tmp / "scores.md"],
+                "would overwrite the input", [path])
 
 
 @case
@@ -188,17 +215,30 @@ def test_bad_input_found_by_the_sweep(build, tmp_path) -> None:
 
 # -- what a refused command leaves -------------------------------------------------------------------
 
-def test_a_fill_refused_after_its_store_was_made_leaves_none(tmp_path) -> None:
+def test_a_fill_refused_after_its_store_was_made_does_not_block_the_fix(tmp_path) -> None:
     """te-pt-tnp refuses a 1 x 1 grid when it draws fine-tuning windows, after the store exists: the
-    store goes, so the suggested fix (``--fit-steps 0``) runs instead of being refused as another
-    run's unfinished output."""
+    suggested fix (``--fit-steps 0``, another request) replaces that unstarted store instead of
+    being refused as another run's unfinished output."""
     ds = smooth_cube().isel(lat=slice(20, 21), lon=slice(30, 31))
     ds["sst"] = ds.sst.copy(data=np.array([15.0, np.nan, 15.5]).reshape(3, 1, 1).astype(np.float32))
     ds["valid"] = ds.valid | True
     path, out = _cube(tmp_path, ds=ds), tmp_path / "o.zarr"
     assert _run(["infill", path, "-o", out, "-q"]) == 2
-    assert not out.exists()
+    assert out.exists() and not is_complete(out)
     assert _run(["infill", path, "-o", out, "-q", "--fit-steps", "0"]) == 0
+    assert is_complete(out)
+
+
+def test_an_unfinished_store_with_a_block_written_is_kept(tmp_path) -> None:
+    """Only a store with no block written gives way to another request; one with a block is refused
+    (its blocks are work), and resumed by its own command."""
+    path, out = _cube(tmp_path, ds=smooth_cube(t=6)), tmp_path / "o.zarr"
+    assert _run(["infill", path, "-o", out, *FAST]) == 0
+    group = zarr.open_group(str(out), mode="r+")
+    group.attrs["geonp_status"] = "incomplete"  # as a run stopped after its blocks left it
+    zarr.consolidate_metadata(str(out))
+    assert _run(["infill", path, "-o", out, *FAST, "--seed", "3"]) == 2  # another request
+    assert out.exists()
 
 
 def test_a_demo_refused_leaves_no_folder(tmp_path) -> None:
@@ -229,7 +269,8 @@ def test_an_unfinished_store_is_read_without_warnings(tmp_path) -> None:
     """A resumed fill reads its store beside the choices it saved there (``geonp_nugget.json``),
     which Zarr warns are not part of the hierarchy; geonp's users should not see that."""
     store = _filled(tmp_path)
-    (store / "geonp_nugget.json").write_text("{}")
+    for saved in ("geonp_nugget.json", "geonp_history_used.json"):
+        (store / saved).write_text("{}")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert zarr_store.read_state(store) is not None

@@ -83,7 +83,10 @@ def test_existing_outputs_are_refused_unless_overwrite(cube, tmp_path):
     store.finish()
     with pytest.raises(FileExistsError, match="complete infill output"):
         InfillStore(path, output_template(cube, ["sst"]), {"model": "a"})
-    InfillStore(tmp_path / "other.zarr", output_template(cube, ["sst"]), {"model": "a"})
+    # An unfinished store of another request gives way while no block is written, not after.
+    InfillStore(tmp_path / "unstarted.zarr", output_template(cube, ["sst"]), {"model": "a"})
+    assert not InfillStore(tmp_path / "unstarted.zarr", output_template(cube, ["sst"]), {"model": "b"}).resumed
+    _fill(InfillStore(tmp_path / "other.zarr", output_template(cube, ["sst"]), {"model": "a"}), cube)
     with pytest.raises(FileExistsError, match="not an unfinished run of this same command"):
         InfillStore(tmp_path / "other.zarr", output_template(cube, ["sst"]), {"model": "b"})
     fresh = InfillStore(path, output_template(cube, ["sst"]), {"model": "b"}, overwrite=True)

@@ -128,17 +128,22 @@ def format_time(value: Any, unit: str = "m") -> str:
 
 
 def check_time(values: Any) -> None:
-    """Refuse a time axis that repeats a value or goes back (any calendar, or plain numbers).
+    """Refuse a time axis with a missing value (NaT), or one that repeats a value or goes back
+    (any calendar, or plain numbers).
 
     Raises:
-        ValueError: naming the first repeated time, or saying the axis is not increasing.
+        ValueError: counting the missing times, naming the first repeated one, or saying the axis
+            is not increasing.
     """
     values = np.asarray(values)
+    # A step with no date (NaT, or NaN in plain numbers) is a missing value, not an order problem.
+    if np.issubdtype(values.dtype, np.datetime64) and np.isnat(values).any():
+        raise ValueError(f"time holds {int(np.isnat(values).sum())} missing values (NaT)")
     if values.size < 2:
         return
     days = days_since_epoch(values) if is_time(values) else values.astype(np.float64)
-    if not np.all(np.isfinite(days)):  # NaT or NaN: a step with no date, not an order problem
-        raise ValueError(f"time holds {int(np.sum(~np.isfinite(days)))} missing values (NaT or NaN)")
+    if not np.all(np.isfinite(days)):
+        raise ValueError(f"time holds {int(np.sum(~np.isfinite(days)))} missing values (NaN)")
     steps = np.diff(days)
     if np.any(steps == 0):
         raise ValueError(f"duplicate times: {format_time(values[1:][steps == 0][0], 's')} appears more than once")

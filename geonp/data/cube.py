@@ -27,6 +27,7 @@ import numpy as np
 import xarray as xr
 
 from geonp.data.calendar import check_time
+from geonp.data.cube_checks import check_coordinates, check_not_empty, is_flag, not_numbers, numeric
 from geonp.data.flags import valid_pixels
 from geonp.data.readers import open_raw
 
@@ -84,7 +85,7 @@ def to_convention(ds: xr.Dataset, variables: str | Sequence[str] | None = None, 
     try:
         out, renamed = _to_convention(ds, source)
         out = _select(out, wanted)
-        _check_not_empty(out)
+        check_not_empty(out)
     except ValueError as err:
         raise ValueError(f"{source}: {err}") from None
     out = out.copy(deep=False)  # new attrs: the caller's dataset is never modified
@@ -158,7 +159,7 @@ def _to_convention(ds: xr.Dataset, name: str) -> tuple[xr.Dataset, dict[str, str
     if "time" in ds.variables and "time" not in ds.dims:
         ds = ds.drop_vars("time") if ds["time"].ndim > 0 else ds.expand_dims("time")
     ds = _apply_validity(ds)
-    _check_coordinates(ds)
+    check_coordinates(ds)
     if ds["lat"].ndim == 1 and ds["lat"].dims == ("lat",) and ds["lon"].dims == ("lon",):
         ds = _regular_grid(ds)
     else:
@@ -166,19 +167,6 @@ def _to_convention(ds: xr.Dataset, name: str) -> tuple[xr.Dataset, dict[str, str
     if "time" in ds.dims:
         check_time(ds["time"].values)
     return ds, renamed
-
-
-def _check_coordinates(ds: xr.Dataset) -> None:
-    """Refuse a 1-D lat or lon with missing values and latitudes beyond the poles: either would
-    otherwise surface as a monotonicity error, or not at all."""
-    for axis in ("lat", "lon"):
-        values = np.asarray(ds[axis].values, dtype=float)
-        if ds[axis].ndim == 1 and not np.all(np.isfinite(values)):
-            raise ValueError(f"{axis} holds {int(np.sum(~np.isfinite(values)))} missing values (NaN)")
-    lat = np.asarray(ds["lat"].values, dtype=float)
-    if np.any(np.abs(lat[np.isfinite(lat)]) > 90.0):
-        raise ValueError(f"lat runs from {np.nanmin(lat):g} to {np.nanmax(lat):g} degrees: latitudes lie "
-                         "within -90..90 (is it another coordinate?)")
 
 
 def _merge_expver(ds: xr.Dataset) -> xr.Dataset:
@@ -213,7 +201,7 @@ def _apply_validity(ds: xr.Dataset) -> xr.Dataset:
     out = ds.copy()
     for v in ds.data_vars:
         da = ds[v]
-        if not np.issubdtype(da.dtype, np.number) or _is_flag(da):
+        if not np.issubdtype(da.dtype, np.number) or is_flag(da):
             continue
         lo, hi = _valid_bounds(da)
         keep = None
@@ -242,13 +230,6 @@ def _valid_bounds(da: xr.DataArray) -> tuple[float | None, float | None]:
     packed = "scale_factor" in da.encoding or "add_offset" in da.encoding
     unpack = (lambda b: float(b) * scale + offset) if packed else float
     return (None if lo is None else unpack(lo)), (None if hi is None else unpack(hi))
-
-
-def _is_flag(da: xr.DataArray) -> bool:
-    """Flag/QC variables describe other variables; they are not fields to fill."""
-    low = str(da.name).lower()
-    return any(k in da.attrs for k in ("flag_values", "flag_masks", "flag_meanings")) \
-        or low.startswith("qc") or low.endswith(("_qc", "qc_day", "qc_night")) or "flag" in low or low == "mask"
 
 
 def _regular_grid(ds: xr.Dataset) -> xr.Dataset:
@@ -319,7 +300,8 @@ def horizontal_dims(ds: xr.Dataset) -> tuple[str, str]:
 def field_variables(ds: xr.Dataset) -> list[str]:
     """Numeric data variables on the horizontal grid that are fields: not flags, QC, nor what CF
     attributes name as describing others (bounds such as ``vertices_latitude``, cell measures such
-    as ``areacello``, grid mappings, auxiliary coordinates)."""
+    as ``areacello``, grid mappings, auxiliary coordinates, ``ancillary_variables`` such as a
+    product's uncertainty or a geonp output's ``VAR_std``)."""
     dims = set(horizontal_dims(ds))
     described = {name for var in ds.variables.values() for name in cf_references(var)}
     # What CF's ancillary_variables name describes another field (its uncertainty or flags: a geonp
@@ -327,7 +309,7 @@ def field_variables(ds: xr.Dataset) -> list[str]:
     described |= {name for var in ds.data_vars.values()
                   for name in str(var.attrs.get("ancillary_variables", "")).split()}
     return [str(v) for v, da in ds.data_vars.items()
-            if dims <= set(da.dims) and np.issubdtype(da.dtype, np.number) and not _is_flag(da)
+            if dims <= set(da.dims) and np.issubdtype(da.dtype, np.number) and not is_flag(da)
             and not str(v).endswith(("_bnds", "_bounds")) and v not in described]
 
 
@@ -358,9 +340,9 @@ def _select(ds: xr.Dataset, wanted: list[str] | None) -> xr.Dataset:
         # A file of masks or flags only (a land-sea mask, a cloud mask) is a cube of those.
         dims = set(horizontal_dims(ds))
         gridded = [str(v) for v, da in ds.data_vars.items() if dims <= set(da.dims)]
-        text = [v for v in gridded if not _numeric(ds[v])]
+        text = [v for v in gridded if not numeric(ds[v])]
         if not fields and text:  # a field of text, dates or objects: not something to fill
-            raise ValueError(_not_numbers(ds, text[0], fields))
+            raise ValueError(not_numbers(ds, text[0], fields))
         wanted = fields or gridded
         if not wanted:
             raise ValueError("no gridded data variable found")
@@ -368,35 +350,9 @@ def _select(ds: xr.Dataset, wanted: list[str] | None) -> xr.Dataset:
     if unknown:
         names = ", ".join(map(repr, unknown))
         raise ValueError(f"unknown variable {names}; the file has {', '.join(fields) or 'none'}")
-    text = [v for v in wanted if not _numeric(ds[v])]
+    text = [v for v in wanted if not numeric(ds[v])]
     if text:
-        raise ValueError(_not_numbers(ds, text[0], fields))
+        raise ValueError(not_numbers(ds, text[0], fields))
     # Flags and boolean masks stay beside the fields: a mask variable can name the valid area (--valid-mask).
-    keep = set(wanted) | {v for v in ds.data_vars if _is_flag(ds[v]) or ds[v].dtype == bool}
+    keep = set(wanted) | {v for v in ds.data_vars if is_flag(ds[v]) or ds[v].dtype == bool}
     return ds.drop_vars([v for v in ds.data_vars if v not in keep])
-
-
-def _not_numbers(ds: xr.Dataset, name: str, fields: list[str]) -> str:
-    """The message for a variable of text, dates or objects asked to be filled."""
-    kind = {"U": "text", "S": "text", "O": "object", "M": "date", "m": "duration"}.get(ds[name].dtype.kind)
-    return (f"variable {name!r} holds {kind or ds[name].dtype} values, not numbers; "
-            f"the file's numeric fields: {', '.join(fields) or 'none'}")
-
-
-def _numeric(da: xr.DataArray) -> bool:
-    """Numbers or a boolean mask, not text, dates or objects."""
-    return bool(np.issubdtype(da.dtype, np.number) or da.dtype == bool)
-
-
-def _check_not_empty(ds: xr.Dataset) -> None:
-    """Raise if a field holds no finite value; reads chunks only until it finds one."""
-    for v in [v for v in ds.data_vars if not _is_flag(ds[v])]:
-        data = ds[v].data
-        blocks = data.blocks.ravel() if hasattr(data, "blocks") else [data]
-        try:
-            found = any(bool(np.isfinite(np.asarray(block)).any()) for block in blocks)
-        except (RuntimeError, OSError) as err:  # a chunk its codec cannot decode
-            raise ValueError(f"variable {v!r} could not be read ({type(err).__name__}: {err}); is the file "
-                             "damaged or incomplete?") from err
-        if not found:
-            raise ValueError(f"variable {v!r} holds no finite value (all NaN or fill)")

@@ -39,12 +39,22 @@ def _open_zarr(local: str) -> xr.Dataset:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ds = xr.open_zarr(local, chunks={}, decode_timedelta=False)
-    unread = {m.group(1) for w in caught if (m := re.search(r"Object at (\S+) is not recognized", str(w.message)))}
+    unread = set()
+    for w in caught:
+        if (m := re.search(r"Object at (\S+) is not recognized", str(w.message))):
+            unread.add(m.group(1))
+        elif "consolidated metadata" not in str(w.message):  # any other warning is the user's to see
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     damaged = sorted(name for name in unread if not is_url(local) and _holds_chunks(Path(local) / name))
     if damaged:
-        raise ValueError(f"Zarr cannot read {', '.join(damaged)}: its array metadata (.zarray or zarr.json) is "
-                         "missing or damaged")
+        raise DamagedStore(f"Zarr cannot read {', '.join(damaged)}: its array metadata (.zarray or zarr.json) is "
+                           "missing or damaged")
     return ds
+
+
+class DamagedStore(Exception):
+    """A Zarr store with arrays Zarr cannot read (not a ValueError: :func:`open_raw` names the file
+    once, not as a format no reader recognises)."""
 
 
 def _holds_chunks(folder: Path) -> bool:
@@ -80,6 +90,8 @@ def open_raw(name: str) -> xr.Dataset:
             raise
         why = "not a format any installed reader recognises" if "IO backends" in str(err) else str(err).splitlines()[0]
         raise ValueError(f"{name}: cannot read it as NetCDF, GRIB, Zarr or GeoTIFF ({why})") from None
+    except DamagedStore as err:
+        raise ValueError(f"{name}: {err}") from None
     except ImportError as err:
         if is_url(name):  # fsspec's protocols need their own packages (aiohttp for http, s3fs, ...)
             raise ValueError(f"{name}: reading this address needs a package that is not installed ({err}); "

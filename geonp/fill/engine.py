@@ -148,16 +148,12 @@ def infill_to_zarr(ds: xr.Dataset, out: str | Path, variables: str | list[str] |
     store = InfillStore(out, template, request(p, source), provenance(p, source), overwrite, zarr_format)
     if store.resumed and say:
         say(f"resuming {out}: {int(store.done().sum())} of {store.done().size} blocks already written")
-    try:
-        prepare(p, out, say)
-        todo = [(i, region) for (i, region), done in zip(store.blocks(), store.done()) if not done]
-        if workers is not None:
-            on_local_cluster(p, store, todo, workers, say)
-        else:
-            (distributed if scheduler else sequential)(p, store, todo, scheduler, say)
-    except Exception:  # not an interrupt: that keeps what prepare saved for the resume
-        store.discard_if_unwritten()
-        raise
+    prepare(p, out, say)
+    todo = [(i, region) for (i, region), done in zip(store.blocks(), store.done()) if not done]
+    if workers is not None:
+        on_local_cluster(p, store, todo, workers, say)
+    else:
+        (distributed if scheduler else sequential)(p, store, todo, scheduler, say)
     layout = ds if like is None else like
     # Summed over every block in the store, those of an earlier run included; the store is then
     # rewritten in the input's layout, without the resume bookkeeping.

@@ -139,7 +139,8 @@ class FillOptions:
             :mod:`geonp.fill.samples`).
         seed: the run's random seed (fine-tuning windows, the nugget check, DINEOF, the samples).
         device: ``"auto"``, ``"cpu"`` or ``"cuda"``.
-        threads: CPU threads (None: the cores this process may use, :func:`geonp.threads.usable_cores`).
+        threads: CPU threads, at most the machine's CPUs (None: the cores this process may use,
+            :func:`geonp.threads.usable_cores`).
         window: cells each window predicts, ``(T, R, C)``, ``"T,R,C"`` or a
             :class:`~geonp.tasks.windows.WindowSpec` (None: fitted to the cube).
     """

@@ -148,7 +148,8 @@ class InfillStore:
             here, :func:`block_sizes`) is resumed.
         attrs: global attributes (CF ``Conventions``, provenance) written now.
         overwrite: replace an existing store; otherwise one that is complete, or incomplete
-            from another request, is refused.
+            from another request with a block written, is refused (one of another request with
+            none written is replaced: nothing of it fits this request).
         zarr_format: 3 (default) or 2.
 
     Raises:
@@ -176,7 +177,7 @@ class InfillStore:
             else:  # between the renames: the work store is the one to resume
                 os.replace(work, self.path)
         if self.path.exists():
-            if overwrite:
+            if overwrite or self._unstarted_other_run():
                 zarr_store.remove(self.path)
             else:
                 self._check_resumable()
@@ -205,6 +206,16 @@ class InfillStore:
     def _sibling(self, suffix: str) -> Path:
         return self.path.with_name(self.path.name + suffix)
 
+    def _unstarted_other_run(self) -> bool:
+        """An unfinished store of another request with no block written: what a refused or stopped
+        run left before filling (its preparation fits that request only), replaced by this run
+        rather than refused, so a corrected command runs without ``--overwrite``."""
+        state = zarr_store.read_state(self.path)
+        if state.attrs.get(STATUS) != "incomplete" or state.attrs.get("geonp_request") == self.request \
+                or PROGRESS not in state.shapes:
+            return False
+        return not self.done().any()
+
     def _check_resumable(self) -> None:
         state = zarr_store.read_state(self.path)
         status = state.attrs.get(STATUS)
@@ -227,15 +238,6 @@ class InfillStore:
         """One bool per block, True where the block is written."""
         group = zarr.open_group(str(self.path), mode="r", use_consolidated=False)
         return np.asarray(group[PROGRESS][...]).astype(bool)
-
-    def discard_if_unwritten(self) -> bool:
-        """Remove a store this run created when no block of it was written (a fill that failed
-        before its first block), so the corrected command starts afresh instead of being refused
-        as another run's unfinished store; True when removed."""
-        if self.resumed or not self.path.exists() or self.done().any():
-            return False
-        zarr_store.remove(self.path)
-        return True
 
     def write_block(self, index: int, region: Mapping[str, slice],
                     values: Mapping[str, np.ndarray], without_context: Mapping[str, int] | None = None) -> None:

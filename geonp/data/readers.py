@@ -43,7 +43,7 @@ def _open_zarr(local: str) -> xr.Dataset:
     for w in caught:
         if (m := re.search(r"Object at (\S+) is not recognized", str(w.message))):
             unread.add(m.group(1))
-        elif "consolidated metadata" not in str(w.message):  # any other warning is the user's to see
+        elif "consolidated metadata" not in str(w.message).lower():  # any other warning is the user's to see
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     damaged = sorted(name for name in unread if not is_url(local) and _holds_chunks(Path(local) / name))
     if damaged:

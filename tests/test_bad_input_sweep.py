@@ -93,6 +93,13 @@ def a_time_step_without_a_date(tmp):
 
 
 @case
+def variables_in_a_netcdf_group(tmp):
+    path = tmp / "grouped.nc"
+    smooth_cube().to_netcdf(path, group="PRODUCT")
+    return _infill(tmp, path, "its variables sit in NetCDF groups (PRODUCT)")
+
+
+@case
 def a_latitude_missing(tmp):
     ds = smooth_cube()
     lat = ds.lat.values.copy()

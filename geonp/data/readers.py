@@ -47,14 +47,29 @@ def _open_zarr(local: str) -> xr.Dataset:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     damaged = sorted(name for name in unread if not is_url(local) and _holds_chunks(Path(local) / name))
     if damaged:
-        raise DamagedStore(f"Zarr cannot read {', '.join(damaged)}: its array metadata (.zarray or zarr.json) is "
+        raise UnusableInput(f"Zarr cannot read {', '.join(damaged)}: its array metadata (.zarray or zarr.json) is "
                            "missing or damaged")
     return ds
 
 
-class DamagedStore(Exception):
-    """A Zarr store with arrays Zarr cannot read (not a ValueError: :func:`open_raw` names the file
-    once, not as a format no reader recognises)."""
+class UnusableInput(Exception):
+    """A file that opens but cannot be used as it is: a Zarr store with arrays Zarr cannot read, a
+    NetCDF-4 file whose variables all sit in groups (not a ValueError: :func:`open_raw` names the
+    file once, not as a format no reader recognises)."""
+
+
+def _refuse_groups(local: str) -> None:
+    """A NetCDF-4 file with nothing at its root but groups (as many satellite products are): say
+    which, rather than that it has no latitude."""
+    if netcdf_engine(local) != "netcdf4":
+        return
+    import netCDF4
+
+    with netCDF4.Dataset(local) as nc:
+        groups = list(nc.groups)
+    if groups:
+        raise UnusableInput(f"its variables sit in NetCDF groups ({', '.join(groups[:5])}); open one with "
+                            "xarray.open_dataset(path, group=NAME) and fill that Dataset with geonp.infill")
 
 
 def _holds_chunks(folder: Path) -> bool:
@@ -84,13 +99,16 @@ def open_raw(name: str) -> xr.Dataset:
         if suffix in _TIFF_SUFFIXES:
             _need("rioxarray", "geotiff")
             return _open_geotiff(local)
-        return xr.open_dataset(local, engine=netcdf_engine(local), chunks={}, decode_timedelta=False)
+        ds = xr.open_dataset(local, engine=netcdf_engine(local), chunks={}, decode_timedelta=False)
+        if not ds.data_vars:
+            _refuse_groups(local)
+        return ds
     except (OSError, ValueError, KeyError) as err:
         if isinstance(err, FileNotFoundError):
             raise
         why = "not a format any installed reader recognises" if "IO backends" in str(err) else str(err).splitlines()[0]
         raise ValueError(f"{name}: cannot read it as NetCDF, GRIB, Zarr or GeoTIFF ({why})") from None
-    except DamagedStore as err:
+    except UnusableInput as err:
         raise ValueError(f"{name}: {err}") from None
     except ImportError as err:
         if is_url(name):  # fsspec's protocols need their own packages (aiohttp for http, s3fs, ...)

@@ -33,6 +33,11 @@ def not_numbers(ds: xr.Dataset, name: str, fields: list[str]) -> str:
             f"the file's numeric fields: {', '.join(fields) or 'none'}")
 
 
+def unreadable(what: str, err: Exception) -> str:
+    """The message for data a codec could not decode: ``what`` failed, and why."""
+    return f"{what} ({type(err).__name__}: {err}); is the file damaged or incomplete?"
+
+
 def check_not_empty(ds: xr.Dataset) -> None:
     """Raise if a field holds no finite value, or a chunk of it cannot be decoded; reads chunks
     only until it finds a value."""
@@ -42,8 +47,7 @@ def check_not_empty(ds: xr.Dataset) -> None:
         try:
             found = any(bool(np.isfinite(np.asarray(block)).any()) for block in blocks)
         except RuntimeError as err:  # a chunk its codec cannot decode (Zstd, Blosc, HDF5)
-            raise ValueError(f"variable {v!r} could not be read ({type(err).__name__}: {err}); is the file "
-                             "damaged or incomplete?") from err
+            raise ValueError(unreadable(f"variable {v!r} could not be read", err)) from err
         if not found:
             raise ValueError(f"variable {v!r} holds no finite value (all NaN or fill)")
 

@@ -16,6 +16,7 @@ import numpy as np
 import xarray as xr
 
 from geonp.data.cube import field_variables, horizontal_dims
+from geonp.data.cube_checks import unreadable
 from geonp.data.valid import MaskSpec, valid_area
 from geonp.tasks.far_context import Pyramid, build_pyramid
 
@@ -163,8 +164,7 @@ def summarise(fields: list[Field], source: str) -> None:
         (results,) = dask.compute(todo)
     except RuntimeError as err:  # a codec's (Zstd, Blosc, HDF5); a network failure stays an OSError
         names = ", ".join(dict.fromkeys(f.name for f in fields))
-        raise ValueError(f"{source}: reading {names} failed ({type(err).__name__}: {err}); is the file "
-                         "damaged or incomplete?") from err
+        raise ValueError(unreadable(f"{source}: reading {names} failed", err)) from err
     for f, (n, s, s2, gaps, infinite, absurd, largest) in zip(fields, results):
         n, s, s2 = int(n), float(s), float(s2)
         if absurd:

@@ -177,10 +177,11 @@ class InfillStore:
             else:  # between the renames: the work store is the one to resume
                 os.replace(work, self.path)
         if self.path.exists():
-            if overwrite or self._unstarted_other_run():
+            state = None if overwrite else zarr_store.read_state(self.path)  # read once, for both tests
+            if state is None or self._unstarted_other_run(state):
                 zarr_store.remove(self.path)
             else:
-                self._check_resumable()
+                self._check_resumable(state)
                 self.resumed = True
                 self.zarr_format = zarr.open_group(str(self.path), mode="r").metadata.zarr_format
                 return
@@ -206,18 +207,16 @@ class InfillStore:
     def _sibling(self, suffix: str) -> Path:
         return self.path.with_name(self.path.name + suffix)
 
-    def _unstarted_other_run(self) -> bool:
+    def _unstarted_other_run(self, state: zarr_store.StoreState) -> bool:
         """An unfinished store of another request with no block written: what a refused or stopped
         run left before filling (its preparation fits that request only), replaced by this run
         rather than refused, so a corrected command runs without ``--overwrite``."""
-        state = zarr_store.read_state(self.path)
         if state.attrs.get(STATUS) != "incomplete" or state.attrs.get("geonp_request") == self.request \
                 or PROGRESS not in state.shapes:
             return False
         return not self.done().any()
 
-    def _check_resumable(self) -> None:
-        state = zarr_store.read_state(self.path)
+    def _check_resumable(self, state: zarr_store.StoreState) -> None:
         status = state.attrs.get(STATUS)
         if status == "complete":
             raise FileExistsError(finished_message(self.path))

@@ -98,7 +98,7 @@ def _window_spec(window: WindowSpec | tuple | str | None, shape: tuple[int, int,
         spec = replace(window, unscaled_covariates=base.unscaled_covariates)  # what the model's covariates are
     else:
         try:
-            parts = [int(p) for p in window.split(",")] if isinstance(window, str) else [int(p) for p in window]
+            parts = [int(p) for p in (window.split(",") if isinstance(window, str) else window)]
         except (TypeError, ValueError):
             raise ValueError(f"--window: expected whole numbers T,R,C (or R,C), got {window!r}") from None
         if len(parts) == 2:
